@@ -1,0 +1,170 @@
+// Package api is the wire protocol between the stagelet daemon (through a
+// stage1 backend) and the agent running inside a pod. It is the same for
+// every stage1: the agent is the fly supervisor on the host, the init of an
+// nspawn container, or PID 1 of a VM.
+//
+// Transport: every call is one stream (a unix socket connection, or a
+// multiplexed stream over a VM's serial port). The client writes one
+// Request as a JSON document, the agent answers with one Response and
+// closes the stream. Paths in an AppSpec are as the agent sees them.
+package api
+
+import "time"
+
+// Version of the protocol; bumped on incompatible changes.
+const Version = 1
+
+// Operations.
+const (
+	OpInfo      = "info"      // -> Response.Info
+	OpCreate    = "create"    // Request.App -> Response.App
+	OpStart     = "start"     // Request.ID -> Response.App
+	OpStop      = "stop"      // Request.ID, Request.Timeout: SIGTERM, wait, SIGKILL -> Response.App
+	OpSignal    = "signal"    // Request.ID, Request.Signal
+	OpRemove    = "remove"    // Request.ID; idempotent
+	OpStatus    = "status"    // Request.ID -> Response.App
+	OpList      = "list"      // -> Response.Apps
+	OpExec      = "exec"      // Request.ID, Request.Cmd, Request.Timeout -> Response.Exec
+	OpReopenLog = "reopenlog" // Request.ID
+	OpStats     = "stats"     // Request.ID ("" = the whole pod) -> Response.Stats
+	OpShutdown  = "shutdown"  // Request.Timeout: stop every app, then the agent exits
+)
+
+// Request is one call to the agent.
+type Request struct {
+	Op      string        `json:"op"`
+	ID      string        `json:"id,omitempty"`
+	App     *AppSpec      `json:"app,omitempty"`
+	Signal  int           `json:"signal,omitempty"`
+	Timeout time.Duration `json:"timeout,omitempty"` // 0 means none
+	Cmd     []string      `json:"cmd,omitempty"`
+}
+
+// Error classes carried in Response.Code; the client maps them back to
+// errdefs classes.
+const (
+	CodeOK                 = ""
+	CodeNotFound           = "NotFound"
+	CodeAlreadyExists      = "AlreadyExists"
+	CodeInvalidArgument    = "InvalidArgument"
+	CodeFailedPrecondition = "FailedPrecondition"
+	CodeDeadlineExceeded   = "DeadlineExceeded"
+	CodeInternal           = "Internal"
+)
+
+// Response is the agent's answer.
+type Response struct {
+	Code  string       `json:"code,omitempty"`
+	Error string       `json:"error,omitempty"`
+	Info  *Info        `json:"info,omitempty"`
+	App   *AppStatus   `json:"app,omitempty"`
+	Apps  []*AppStatus `json:"apps,omitempty"`
+	Exec  *ExecResult  `json:"exec,omitempty"`
+	Stats *Stats       `json:"stats,omitempty"`
+}
+
+// Info describes the agent and the environment it runs in.
+type Info struct {
+	Version   int       `json:"version"`
+	PID       int       `json:"pid"`
+	Kernel    string    `json:"kernel"` // uname -r as the agent sees it
+	StartedAt time.Time `json:"startedAt"`
+}
+
+// Mount is one bind mount into an app's root.
+type Mount struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+	Readonly    bool   `json:"readonly,omitempty"`
+	// Propagation: "private" (default), "rslave" or "rshared".
+	Propagation string `json:"propagation,omitempty"`
+}
+
+// Resources are the app's cgroup limits; zero means unlimited/default.
+type Resources struct {
+	CPUShares   int64 `json:"cpuShares,omitempty"`
+	CPUQuota    int64 `json:"cpuQuota,omitempty"`  // microseconds per period
+	CPUPeriod   int64 `json:"cpuPeriod,omitempty"` // microseconds
+	MemoryLimit int64 `json:"memoryLimit,omitempty"`
+	PidsLimit   int64 `json:"pidsLimit,omitempty"`
+	OOMScoreAdj int   `json:"oomScoreAdj,omitempty"`
+}
+
+// AppSpec is everything the agent needs to create and start one container.
+// Users, capabilities and the command line are already resolved by the
+// daemon; the agent applies them and does not interpret images.
+type AppSpec struct {
+	ID       string   `json:"id"`
+	Name     string   `json:"name"`
+	Rootfs   string   `json:"rootfs"`
+	Args     []string `json:"args"`
+	Env      []string `json:"env,omitempty"`
+	Cwd      string   `json:"cwd,omitempty"`
+	Hostname string   `json:"hostname,omitempty"`
+
+	UID            uint32   `json:"uid"`
+	GID            uint32   `json:"gid"`
+	AdditionalGIDs []uint32 `json:"additionalGids,omitempty"`
+
+	// Capabilities is the full bounding/effective/permitted set, by name
+	// ("CAP_CHOWN"). Ignored when Privileged (all capabilities).
+	Capabilities   []string `json:"capabilities,omitempty"`
+	Privileged     bool     `json:"privileged,omitempty"`
+	NoNewPrivs     bool     `json:"noNewPrivs,omitempty"`
+	ReadonlyRootfs bool     `json:"readonlyRootfs,omitempty"`
+
+	Mounts    []Mount   `json:"mounts,omitempty"`
+	Resources Resources `json:"resources"`
+
+	// LogPath is where the app's stdout/stderr go in CRI log format;
+	// empty means discard.
+	LogPath string `json:"logPath,omitempty"`
+	TTY     bool   `json:"tty,omitempty"`
+}
+
+// App states.
+const (
+	StateCreated = "created"
+	StateRunning = "running"
+	StateExited  = "exited"
+)
+
+// Exit reasons, as the kubelet expects them.
+const (
+	ReasonCompleted = "Completed"
+	ReasonError     = "Error"
+	ReasonOOMKilled = "OOMKilled"
+)
+
+// AppStatus is the agent's truth about one app.
+type AppStatus struct {
+	ID         string    `json:"id"`
+	State      string    `json:"state"`
+	PID        int       `json:"pid,omitempty"`
+	ExitCode   int32     `json:"exitCode"`
+	Reason     string    `json:"reason,omitempty"`
+	Message    string    `json:"message,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
+	StartedAt  time.Time `json:"startedAt,omitzero"`
+	FinishedAt time.Time `json:"finishedAt,omitzero"`
+}
+
+// ExecResult is the outcome of a synchronous exec.
+type ExecResult struct {
+	Stdout   []byte `json:"stdout,omitempty"`
+	Stderr   []byte `json:"stderr,omitempty"`
+	ExitCode int32  `json:"exitCode"`
+	TimedOut bool   `json:"timedOut,omitempty"`
+}
+
+// Stats are resource usage figures read from the app's (or pod's) cgroup.
+type Stats struct {
+	Timestamp            time.Time `json:"timestamp"`
+	CPUUsageNanos        uint64    `json:"cpuUsageNanos"`
+	MemoryUsageBytes     uint64    `json:"memoryUsageBytes"`
+	MemoryWorkingSet     uint64    `json:"memoryWorkingSet"`
+	MemoryRSSBytes       uint64    `json:"memoryRssBytes"`
+	MemoryPageFaults     uint64    `json:"memoryPageFaults"`
+	MemoryMajorPageFault uint64    `json:"memoryMajorPageFaults"`
+	Pids                 uint64    `json:"pids"`
+}

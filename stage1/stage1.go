@@ -1,0 +1,193 @@
+// Package stage1 defines the one interface every isolation backend (a
+// "stage1", after rkt) implements, the capability facts a backend declares so
+// that policy can decide without knowing backends by name, the registry of
+// backends by name, and the bookkeeping every backend shares (talking to the
+// pod's agent, launching detached host processes).
+//
+// Implementations live in stage1/<name> and import this package, never
+// broker, cri or policy.
+package stage1
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+)
+
+// Isolation levels, ordered: a higher level isolates more.
+const (
+	IsolationHost       = 0 // chroot only, host namespaces (fly)
+	IsolationNamespaces = 1 // Linux namespaces (nspawn)
+	IsolationKernel     = 2 // own kernel (kvm)
+)
+
+// Capabilities are facts a backend states about itself. Callers (policy, the
+// broker) read them before deciding; nothing matches a backend by name.
+type Capabilities struct {
+	// Isolation is one of the Isolation* levels.
+	Isolation int `json:"isolation"`
+	// KernelIsolated: pods run under their own kernel.
+	KernelIsolated bool `json:"kernelIsolated"`
+	// HostNetwork: the backend can run a pod in the host's network namespace.
+	HostNetwork bool `json:"hostNetwork"`
+	// PodNetwork: the backend can run a pod in its own network namespace.
+	PodNetwork bool `json:"podNetwork"`
+	// HostPID / HostIPC: the backend can share the host's PID / IPC namespace.
+	HostPID bool `json:"hostPID"`
+	HostIPC bool `json:"hostIPC"`
+	// Privileged says what a privileged container gets: "host" (host
+	// devices and capabilities), "pod" (all capabilities inside the pod's
+	// namespaces), "guest" (privileged inside a VM only).
+	Privileged string `json:"privileged"`
+}
+
+// PodSpec is what a backend needs to start a pod. Paths are host paths.
+type PodSpec struct {
+	ID        string
+	Name      string
+	Namespace string
+	UID       string
+	Hostname  string
+	// RunDir is a directory private to this pod on the run root (volatile:
+	// sockets, the agent's files). It exists when StartPod is called.
+	RunDir string
+	// CgroupParent is where the pod's cgroup goes: an absolute cgroup path,
+	// or a relative one resolved beneath the daemon's own cgroup.
+	CgroupParent string
+	// NetNSPath is the pod's network namespace; empty means the host's.
+	NetNSPath   string
+	HostNetwork bool
+	HostPID     bool
+	HostIPC     bool
+	// Options are backend options from the policy decision (e.g. VM memory).
+	Options map[string]string
+	// AgentBinary is the stagelet binary to run as the pod's agent.
+	AgentBinary string
+}
+
+// ContainerSpec is an app to create in a pod. Rootfs, mount sources and
+// LogPath are host paths; the backend maps them to what its agent sees.
+type ContainerSpec struct {
+	api.AppSpec
+}
+
+// Persist stores a backend's opaque state with the pod record. A backend
+// calls it before it takes each host resource, so that after a crash
+// DestroyPod finds everything that may have been taken.
+type Persist func(state []byte) error
+
+// Backend is one stage1.
+type Backend interface {
+	// Name is the stage1's registered name ("fly", "nspawn", "kvm").
+	Name() string
+	// Capabilities are the facts policy reads.
+	Capabilities() Capabilities
+	// StartPod creates the pod's isolation and starts its agent; it returns
+	// once the agent answers. On failure it has released what it took.
+	StartPod(ctx context.Context, spec *PodSpec, persist Persist) (Pod, error)
+	// RecoverPod reattaches to a pod after a daemon restart from the state
+	// last persisted. It returns ErrPodGone (wrapped) when the pod's
+	// isolation no longer runs; DestroyPod is then still to be called.
+	RecoverPod(ctx context.Context, spec *PodSpec, state []byte) (Pod, error)
+	// DestroyPod stops whatever still runs and releases every host resource
+	// named in state. Idempotent: resources already gone are not errors.
+	DestroyPod(ctx context.Context, spec *PodSpec, state []byte) error
+}
+
+// ErrPodGone says a pod's isolation (its agent) no longer runs.
+var ErrPodGone = fmt.Errorf("pod is gone")
+
+// Pod is a running pod: its isolation plus the agent inside it. Container
+// calls carry errdefs classes (NotFound for an unknown container).
+type Pod interface {
+	// State is the backend's opaque, versioned state to persist.
+	State() []byte
+	// Info asks the agent who it is; an error means it does not answer.
+	Info(ctx context.Context) (*api.Info, error)
+	// Info about the backend's runtime choices (e.g. accelerator), shown in
+	// verbose status.
+	Details() map[string]string
+
+	CreateContainer(ctx context.Context, spec *ContainerSpec) (*api.AppStatus, error)
+	StartContainer(ctx context.Context, id string) (*api.AppStatus, error)
+	// StopContainer sends SIGTERM, waits up to timeout, then SIGKILL.
+	// Idempotent on an exited container.
+	StopContainer(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error)
+	// RemoveContainer forgets the app in the agent; idempotent.
+	RemoveContainer(ctx context.Context, id string) error
+	ContainerStatus(ctx context.Context, id string) (*api.AppStatus, error)
+	ListContainers(ctx context.Context) ([]*api.AppStatus, error)
+	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error)
+	ReopenLog(ctx context.Context, id string) error
+	// Stats of one container, or of the whole pod for id "".
+	Stats(ctx context.Context, id string) (*api.Stats, error)
+
+	// Stop stops every app (SIGTERM, timeout, SIGKILL) and the pod's
+	// isolation. Idempotent. The pod's host resources stay until
+	// DestroyPod.
+	Stop(ctx context.Context, timeout time.Duration) error
+}
+
+var (
+	regMu    sync.RWMutex
+	registry = map[string]Backend{}
+)
+
+// Register adds a backend under its name; registering a name twice panics.
+func Register(b Backend) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := registry[b.Name()]; dup {
+		panic("stage1: duplicate backend " + b.Name())
+	}
+	registry[b.Name()] = b
+}
+
+// Get returns the backend registered under name.
+func Get(name string) (Backend, bool) {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	b, ok := registry[name]
+	return b, ok
+}
+
+// Names lists the registered backends, sorted.
+func Names() []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Registry is a set of backends by name, for callers that want their own
+// set (tests) instead of the process-wide one.
+type Registry map[string]Backend
+
+// Default returns the process-wide registry as a Registry.
+func Default() Registry {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	r := Registry{}
+	for n, b := range registry {
+		r[n] = b
+	}
+	return r
+}
+
+// MarshalState is a helper for backends: versioned JSON state.
+func MarshalState(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // state types are plain structs
+	}
+	return b
+}
