@@ -1,0 +1,231 @@
+// Package broker owns the node's pods and containers: their IDs, name
+// reservations, state machines and persisted records, idempotency of
+// stop/remove, and recovery after a daemon restart. It routes every call for
+// a pod to the stage1 backend recorded with that pod; the choice is made
+// once, when the pod is created, and never recomputed.
+//
+// Locking: Broker.mu guards the maps and every record field; it is never
+// held across I/O to a pod's agent or the image store. Each pod and each
+// container has an operation lock serialising its lifecycle calls.
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Images is what the broker needs from the image store.
+type Images interface {
+	Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error)
+	Get(ref string) (*image.Image, error)
+	List() []*image.Image
+	Remove(ref string) error
+	Usage() (bytes, inodes uint64, err error)
+	Root() string
+	MountRootfs(imageID, dir string) (string, error)
+	UnmountRootfs(dir string) error
+}
+
+// Options configure a Broker.
+type Options struct {
+	// StateDir holds durable records and container layers.
+	StateDir string
+	// RunDir holds volatile per-pod directories (sockets).
+	RunDir string
+	// CgroupParent is passed to backends for pod cgroups.
+	CgroupParent string
+	// DefaultStage1 is the backend for pods nothing else decides.
+	DefaultStage1 string
+	// AgentBinary is the stagelet binary backends run as the pod agent.
+	AgentBinary string
+	Backends    stage1.Registry
+	Images      Images
+	Log         *slog.Logger
+}
+
+// Broker is the node's pod and container manager. Create it with New, then
+// call Recover once before serving.
+type Broker struct {
+	opts Options
+	log  *slog.Logger
+	rec  records
+
+	ready atomic.Bool
+
+	mu       sync.Mutex
+	pods     map[string]*pod
+	podNames map[string]*pod // name key → pod, while the pod exists
+	ctrs     map[string]*container
+	ctrNames map[string]*container // pod ID + name key → container
+}
+
+type pod struct {
+	op  sync.Mutex // serialises Run/Stop/Remove and container creation
+	rec *PodRecord
+	// handle is the backend's running pod; nil when not running or gone.
+	handle stage1.Pod
+	// created is closed when RunPod finished (successfully or not); err is
+	// its outcome, read after created is closed.
+	created chan struct{}
+	err     error
+}
+
+type container struct {
+	op      sync.Mutex
+	rec     *ContainerRecord
+	created chan struct{}
+	err     error
+}
+
+// New returns a broker; it creates its directories but does not recover.
+func New(opts Options) (*Broker, error) {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Backends == nil {
+		opts.Backends = stage1.Default()
+	}
+	if _, ok := opts.Backends[opts.DefaultStage1]; !ok {
+		return nil, fmt.Errorf("default stage1 %q is not a registered backend (have %v)", opts.DefaultStage1, backendNames(opts.Backends))
+	}
+	b := &Broker{
+		opts:     opts,
+		log:      opts.Log,
+		rec:      records{dir: opts.StateDir},
+		pods:     map[string]*pod{},
+		podNames: map[string]*pod{},
+		ctrs:     map[string]*container{},
+		ctrNames: map[string]*container{},
+	}
+	if err := b.rec.init(); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{b.podsRunDir(), b.containersDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func backendNames(r stage1.Registry) []string {
+	names := make([]string, 0, len(r))
+	for n := range r {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Ready reports whether recovery has finished; until then CRI calls are
+// refused with Unavailable.
+func (b *Broker) Ready() bool { return b.ready.Load() }
+
+// Handlers lists the runtime handlers pods may name.
+func (b *Broker) Handlers() []string { return backendNames(b.opts.Backends) }
+
+// Backend returns a registered backend's capabilities.
+func (b *Broker) Backend(name string) (stage1.Backend, bool) {
+	be, ok := b.opts.Backends[name]
+	return be, ok
+}
+
+func (b *Broker) podsRunDir() string    { return filepath.Join(b.opts.RunDir, "pods") }
+func (b *Broker) containersDir() string { return filepath.Join(b.opts.StateDir, "containers-fs") }
+
+func newID() string {
+	var buf [32]byte
+	if _, err := rand.Read(buf[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(buf[:])
+}
+
+func hashOf(v any) string {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// lookupPod finds a pod by full ID or unique prefix.
+func (b *Broker) lookupPod(id string) (*pod, error) {
+	if id == "" {
+		return nil, errdefs.InvalidArgument("pod_sandbox_id: must not be empty")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p, ok := b.pods[id]; ok {
+		return p, nil
+	}
+	var found *pod
+	for pid, p := range b.pods {
+		if len(id) >= 6 && len(pid) > len(id) && pid[:len(id)] == id {
+			if found != nil {
+				return nil, errdefs.InvalidArgument("pod sandbox id prefix %q is ambiguous", id)
+			}
+			found = p
+		}
+	}
+	if found == nil {
+		return nil, errdefs.NotFound("pod sandbox %q not found", id)
+	}
+	return found, nil
+}
+
+// lookupContainer finds a container by full ID or unique prefix.
+func (b *Broker) lookupContainer(id string) (*container, error) {
+	if id == "" {
+		return nil, errdefs.InvalidArgument("container_id: must not be empty")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c, ok := b.ctrs[id]; ok {
+		return c, nil
+	}
+	var found *container
+	for cid, c := range b.ctrs {
+		if len(id) >= 6 && len(cid) > len(id) && cid[:len(id)] == id {
+			if found != nil {
+				return nil, errdefs.InvalidArgument("container id prefix %q is ambiguous", id)
+			}
+			found = c
+		}
+	}
+	if found == nil {
+		return nil, errdefs.NotFound("container %q not found", id)
+	}
+	return found, nil
+}
+
+// waitCreated waits for an object's creation to finish.
+func waitCreated(ctx context.Context, ch chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for creation in progress: %w", errdefs.ErrDeadlineExceeded)
+	}
+}
+
+// agentCtx bounds a call to an agent that the kubelet did not bound.
+func agentCtx(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d)
+}

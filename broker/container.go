@@ -1,0 +1,582 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// agentTimeout bounds agent calls that have no timeout of their own.
+const agentTimeout = 30 * time.Second
+
+func ctrNameKey(podID string, m ContainerMetadata) string {
+	return fmt.Sprintf("%s/%s_%d", podID, m.Name, m.Attempt)
+}
+
+func validateContainerConfig(c *ContainerConfig) error {
+	if c.Metadata.Name == "" {
+		return errdefs.InvalidArgument("config.metadata.name: must not be empty")
+	}
+	if c.Image == "" {
+		return errdefs.InvalidArgument("config.image.image: must not be empty")
+	}
+	for i, m := range c.Mounts {
+		if !filepath.IsAbs(m.ContainerPath) {
+			return errdefs.InvalidArgument("config.mounts[%d].container_path: %q must be an absolute path", i, m.ContainerPath)
+		}
+		if !filepath.IsAbs(m.HostPath) {
+			return errdefs.InvalidArgument("config.mounts[%d].host_path: %q must be an absolute path", i, m.HostPath)
+		}
+	}
+	if filepath.IsAbs(c.LogPath) || strings.Contains(c.LogPath, "..") {
+		return errdefs.InvalidArgument("config.log_path: %q must be relative to the pod's log directory", c.LogPath)
+	}
+	for _, kv := range c.Env {
+		if kv.Key == "" || strings.ContainsRune(kv.Key, '=') {
+			return errdefs.InvalidArgument("config.envs: invalid variable name %q", kv.Key)
+		}
+	}
+	if c.Resources.CPUQuota < 0 && c.Resources.CPUQuota != -1 {
+		return errdefs.InvalidArgument("config.linux.resources.cpu_quota: %d is negative", c.Resources.CPUQuota)
+	}
+	if c.Resources.MemoryLimit < 0 {
+		return errdefs.InvalidArgument("config.linux.resources.memory_limit_in_bytes: %d is negative", c.Resources.MemoryLimit)
+	}
+	return nil
+}
+
+// CreateContainer creates a container in a ready pod: it resolves the
+// image, makes the container's rootfs and registers the app with the pod's
+// agent. A retry with the same configuration returns the same container.
+func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *ContainerConfig) (string, error) {
+	if err := validateContainerConfig(cfg); err != nil {
+		return "", err
+	}
+	p, err := b.lookupPod(podID)
+	if err != nil {
+		return "", err
+	}
+	if err := waitCreated(ctx, p.created); err != nil {
+		return "", err
+	}
+	if p.err != nil {
+		return "", errdefs.NotFound("pod sandbox %q not found", podID)
+	}
+	podID = p.rec.ID
+	key := ctrNameKey(podID, cfg.Metadata)
+	hash := hashOf(cfg)
+
+	b.mu.Lock()
+	if existing, ok := b.ctrNames[key]; ok {
+		same := existing.rec.ConfigHash == hash
+		id := existing.rec.ID
+		b.mu.Unlock()
+		if !same {
+			return "", errdefs.AlreadyExists("container name %q is reserved for %s", key, id)
+		}
+		if err := waitCreated(ctx, existing.created); err != nil {
+			return "", err
+		}
+		if existing.err != nil {
+			return "", existing.err
+		}
+		return id, nil
+	}
+	id := newID()
+	c := &container{
+		rec: &ContainerRecord{
+			ID:         id,
+			PodID:      podID,
+			State:      ContainerCreating,
+			Config:     *cfg,
+			ConfigHash: hash,
+			ImageName:  cfg.Image,
+			Dir:        filepath.Join(b.containersDir(), id),
+			CreatedAt:  time.Now(),
+		},
+		created: make(chan struct{}),
+	}
+	b.ctrNames[key] = c
+	b.ctrs[id] = c
+	b.mu.Unlock()
+
+	p.op.Lock()
+	err = b.createContainer(ctx, p, c)
+	p.op.Unlock()
+	c.err = err
+	close(c.created)
+	if err != nil {
+		b.mu.Lock()
+		delete(b.ctrNames, key)
+		delete(b.ctrs, id)
+		b.mu.Unlock()
+		return "", err
+	}
+	b.log.Info("container created", "pod", podID, "container", id, "name", cfg.Metadata.Name, "image", cfg.Image)
+	return id, nil
+}
+
+func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err error) {
+	h, err := b.podHandle(p)
+	if err != nil {
+		return err
+	}
+	rec := c.rec
+	img, err := b.opts.Images.Get(rec.Config.Image)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return errdefs.NotFound("image %q not found: pull it first", rec.Config.Image)
+		}
+		return err
+	}
+	rec.ImageID = img.ID
+	// Record before taking the rootfs, so a crash leaves a record that
+	// recovery cleans up.
+	if err := b.rec.saveContainer(rec); err != nil {
+		return fmt.Errorf("persist container record: %w", err)
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		if uerr := b.opts.Images.UnmountRootfs(rec.Dir); uerr != nil {
+			b.log.Error("releasing rootfs of a container that failed to be created", "container", rec.ID, "err", uerr)
+		}
+		b.rec.deleteContainer(rec.ID)
+	}()
+	rootfs, err := b.opts.Images.MountRootfs(img.ID, rec.Dir)
+	if err != nil {
+		return fmt.Errorf("container rootfs: %w", err)
+	}
+	b.mu.Lock()
+	podCfg := p.rec.Config
+	b.mu.Unlock()
+	app, err := buildAppSpec(rec.ID, &podCfg, &rec.Config, img, rootfs)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	rec.Rootfs = rootfs
+	rec.LogPath = app.LogPath
+	rec.App = app
+	b.mu.Unlock()
+	actx, cancel := agentCtx(ctx, agentTimeout)
+	defer cancel()
+	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app})
+	if err != nil {
+		return fmt.Errorf("create container in pod: %w", err)
+	}
+	b.mu.Lock()
+	rec.State = ContainerCreated
+	if st != nil && !st.CreatedAt.IsZero() {
+		rec.CreatedAt = st.CreatedAt
+	}
+	cp := *rec
+	b.mu.Unlock()
+	if err := b.rec.saveContainer(&cp); err != nil {
+		h.RemoveContainer(context.WithoutCancel(ctx), rec.ID)
+		return fmt.Errorf("persist container record: %w", err)
+	}
+	return nil
+}
+
+// containerPod returns a container (whose creation finished) and its pod.
+func (b *Broker) containerAndPod(ctx context.Context, id string) (*container, *pod, error) {
+	c, err := b.lookupContainer(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := waitCreated(ctx, c.created); err != nil {
+		return nil, nil, err
+	}
+	if c.err != nil {
+		return nil, nil, errdefs.NotFound("container %q not found", id)
+	}
+	b.mu.Lock()
+	p := b.pods[c.rec.PodID]
+	b.mu.Unlock()
+	if p == nil {
+		return nil, nil, errdefs.NotFound("pod sandbox of container %q not found", id)
+	}
+	return c, p, nil
+}
+
+// StartContainer starts a created container.
+func (b *Broker) StartContainer(ctx context.Context, id string) error {
+	c, p, err := b.containerAndPod(ctx, id)
+	if err != nil {
+		return err
+	}
+	c.op.Lock()
+	defer c.op.Unlock()
+	b.mu.Lock()
+	state := c.rec.State
+	b.mu.Unlock()
+	if state != ContainerCreated {
+		return errdefs.FailedPrecondition("container %s is %s, not created", c.rec.ID, state)
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return err
+	}
+	actx, cancel := agentCtx(ctx, agentTimeout)
+	defer cancel()
+	st, err := h.StartContainer(actx, c.rec.ID)
+	if err != nil {
+		// The agent records a failed start as an exit; keep that truth.
+		if st2, serr := h.ContainerStatus(actx, c.rec.ID); serr == nil && st2.State == api.StateExited {
+			b.applyAppStatus(c, st2)
+		}
+		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
+	}
+	b.applyAppStatus(c, st)
+	b.log.Info("container started", "pod", p.rec.ID, "container", c.rec.ID)
+	return nil
+}
+
+// applyAppStatus folds the agent's view of a container into its record and
+// persists the record if anything changed.
+func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
+	if st == nil {
+		return
+	}
+	b.mu.Lock()
+	rec := c.rec
+	changed := false
+	switch st.State {
+	case api.StateRunning:
+		if rec.State != ContainerRunning {
+			rec.State, changed = ContainerRunning, true
+		}
+	case api.StateExited:
+		if rec.State != ContainerExited {
+			rec.State, changed = ContainerExited, true
+		}
+		if rec.ExitCode != st.ExitCode || rec.Reason != st.Reason || rec.Message != st.Message || !rec.FinishedAt.Equal(st.FinishedAt) {
+			rec.ExitCode, rec.Reason, rec.Message, rec.FinishedAt = st.ExitCode, st.Reason, st.Message, st.FinishedAt
+			changed = true
+		}
+	}
+	if !st.StartedAt.IsZero() && !rec.StartedAt.Equal(st.StartedAt) {
+		rec.StartedAt, changed = st.StartedAt, true
+	}
+	cp := *rec
+	b.mu.Unlock()
+	if changed {
+		if err := b.rec.saveContainer(&cp); err != nil {
+			b.log.Error("persist container record", "container", cp.ID, "err", err)
+		}
+	}
+}
+
+// StopContainer stops a running container: SIGTERM, then SIGKILL after
+// timeout. Idempotent: unknown, created or exited containers are fine.
+func (b *Broker) StopContainer(ctx context.Context, id string, timeout time.Duration) error {
+	c, _, err := b.containerAndPod(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return b.stopContainer(ctx, c, timeout)
+}
+
+func (b *Broker) stopContainer(ctx context.Context, c *container, timeout time.Duration) error {
+	c.op.Lock()
+	defer c.op.Unlock()
+	b.mu.Lock()
+	state := c.rec.State
+	p := b.pods[c.rec.PodID]
+	b.mu.Unlock()
+	if state != ContainerRunning || p == nil {
+		return nil
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return nil // the pod is not running: neither is the container
+	}
+	actx, cancel := agentCtx(ctx, timeout+agentTimeout)
+	defer cancel()
+	st, err := h.StopContainer(actx, c.rec.ID, timeout)
+	if errdefs.IsNotFound(err) {
+		b.markGone(c, "the pod's agent no longer knows the container")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stop container %s: %w", c.rec.ID, err)
+	}
+	b.applyAppStatus(c, st)
+	b.log.Info("container stopped", "container", c.rec.ID, "exitCode", st.ExitCode)
+	return nil
+}
+
+// markGone records a container as exited when the truth about its end is
+// lost (its pod's agent died or forgot it).
+func (b *Broker) markGone(c *container, why string) {
+	b.mu.Lock()
+	rec := c.rec
+	if rec.State != ContainerRunning && rec.State != ContainerCreated {
+		b.mu.Unlock()
+		return
+	}
+	rec.State = ContainerExited
+	rec.ExitCode = 255
+	rec.Reason = api.ReasonError
+	rec.Message = why
+	rec.FinishedAt = time.Now()
+	cp := *rec
+	b.mu.Unlock()
+	if err := b.rec.saveContainer(&cp); err != nil {
+		b.log.Error("persist container record", "container", cp.ID, "err", err)
+	}
+}
+
+func (b *Broker) markContainersGone(podID, why string) {
+	for _, c := range b.containersOf(podID) {
+		b.markGone(c, why)
+	}
+}
+
+func (b *Broker) containersOf(podID string) []*container {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*container
+	for _, c := range b.ctrs {
+		if c.rec.PodID != podID {
+			continue
+		}
+		select {
+		case <-c.created:
+			if c.err == nil {
+				out = append(out, c)
+			}
+		default:
+		}
+	}
+	return out
+}
+
+// RemoveContainer removes a container, stopping it first if it runs.
+// Idempotent.
+func (b *Broker) RemoveContainer(ctx context.Context, id string) error {
+	c, _, err := b.containerAndPod(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return b.removeContainer(ctx, c)
+}
+
+func (b *Broker) removeContainer(ctx context.Context, c *container) error {
+	if err := b.stopContainer(ctx, c, 0); err != nil {
+		return err
+	}
+	c.op.Lock()
+	defer c.op.Unlock()
+	b.mu.Lock()
+	rec := *c.rec
+	p := b.pods[rec.PodID]
+	b.mu.Unlock()
+	if p != nil {
+		if h, err := b.podHandle(p); err == nil {
+			actx, cancel := agentCtx(ctx, agentTimeout)
+			err := h.RemoveContainer(actx, rec.ID)
+			cancel()
+			if err != nil && !errdefs.IsNotFound(err) && !errors.Is(err, errdefs.ErrUnavailable) {
+				return fmt.Errorf("remove container %s: %w", rec.ID, err)
+			}
+		}
+	}
+	if err := b.opts.Images.UnmountRootfs(rec.Dir); err != nil {
+		return fmt.Errorf("remove container %s rootfs: %w", rec.ID, err)
+	}
+	if err := b.rec.deleteContainer(rec.ID); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	delete(b.ctrs, rec.ID)
+	key := ctrNameKey(rec.PodID, rec.Config.Metadata)
+	if b.ctrNames[key] == c {
+		delete(b.ctrNames, key)
+	}
+	b.mu.Unlock()
+	b.log.Info("container removed", "container", rec.ID)
+	return nil
+}
+
+// ContainerStatus is a container's record, refreshed from its pod's agent.
+func (b *Broker) ContainerStatus(ctx context.Context, id string) (*ContainerRecord, error) {
+	c, p, err := b.containerAndPod(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	b.refresh(ctx, p, []*container{c})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cp := *c.rec
+	return &cp, nil
+}
+
+// refresh asks the pod's agent about containers the record says are live.
+func (b *Broker) refresh(ctx context.Context, p *pod, cs []*container) {
+	var live []*container
+	b.mu.Lock()
+	for _, c := range cs {
+		if c.rec.State == ContainerRunning {
+			live = append(live, c)
+		}
+	}
+	b.mu.Unlock()
+	if len(live) == 0 {
+		return
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return
+	}
+	actx, cancel := agentCtx(ctx, 5*time.Second)
+	defer cancel()
+	apps, err := h.ListContainers(actx)
+	if err != nil {
+		b.log.Warn("cannot reach the pod's agent", "pod", p.rec.ID, "err", err)
+		return
+	}
+	byID := map[string]*api.AppStatus{}
+	for _, a := range apps {
+		byID[a.ID] = a
+	}
+	for _, c := range live {
+		if st, ok := byID[c.rec.ID]; ok {
+			b.applyAppStatus(c, st)
+		} else {
+			b.markGone(c, "the pod's agent no longer knows the container")
+		}
+	}
+}
+
+// ContainerFilter selects containers; zero fields match everything.
+type ContainerFilter struct {
+	ID            string
+	PodID         string
+	State         string
+	LabelSelector map[string]string
+}
+
+// ListContainers returns the containers matching f, oldest first.
+func (b *Broker) ListContainers(ctx context.Context, f ContainerFilter) []*ContainerRecord {
+	b.mu.Lock()
+	byPod := map[*pod][]*container{}
+	for id, c := range b.ctrs {
+		select {
+		case <-c.created:
+			if c.err != nil {
+				continue
+			}
+		default:
+			continue
+		}
+		if f.ID != "" && id != f.ID && !strings.HasPrefix(id, f.ID) {
+			continue
+		}
+		if f.PodID != "" && c.rec.PodID != f.PodID && !strings.HasPrefix(c.rec.PodID, f.PodID) {
+			continue
+		}
+		if p := b.pods[c.rec.PodID]; p != nil {
+			byPod[p] = append(byPod[p], c)
+		}
+	}
+	b.mu.Unlock()
+	var out []*ContainerRecord
+	for p, cs := range byPod {
+		b.refresh(ctx, p, cs)
+		b.mu.Lock()
+		for _, c := range cs {
+			if f.State != "" && c.rec.State != f.State {
+				continue
+			}
+			if !labelsMatch(c.rec.Config.Labels, f.LabelSelector) {
+				continue
+			}
+			cp := *c.rec
+			out = append(out, &cp)
+		}
+		b.mu.Unlock()
+	}
+	sortByCreated(out, func(r *ContainerRecord) (time.Time, string) { return r.CreatedAt, r.ID })
+	return out
+}
+
+// ExecSync runs cmd in a running container and returns its output. A
+// timeout is DeadlineExceeded, as the kubelet's probes expect.
+func (b *Broker) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+	if len(cmd) == 0 {
+		return nil, errdefs.InvalidArgument("cmd: must not be empty")
+	}
+	c, p, err := b.containerAndPod(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	b.refresh(ctx, p, []*container{c})
+	b.mu.Lock()
+	state := c.rec.State
+	b.mu.Unlock()
+	if state != ContainerRunning {
+		return nil, errdefs.FailedPrecondition("container %s is %s, not running", c.rec.ID, state)
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := context.WithCancel(ctx)
+	if timeout > 0 {
+		actx, cancel = context.WithTimeout(ctx, timeout+agentTimeout)
+	}
+	defer cancel()
+	res, err := h.ExecSync(actx, c.rec.ID, cmd, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if res.TimedOut {
+		return nil, errdefs.New(errdefs.ErrDeadlineExceeded, "command %q timed out after %s", strings.Join(cmd, " "), timeout)
+	}
+	return res, nil
+}
+
+// ReopenLog asks the agent to reopen a running container's log file.
+func (b *Broker) ReopenLog(ctx context.Context, id string) error {
+	c, p, err := b.containerAndPod(ctx, id)
+	if err != nil {
+		return err
+	}
+	b.refresh(ctx, p, []*container{c})
+	b.mu.Lock()
+	state := c.rec.State
+	b.mu.Unlock()
+	if state != ContainerRunning {
+		return errdefs.FailedPrecondition("container %s is %s, not running", c.rec.ID, state)
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return err
+	}
+	actx, cancel := agentCtx(ctx, agentTimeout)
+	defer cancel()
+	return h.ReopenLog(actx, c.rec.ID)
+}
+
+// ImageOf returns the image record a container was created from, if it is
+// still present.
+func (b *Broker) ImageOf(rec *ContainerRecord) (*image.Image, error) {
+	return b.opts.Images.Get(rec.ImageID)
+}

@@ -1,0 +1,252 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// fakeBackend keeps pods in memory; "alive" pods survive a broker restart
+// as long as the same fakeBackend value is reused.
+type fakeBackend struct {
+	mu        sync.Mutex
+	pods      map[string]*fakePod
+	destroyed map[string]int
+	failStart bool
+	caps      stage1.Capabilities
+}
+
+func newFakeBackend() *fakeBackend {
+	return &fakeBackend{
+		pods:      map[string]*fakePod{},
+		destroyed: map[string]int{},
+		caps:      stage1.Capabilities{HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
+	}
+}
+
+func (f *fakeBackend) Name() string                      { return "fake" }
+func (f *fakeBackend) Capabilities() stage1.Capabilities { return f.caps }
+
+type fakeState struct {
+	Version int    `json:"version"`
+	ID      string `json:"id"`
+}
+
+func (f *fakeBackend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (stage1.Pod, error) {
+	st := stage1.MarshalState(fakeState{Version: 1, ID: spec.ID})
+	if err := persist(st); err != nil {
+		return nil, err
+	}
+	if f.failStart {
+		return nil, fmt.Errorf("fake start failure")
+	}
+	p := &fakePod{id: spec.ID, apps: map[string]*api.AppStatus{}, specs: map[string]*api.AppSpec{}, alive: true}
+	f.mu.Lock()
+	f.pods[spec.ID] = p
+	f.mu.Unlock()
+	return p, nil
+}
+
+func (f *fakeBackend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, state []byte) (stage1.Pod, error) {
+	var st fakeState
+	if err := json.Unmarshal(state, &st); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.pods[st.ID]
+	if !ok || !p.isAlive() {
+		return nil, fmt.Errorf("fake: %w", stage1.ErrPodGone)
+	}
+	return p, nil
+}
+
+func (f *fakeBackend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, state []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.pods, spec.ID)
+	f.destroyed[spec.ID]++
+	return nil
+}
+
+type fakePod struct {
+	mu    sync.Mutex
+	id    string
+	alive bool
+	apps  map[string]*api.AppStatus
+	specs map[string]*api.AppSpec
+}
+
+func (p *fakePod) isAlive() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.alive }
+
+func (p *fakePod) State() []byte { return stage1.MarshalState(fakeState{Version: 1, ID: p.id}) }
+func (p *fakePod) Info(ctx context.Context) (*api.Info, error) {
+	return &api.Info{Version: api.Version, PID: 1, Kernel: "fake"}, nil
+}
+func (p *fakePod) Details() map[string]string { return map[string]string{"fake": "yes"} }
+
+func (p *fakePod) CreateContainer(ctx context.Context, spec *stage1.ContainerSpec) (*api.AppStatus, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.apps[spec.ID]; ok {
+		return nil, errdefs.AlreadyExists("app %s exists", spec.ID)
+	}
+	st := &api.AppStatus{ID: spec.ID, State: api.StateCreated, CreatedAt: time.Now()}
+	p.apps[spec.ID] = st
+	s := spec.AppSpec
+	p.specs[spec.ID] = &s
+	return st, nil
+}
+
+func (p *fakePod) app(id string) (*api.AppStatus, error) {
+	a, ok := p.apps[id]
+	if !ok {
+		return nil, errdefs.NotFound("app %s", id)
+	}
+	return a, nil
+}
+
+func (p *fakePod) StartContainer(ctx context.Context, id string) (*api.AppStatus, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, err := p.app(id)
+	if err != nil {
+		return nil, err
+	}
+	a.State, a.StartedAt, a.PID = api.StateRunning, time.Now(), 4242
+	cp := *a
+	return &cp, nil
+}
+
+// exit makes a running app exit with code.
+func (p *fakePod) exit(id string, code int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a := p.apps[id]
+	a.State, a.ExitCode, a.FinishedAt = api.StateExited, code, time.Now()
+	a.Reason = api.ReasonCompleted
+	if code != 0 {
+		a.Reason = api.ReasonError
+	}
+}
+
+func (p *fakePod) StopContainer(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error) {
+	p.mu.Lock()
+	a, err := p.app(id)
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if a.State == api.StateRunning {
+		p.exit(id, 137)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cp := *a
+	return &cp, nil
+}
+
+func (p *fakePod) RemoveContainer(ctx context.Context, id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.apps, id)
+	return nil
+}
+
+func (p *fakePod) ContainerStatus(ctx context.Context, id string) (*api.AppStatus, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, err := p.app(id)
+	if err != nil {
+		return nil, err
+	}
+	cp := *a
+	return &cp, nil
+}
+
+func (p *fakePod) ListContainers(ctx context.Context) ([]*api.AppStatus, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*api.AppStatus
+	for _, a := range p.apps {
+		cp := *a
+		out = append(out, &cp)
+	}
+	return out, nil
+}
+
+func (p *fakePod) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+	return &api.ExecResult{Stdout: []byte(fmt.Sprint(cmd))}, nil
+}
+func (p *fakePod) ReopenLog(ctx context.Context, id string) error { return nil }
+func (p *fakePod) Stats(ctx context.Context, id string) (*api.Stats, error) {
+	return &api.Stats{Timestamp: time.Now(), CPUUsageNanos: 1}, nil
+}
+func (p *fakePod) Stop(ctx context.Context, timeout time.Duration) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.apps {
+		if a.State == api.StateRunning {
+			a.State, a.ExitCode, a.Reason, a.FinishedAt = api.StateExited, 137, api.ReasonError, time.Now()
+		}
+	}
+	p.alive = false
+	return nil
+}
+
+// fakeImages is an image store with one image whose rootfs is a plain
+// directory holding /etc/passwd and /etc/group.
+type fakeImages struct {
+	mu      sync.Mutex
+	mounted map[string]bool
+}
+
+var fakeImage = &image.Image{
+	ID:       "sha256:" + fmt.Sprintf("%064d", 1),
+	RepoTags: []string{"example.test/busybox:latest"},
+	Config:   image.ImageConfig{Entrypoint: []string{"/bin/sh"}, Cmd: []string{"-c", "true"}, Env: []string{"PATH=/bin", "A=1"}, User: "app"},
+}
+
+func (f *fakeImages) Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error) {
+	return f.Get(ref)
+}
+func (f *fakeImages) Get(ref string) (*image.Image, error) {
+	if ref == fakeImage.ID || ref == fakeImage.RepoTags[0] {
+		return fakeImage, nil
+	}
+	return nil, errdefs.NotFound("image %q", ref)
+}
+func (f *fakeImages) List() []*image.Image           { return []*image.Image{fakeImage} }
+func (f *fakeImages) Remove(ref string) error        { return nil }
+func (f *fakeImages) Usage() (uint64, uint64, error) { return 1, 1, nil }
+func (f *fakeImages) Root() string                   { return "/fake" }
+func (f *fakeImages) MountRootfs(id, dir string) (string, error) {
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
+		return "", err
+	}
+	os.WriteFile(filepath.Join(rootfs, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(rootfs, "etc/group"), []byte("root:x:0:\napp:x:1000:\nextra:x:2000:app\n"), 0o644)
+	f.mu.Lock()
+	if f.mounted == nil {
+		f.mounted = map[string]bool{}
+	}
+	f.mounted[dir] = true
+	f.mu.Unlock()
+	return rootfs, nil
+}
+func (f *fakeImages) UnmountRootfs(dir string) error {
+	f.mu.Lock()
+	delete(f.mounted, dir)
+	f.mu.Unlock()
+	return os.RemoveAll(dir)
+}

@@ -1,0 +1,77 @@
+package broker
+
+import (
+	"context"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/image"
+)
+
+// PullImage pulls ref and returns the image.
+func (b *Broker) PullImage(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error) {
+	if ref == "" {
+		return nil, errdefs.InvalidArgument("image.image: must not be empty")
+	}
+	img, err := b.opts.Images.Pull(ctx, ref, auth)
+	if err != nil {
+		return nil, err
+	}
+	b.log.Info("image pulled", "ref", ref, "image", img.ID)
+	return img, nil
+}
+
+// ImageStatus returns the image named by ref, or NotFound.
+func (b *Broker) ImageStatus(ref string) (*image.Image, error) {
+	if ref == "" {
+		return nil, errdefs.InvalidArgument("image.image: must not be empty")
+	}
+	return b.opts.Images.Get(ref)
+}
+
+// ListImages lists the images; a non-empty ref keeps only the image it
+// names.
+func (b *Broker) ListImages(ref string) []*image.Image {
+	if ref != "" {
+		img, err := b.opts.Images.Get(ref)
+		if err != nil {
+			return nil
+		}
+		return []*image.Image{img}
+	}
+	return b.opts.Images.List()
+}
+
+// RemoveImage removes an image. Idempotent; refused with
+// FailedPrecondition while a container uses it.
+func (b *Broker) RemoveImage(ref string) error {
+	if ref == "" {
+		return errdefs.InvalidArgument("image.image: must not be empty")
+	}
+	img, err := b.opts.Images.Get(ref)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	for _, c := range b.ctrs {
+		if c.rec.ImageID == img.ID {
+			id := c.rec.ID
+			b.mu.Unlock()
+			return errdefs.FailedPrecondition("image %s is used by container %s", img.ID, id)
+		}
+	}
+	b.mu.Unlock()
+	if err := b.opts.Images.Remove(ref); err != nil {
+		return err
+	}
+	b.log.Info("image removed", "ref", ref, "image", img.ID)
+	return nil
+}
+
+// ImageFsUsage reports the image store's disk usage.
+func (b *Broker) ImageFsUsage() (mountpoint string, bytes, inodes uint64, err error) {
+	bytes, inodes, err = b.opts.Images.Usage()
+	return b.opts.Images.Root(), bytes, inodes, err
+}

@@ -1,0 +1,441 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Decision is the stage1 chosen for a pod and why.
+type Decision struct {
+	Stage1  string
+	Reasons []string
+}
+
+func podNameKey(m PodMetadata) string {
+	return fmt.Sprintf("%s_%s_%s_%d", m.Name, m.Namespace, m.UID, m.Attempt)
+}
+
+func validatePodConfig(c *PodConfig) error {
+	switch {
+	case c.Metadata.Name == "":
+		return errdefs.InvalidArgument("config.metadata.name: must not be empty")
+	case c.Metadata.Namespace == "":
+		return errdefs.InvalidArgument("config.metadata.namespace: must not be empty")
+	case c.Metadata.UID == "":
+		return errdefs.InvalidArgument("config.metadata.uid: must not be empty")
+	}
+	if c.LogDirectory != "" && !filepath.IsAbs(c.LogDirectory) {
+		return errdefs.InvalidArgument("config.log_directory: %q must be an absolute path", c.LogDirectory)
+	}
+	for _, p := range c.PortMappings {
+		if p.ContainerPort <= 0 || p.ContainerPort > 65535 || p.HostPort < 0 || p.HostPort > 65535 {
+			return errdefs.InvalidArgument("config.port_mappings: port %d→%d out of range", p.HostPort, p.ContainerPort)
+		}
+	}
+	return nil
+}
+
+// decide picks the pod's stage1. The policy engine will take this over;
+// until then the runtime handler names a backend, and the empty handler
+// means the node default.
+func (b *Broker) decide(c *PodConfig) (Decision, error) {
+	if c.RuntimeHandler != "" {
+		if _, ok := b.opts.Backends[c.RuntimeHandler]; !ok {
+			return Decision{}, errdefs.InvalidArgument("runtime_handler: %q is not a known handler (known: %s)", c.RuntimeHandler, strings.Join(b.Handlers(), ", "))
+		}
+		return Decision{Stage1: c.RuntimeHandler, Reasons: []string{fmt.Sprintf("runtime handler %q", c.RuntimeHandler)}}, nil
+	}
+	return Decision{Stage1: b.opts.DefaultStage1, Reasons: []string{"node default stage1"}}, nil
+}
+
+func checkCapabilities(c *PodConfig, be stage1.Backend) error {
+	caps := be.Capabilities()
+	switch {
+	case c.HostNetwork && !caps.HostNetwork:
+		return errdefs.InvalidArgument("stage1 %s cannot run a pod in the host network namespace", be.Name())
+	case !c.HostNetwork && !caps.PodNetwork && !caps.HostNetwork:
+		return errdefs.InvalidArgument("stage1 %s has no network mode for this pod", be.Name())
+	case c.HostPID && !caps.HostPID:
+		return errdefs.InvalidArgument("stage1 %s cannot share the host PID namespace", be.Name())
+	case c.HostIPC && !caps.HostIPC:
+		return errdefs.InvalidArgument("stage1 %s cannot share the host IPC namespace", be.Name())
+	}
+	return nil
+}
+
+// RunPod creates and starts a pod and returns its ID. A retry of a request
+// still in progress, or already done, with the same configuration returns
+// the same pod; a different configuration under a reserved name is
+// AlreadyExists.
+func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
+	if err := validatePodConfig(cfg); err != nil {
+		return "", err
+	}
+	key := podNameKey(cfg.Metadata)
+	hash := hashOf(cfg)
+
+	b.mu.Lock()
+	if existing, ok := b.podNames[key]; ok {
+		sameHash := existing.rec.ConfigHash == hash
+		id := existing.rec.ID
+		b.mu.Unlock()
+		if !sameHash {
+			return "", errdefs.AlreadyExists("pod sandbox name %q is reserved for %s", key, id)
+		}
+		if err := waitCreated(ctx, existing.created); err != nil {
+			return "", err
+		}
+		if existing.err != nil {
+			return "", existing.err
+		}
+		b.log.Debug("RunPodSandbox retry answered with the existing pod", "pod", id)
+		return id, nil
+	}
+	dec, err := b.decide(cfg)
+	if err != nil {
+		b.mu.Unlock()
+		return "", err
+	}
+	be := b.opts.Backends[dec.Stage1]
+	if err := checkCapabilities(cfg, be); err != nil {
+		b.mu.Unlock()
+		return "", err
+	}
+	id := newID()
+	p := &pod{
+		rec: &PodRecord{
+			ID:         id,
+			State:      PodCreating,
+			Config:     *cfg,
+			ConfigHash: hash,
+			Stage1:     dec.Stage1,
+			Reasons:    dec.Reasons,
+			RunDir:     filepath.Join(b.podsRunDir(), id),
+			CreatedAt:  time.Now(),
+		},
+		created: make(chan struct{}),
+	}
+	b.podNames[key] = p
+	b.pods[id] = p
+	b.mu.Unlock()
+
+	p.op.Lock()
+	err = b.startPod(ctx, p, be)
+	p.op.Unlock()
+	p.err = err
+	close(p.created)
+	if err != nil {
+		b.mu.Lock()
+		delete(b.podNames, key)
+		delete(b.pods, id)
+		b.mu.Unlock()
+		return "", err
+	}
+	b.log.Info("pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
+	return id, nil
+}
+
+func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
+	c := rec.Config
+	parent := b.opts.CgroupParent
+	return &stage1.PodSpec{
+		ID:           rec.ID,
+		Name:         c.Metadata.Name,
+		Namespace:    c.Metadata.Namespace,
+		UID:          c.Metadata.UID,
+		Hostname:     c.Hostname,
+		RunDir:       rec.RunDir,
+		CgroupParent: parent,
+		HostNetwork:  c.HostNetwork,
+		HostPID:      c.HostPID,
+		HostIPC:      c.HostIPC,
+		AgentBinary:  b.opts.AgentBinary,
+	}
+}
+
+// startPod takes the pod's resources, recording each before it is taken,
+// and releases them all on failure. Called with p.op held.
+func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err error) {
+	rec := p.rec
+	if err := b.rec.savePod(rec); err != nil {
+		return fmt.Errorf("persist pod record: %w", err)
+	}
+	spec := b.podSpec(rec)
+	defer func() {
+		if err == nil {
+			return
+		}
+		b.mu.Lock()
+		state := rec.BackendState
+		b.mu.Unlock()
+		if derr := be.DestroyPod(context.WithoutCancel(ctx), spec, state); derr != nil {
+			b.log.Error("releasing a pod that failed to start", "pod", rec.ID, "err", derr)
+		}
+		os.RemoveAll(rec.RunDir)
+		b.rec.deletePod(rec.ID)
+	}()
+	if err := os.MkdirAll(rec.RunDir, 0o700); err != nil {
+		return err
+	}
+	persist := func(state []byte) error {
+		b.mu.Lock()
+		rec.BackendState = state
+		cp := *rec
+		b.mu.Unlock()
+		return b.rec.savePod(&cp)
+	}
+	h, err := be.StartPod(ctx, spec, persist)
+	if err != nil {
+		return fmt.Errorf("stage1 %s: start pod: %w", be.Name(), err)
+	}
+	b.mu.Lock()
+	p.handle = h
+	rec.BackendState = h.State()
+	rec.State = PodReady
+	cp := *rec
+	b.mu.Unlock()
+	if err := b.rec.savePod(&cp); err != nil {
+		h.Stop(context.WithoutCancel(ctx), 0)
+		return fmt.Errorf("persist pod record: %w", err)
+	}
+	return nil
+}
+
+// podStopTimeout is how long the apps of a pod being stopped get between
+// SIGTERM and SIGKILL. The kubelet stops containers with their own grace
+// period before it stops the pod, so this only catches what is left.
+const podStopTimeout = 2 * time.Second
+
+// StopPod stops every container of the pod and the pod's isolation.
+// Idempotent: an unknown or already stopped pod is not an error.
+func (b *Broker) StopPod(ctx context.Context, id string) error {
+	p, err := b.lookupPod(id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := waitCreated(ctx, p.created); err != nil {
+		return err
+	}
+	if p.err != nil {
+		return nil // creation failed: nothing runs
+	}
+	p.op.Lock()
+	defer p.op.Unlock()
+	return b.stopPodLocked(ctx, p)
+}
+
+func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
+	b.mu.Lock()
+	h := p.handle
+	state := p.rec.State
+	podID := p.rec.ID
+	b.mu.Unlock()
+	if state == PodNotReady && h == nil {
+		return nil
+	}
+	if h != nil {
+		// Stop the containers first so their exit statuses are kept.
+		for _, c := range b.containersOf(podID) {
+			if err := b.stopContainer(ctx, c, podStopTimeout); err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+				return err
+			}
+		}
+		if err := h.Stop(ctx, podStopTimeout); err != nil && !errors.Is(err, stage1.ErrPodGone) {
+			return fmt.Errorf("stop pod %s: %w", podID, err)
+		}
+	}
+	b.mu.Lock()
+	p.handle = nil
+	p.rec.State = PodNotReady
+	cp := *p.rec
+	b.mu.Unlock()
+	b.markContainersGone(podID, "the pod was stopped")
+	b.log.Info("pod stopped", "pod", podID)
+	return b.rec.savePod(&cp)
+}
+
+// RemovePod stops the pod if needed, removes its containers and releases
+// every resource. Idempotent: an unknown pod is not an error.
+func (b *Broker) RemovePod(ctx context.Context, id string) error {
+	p, err := b.lookupPod(id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := waitCreated(ctx, p.created); err != nil {
+		return err
+	}
+	if p.err != nil {
+		return nil
+	}
+	p.op.Lock()
+	defer p.op.Unlock()
+	if err := b.stopPodLocked(ctx, p); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	rec := *p.rec
+	b.mu.Unlock()
+	for _, c := range b.containersOf(rec.ID) {
+		if err := b.removeContainer(ctx, c); err != nil {
+			return err
+		}
+	}
+	if be, ok := b.opts.Backends[rec.Stage1]; ok {
+		if err := be.DestroyPod(ctx, b.podSpec(&rec), rec.BackendState); err != nil {
+			return fmt.Errorf("remove pod %s: %w", rec.ID, err)
+		}
+	}
+	if err := os.RemoveAll(rec.RunDir); err != nil {
+		return err
+	}
+	if err := b.rec.deletePod(rec.ID); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	delete(b.pods, rec.ID)
+	if b.podNames[podNameKey(rec.Config.Metadata)] == p {
+		delete(b.podNames, podNameKey(rec.Config.Metadata))
+	}
+	b.mu.Unlock()
+	b.log.Info("pod removed", "pod", rec.ID)
+	return nil
+}
+
+// PodStatus is a pod's status as the broker knows it.
+type PodStatus struct {
+	Record PodRecord
+	// Ready: the pod's agent runs.
+	Ready bool
+	// Info is verbose detail (stage1, reasons, backend details).
+	Info map[string]string
+}
+
+// PodStatus returns a pod's status; NotFound for an unknown or removed pod.
+func (b *Broker) PodStatus(ctx context.Context, id string, verbose bool) (*PodStatus, error) {
+	p, err := b.lookupPod(id)
+	if err != nil {
+		return nil, err
+	}
+	st := b.podStatus(p)
+	if st == nil {
+		return nil, errdefs.NotFound("pod sandbox %q not found", id)
+	}
+	if verbose {
+		b.mu.Lock()
+		h := p.handle
+		b.mu.Unlock()
+		st.Info = map[string]string{
+			"stage1":  st.Record.Stage1,
+			"reasons": strings.Join(st.Record.Reasons, "; "),
+			"runDir":  st.Record.RunDir,
+		}
+		if h != nil {
+			for k, v := range h.Details() {
+				st.Info["stage1."+k] = v
+			}
+			if info, err := h.Info(ctx); err == nil {
+				st.Info["agent.pid"] = fmt.Sprint(info.PID)
+				st.Info["agent.kernel"] = info.Kernel
+			}
+		}
+	}
+	return st, nil
+}
+
+func (b *Broker) podStatus(p *pod) *PodStatus {
+	select {
+	case <-p.created:
+		if p.err != nil {
+			return nil
+		}
+	default:
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return &PodStatus{Record: *p.rec, Ready: p.rec.State == PodReady && p.handle != nil}
+}
+
+// PodFilter selects pods; zero fields match everything.
+type PodFilter struct {
+	ID            string
+	State         string // PodReady or PodNotReady
+	LabelSelector map[string]string
+}
+
+// ListPods returns the pods matching f, oldest first.
+func (b *Broker) ListPods(f PodFilter) []*PodStatus {
+	b.mu.Lock()
+	ps := make([]*pod, 0, len(b.pods))
+	for id, p := range b.pods {
+		if f.ID != "" && id != f.ID && !strings.HasPrefix(id, f.ID) {
+			continue
+		}
+		ps = append(ps, p)
+	}
+	b.mu.Unlock()
+	var out []*PodStatus
+	for _, p := range ps {
+		st := b.podStatus(p)
+		if st == nil || st.Record.State == PodCreating {
+			continue
+		}
+		state := PodNotReady
+		if st.Ready {
+			state = PodReady
+		}
+		if f.State != "" && f.State != state {
+			continue
+		}
+		if !labelsMatch(st.Record.Config.Labels, f.LabelSelector) {
+			continue
+		}
+		out = append(out, st)
+	}
+	sortByCreated(out, func(s *PodStatus) (time.Time, string) { return s.Record.CreatedAt, s.Record.ID })
+	return out
+}
+
+func labelsMatch(labels, sel map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func sortByCreated[T any](s []T, key func(T) (time.Time, string)) {
+	slices.SortFunc(s, func(a, b T) int {
+		ta, ia := key(a)
+		tb, ib := key(b)
+		if c := ta.Compare(tb); c != 0 {
+			return c
+		}
+		return strings.Compare(ia, ib)
+	})
+}
+
+// podHandle returns the running pod's handle or FailedPrecondition.
+func (b *Broker) podHandle(p *pod) (stage1.Pod, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p.handle == nil || p.rec.State != PodReady {
+		return nil, errdefs.FailedPrecondition("pod sandbox %s is not ready", p.rec.ID)
+	}
+	return p.handle, nil
+}

@@ -1,0 +1,202 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Recover reloads the persisted records, reattaches to every pod that
+// still runs, marks what died as exited, and cleans up what a crash left
+// half made. A bad record is logged and skipped. Ready reports true once it
+// returns; it is called once, before serving.
+func (b *Broker) Recover(ctx context.Context) error {
+	start := time.Now()
+	pods, ctrs, bad, err := b.rec.loadAll()
+	if err != nil {
+		return err
+	}
+	for path, why := range bad {
+		b.log.Error("skipping a record that cannot be read", "path", path, "err", why)
+	}
+	byPod := map[string][]*ContainerRecord{}
+	podIDs := map[string]bool{}
+	for _, p := range pods {
+		podIDs[p.ID] = true
+	}
+	for _, c := range ctrs {
+		if !podIDs[c.PodID] {
+			b.log.Warn("removing a container whose pod is gone", "container", c.ID, "pod", c.PodID)
+			b.discardContainer(c)
+			continue
+		}
+		byPod[c.PodID] = append(byPod[c.PodID], c)
+	}
+	var recovered, dead, discarded int
+	for _, rec := range pods {
+		switch b.recoverPod(ctx, rec, byPod[rec.ID]) {
+		case "ready":
+			recovered++
+		case "gone":
+			dead++
+		case "discarded":
+			discarded++
+		}
+	}
+	b.collectOrphans()
+	b.ready.Store(true)
+	b.log.Info("recovery done", "pods", len(pods), "running", recovered, "dead", dead, "discarded", discarded, "badRecords", len(bad), "took", time.Since(start))
+	return nil
+}
+
+func (b *Broker) discardContainer(c *ContainerRecord) {
+	if err := b.opts.Images.UnmountRootfs(c.Dir); err != nil {
+		b.log.Error("releasing a container's rootfs", "container", c.ID, "err", err)
+		return
+	}
+	b.rec.deleteContainer(c.ID)
+}
+
+// recoverPod brings one pod record back; it returns "ready", "gone",
+// "stopped" or "discarded".
+func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*ContainerRecord) string {
+	be, ok := b.opts.Backends[rec.Stage1]
+	log := b.log.With("pod", rec.ID, "stage1", rec.Stage1)
+	if rec.State == PodCreating {
+		log.Warn("releasing a pod whose creation was interrupted")
+		if ok {
+			if err := be.DestroyPod(ctx, b.podSpec(rec), rec.BackendState); err != nil {
+				log.Error("releasing pod resources", "err", err)
+				return "discarded"
+			}
+		}
+		for _, c := range ctrs {
+			b.discardContainer(c)
+		}
+		os.RemoveAll(rec.RunDir)
+		b.rec.deletePod(rec.ID)
+		return "discarded"
+	}
+	p := &pod{rec: rec, created: make(chan struct{})}
+	close(p.created)
+	result := "stopped"
+	if rec.State == PodReady {
+		if !ok {
+			log.Error("the pod's stage1 is not registered in this daemon; marking it not ready")
+			rec.State = PodNotReady
+		} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
+			p.handle = h
+			result = "ready"
+		} else {
+			if !errors.Is(err, stage1.ErrPodGone) {
+				log.Error("reattaching to the pod failed; marking it not ready", "err", err)
+			} else {
+				log.Warn("the pod died while the daemon was down")
+			}
+			rec.State = PodNotReady
+			rec.Gone = true
+			result = "gone"
+		}
+		if err := b.rec.savePod(rec); err != nil {
+			log.Error("persist pod record", "err", err)
+		}
+	}
+	b.mu.Lock()
+	b.pods[rec.ID] = p
+	b.podNames[podNameKey(rec.Config.Metadata)] = p
+	b.mu.Unlock()
+
+	var live []*container
+	for _, cr := range ctrs {
+		if cr.State == ContainerCreating {
+			log.Warn("releasing a container whose creation was interrupted", "container", cr.ID)
+			if p.handle != nil {
+				actx, cancel := agentCtx(ctx, agentTimeout)
+				if err := p.handle.RemoveContainer(actx, cr.ID); err != nil && !errdefs.IsNotFound(err) {
+					log.Error("forgetting a half-created container in the agent", "container", cr.ID, "err", err)
+				}
+				cancel()
+			}
+			b.discardContainer(cr)
+			continue
+		}
+		c := &container{rec: cr, created: make(chan struct{})}
+		close(c.created)
+		b.mu.Lock()
+		b.ctrs[cr.ID] = c
+		b.ctrNames[ctrNameKey(cr.PodID, cr.Config.Metadata)] = c
+		b.mu.Unlock()
+		live = append(live, c)
+	}
+	if p.handle == nil {
+		for _, c := range live {
+			b.markGone(c, "the pod's agent was gone when the daemon restarted")
+		}
+		return result
+	}
+	// Created containers may have been started (or not) before the crash:
+	// ask the agent about every container.
+	actx, cancel := agentCtx(ctx, agentTimeout)
+	defer cancel()
+	apps, err := p.handle.ListContainers(actx)
+	if err != nil {
+		log.Error("listing the pod's containers", "err", err)
+		return result
+	}
+	known := map[string]bool{}
+	for _, a := range apps {
+		known[a.ID] = true
+		for _, c := range live {
+			if c.rec.ID == a.ID {
+				b.applyAppStatus(c, a)
+			}
+		}
+	}
+	for _, c := range live {
+		if !known[c.rec.ID] {
+			b.markGone(c, "the pod's agent no longer knows the container")
+		}
+	}
+	return result
+}
+
+// collectOrphans removes container filesystems and pod run directories
+// that no record names (left by a crash between taking and recording,
+// which the record-first order makes rare).
+func (b *Broker) collectOrphans() {
+	b.mu.Lock()
+	dirs := map[string]bool{}
+	runDirs := map[string]bool{}
+	for _, c := range b.ctrs {
+		dirs[c.rec.Dir] = true
+	}
+	for _, p := range b.pods {
+		runDirs[p.rec.RunDir] = true
+	}
+	b.mu.Unlock()
+	if ents, err := os.ReadDir(b.containersDir()); err == nil {
+		for _, e := range ents {
+			d := filepath.Join(b.containersDir(), e.Name())
+			if !dirs[d] {
+				b.log.Warn("removing an orphaned container filesystem", "dir", d)
+				if err := b.opts.Images.UnmountRootfs(d); err != nil {
+					b.log.Error("removing an orphaned container filesystem", "dir", d, "err", err)
+				}
+			}
+		}
+	}
+	if ents, err := os.ReadDir(b.podsRunDir()); err == nil {
+		for _, e := range ents {
+			d := filepath.Join(b.podsRunDir(), e.Name())
+			if !runDirs[d] {
+				b.log.Warn("removing an orphaned pod run directory", "dir", d)
+				os.RemoveAll(d)
+			}
+		}
+	}
+}

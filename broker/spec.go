@@ -1,0 +1,241 @@
+package broker
+
+import (
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/image"
+)
+
+// DefaultCapabilities are what an unprivileged container gets, as in
+// containerd and CRI-O.
+var DefaultCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// commandLine merges the image's entrypoint and cmd with the container's
+// command and args as Kubernetes defines it: command replaces the
+// entrypoint (and drops the image cmd); args replace the cmd.
+func commandLine(img *image.ImageConfig, command, args []string) []string {
+	var out []string
+	switch {
+	case len(command) > 0:
+		out = append(out, command...)
+		out = append(out, args...)
+	case len(args) > 0:
+		out = append(out, img.Entrypoint...)
+		out = append(out, args...)
+	default:
+		out = append(out, img.Entrypoint...)
+		out = append(out, img.Cmd...)
+	}
+	return out
+}
+
+// mergeEnv returns the image env overridden by the container's, keeping
+// the image's order and appending new keys in the container's order.
+func mergeEnv(imageEnv []string, env []KeyValue) []string {
+	out := slices.Clone(imageEnv)
+	index := map[string]int{}
+	for i, kv := range out {
+		k, _, _ := strings.Cut(kv, "=")
+		index[k] = i
+	}
+	for _, kv := range env {
+		s := kv.Key + "=" + kv.Value
+		if i, ok := index[kv.Key]; ok {
+			out[i] = s
+			continue
+		}
+		index[kv.Key] = len(out)
+		out = append(out, s)
+	}
+	return out
+}
+
+func normalizeCap(c string) string {
+	c = strings.ToUpper(strings.TrimSpace(c))
+	if c != "ALL" && !strings.HasPrefix(c, "CAP_") {
+		c = "CAP_" + c
+	}
+	return c
+}
+
+// capabilities computes a container's capability set from the default set
+// and the security context's add and drop lists ("ALL" allowed in both).
+func capabilities(sec *Security, all []string) []string {
+	set := map[string]bool{}
+	for _, c := range DefaultCapabilities {
+		set[c] = true
+	}
+	for _, c := range sec.DropCapabilities {
+		if c = normalizeCap(c); c == "ALL" {
+			clear(set)
+		} else {
+			delete(set, c)
+		}
+	}
+	for _, c := range sec.AddCapabilities {
+		if c = normalizeCap(c); c == "ALL" {
+			for _, a := range all {
+				set[a] = true
+			}
+		} else {
+			set[c] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// AllCapabilities lists the capability names "ALL" expands to.
+var AllCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+	"CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW",
+	"CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
+	"CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
+	"CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+	"CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE",
+	"CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
+	"CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+}
+
+func validCap(c string) bool { return slices.Contains(AllCapabilities, c) }
+
+// userOf returns the user string to resolve in the image: the security
+// context wins over the image's USER.
+func userOf(sec *Security, imgUser string) string {
+	switch {
+	case sec.RunAsUser != nil:
+		u := strconv.FormatInt(*sec.RunAsUser, 10)
+		if _, g, ok := strings.Cut(imgUser, ":"); ok && sec.RunAsGroup == nil {
+			return u + ":" + g
+		}
+		return u
+	case sec.RunAsUsername != "":
+		return sec.RunAsUsername
+	default:
+		return imgUser
+	}
+}
+
+// buildAppSpec turns a container's configuration and image into what the
+// agent runs. rootfs and paths are host paths.
+func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Image, rootfs string) (*api.AppSpec, error) {
+	args := commandLine(&img.Config, cfg.Command, cfg.Args)
+	if len(args) == 0 {
+		return nil, errdefs.InvalidArgument("config.command: the image %s has no entrypoint or cmd, and none was given", cfg.Image)
+	}
+	sec := &cfg.Security
+	if sec.RunAsUser != nil && *sec.RunAsUser < 0 {
+		return nil, errdefs.InvalidArgument("config.linux.security_context.run_as_user: %d is negative", *sec.RunAsUser)
+	}
+	uid, gid, groups, err := image.ResolveUser(rootfs, userOf(sec, img.Config.User))
+	if err != nil {
+		return nil, err
+	}
+	if sec.RunAsGroup != nil {
+		if *sec.RunAsGroup < 0 {
+			return nil, errdefs.InvalidArgument("config.linux.security_context.run_as_group: %d is negative", *sec.RunAsGroup)
+		}
+		gid = uint32(*sec.RunAsGroup)
+	}
+	for _, g := range sec.SupplementalGroups {
+		if g < 0 || g > 1<<32-1 {
+			return nil, errdefs.InvalidArgument("config.linux.security_context.supplemental_groups: %d is out of range", g)
+		}
+		if !slices.Contains(groups, uint32(g)) {
+			groups = append(groups, uint32(g))
+		}
+	}
+	for _, c := range append(slices.Clone(sec.AddCapabilities), sec.DropCapabilities...) {
+		if n := normalizeCap(c); n != "ALL" && !validCap(n) {
+			return nil, errdefs.InvalidArgument("config.linux.security_context.capabilities: unknown capability %q", c)
+		}
+	}
+	caps := capabilities(sec, AllCapabilities)
+	if sec.Privileged {
+		caps = slices.Clone(AllCapabilities)
+	}
+	cwd := cfg.WorkingDir
+	if cwd == "" {
+		cwd = img.Config.WorkingDir
+	}
+	if cwd == "" {
+		cwd = "/"
+	}
+	if !filepath.IsAbs(cwd) {
+		return nil, errdefs.InvalidArgument("config.working_dir: %q must be absolute", cwd)
+	}
+	var mounts []api.Mount
+	for _, m := range cfg.Mounts {
+		mounts = append(mounts, api.Mount{
+			Source:      m.HostPath,
+			Destination: m.ContainerPath,
+			Readonly:    m.Readonly,
+			Propagation: m.Propagation,
+		})
+	}
+	logPath := ""
+	if pod.LogDirectory != "" && cfg.LogPath != "" {
+		logPath = filepath.Join(pod.LogDirectory, cfg.LogPath)
+	}
+	hostname := ""
+	if !pod.HostNetwork {
+		hostname = pod.Hostname
+	}
+	r := cfg.Resources
+	spec := &api.AppSpec{
+		ID:             id,
+		Name:           cfg.Metadata.Name,
+		Rootfs:         rootfs,
+		Args:           args,
+		Env:            mergeEnv(img.Config.Env, cfg.Env),
+		Cwd:            cwd,
+		Hostname:       hostname,
+		UID:            uid,
+		GID:            gid,
+		AdditionalGIDs: groups,
+		Capabilities:   caps,
+		Privileged:     sec.Privileged,
+		NoNewPrivs:     sec.NoNewPrivs && !sec.Privileged,
+		ReadonlyRootfs: sec.ReadonlyRootfs,
+		Mounts:         mounts,
+		Resources: api.Resources{
+			CPUShares:   r.CPUShares,
+			CPUQuota:    r.CPUQuota,
+			CPUPeriod:   r.CPUPeriod,
+			MemoryLimit: r.MemoryLimit,
+			OOMScoreAdj: int(r.OOMScoreAdj),
+		},
+		LogPath: logPath,
+		TTY:     cfg.TTY,
+	}
+	if hasEnv(spec.Env, "HOSTNAME") == "" && hostname != "" {
+		spec.Env = append(spec.Env, "HOSTNAME="+hostname)
+	}
+	if hasEnv(spec.Env, "PATH") == "" {
+		spec.Env = append(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	return spec, nil
+}
+
+func hasEnv(env []string, key string) string {
+	for _, kv := range env {
+		if k, v, _ := strings.Cut(kv, "="); k == key {
+			return v
+		}
+	}
+	return ""
+}

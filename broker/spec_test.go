@@ -1,0 +1,78 @@
+package broker
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/stagelet/stagelet/image"
+)
+
+func TestCommandLine(t *testing.T) {
+	img := &image.ImageConfig{Entrypoint: []string{"/ep"}, Cmd: []string{"c1", "c2"}}
+	tests := []struct {
+		name          string
+		command, args []string
+		want          []string
+	}{
+		{"image only", nil, nil, []string{"/ep", "c1", "c2"}},
+		{"args replace cmd", nil, []string{"a"}, []string{"/ep", "a"}},
+		{"command replaces entrypoint and cmd", []string{"/bin/x"}, nil, []string{"/bin/x"}},
+		{"command and args", []string{"/bin/x"}, []string{"a", "b"}, []string{"/bin/x", "a", "b"}},
+	}
+	for _, tc := range tests {
+		if got := commandLine(img, tc.command, tc.args); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestMergeEnv(t *testing.T) {
+	got := mergeEnv([]string{"PATH=/bin", "A=1"}, []KeyValue{{"A", "2"}, {"B", "x=y"}})
+	want := []string{"PATH=/bin", "A=2", "B=x=y"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+func TestCapabilities(t *testing.T) {
+	tests := []struct {
+		name     string
+		sec      Security
+		has, not []string
+	}{
+		{"default", Security{}, []string{"CAP_CHOWN", "CAP_KILL"}, []string{"CAP_SYS_ADMIN"}},
+		{"add short name", Security{AddCapabilities: []string{"sys_admin"}}, []string{"CAP_SYS_ADMIN", "CAP_CHOWN"}, nil},
+		{"drop", Security{DropCapabilities: []string{"CHOWN"}}, []string{"CAP_KILL"}, []string{"CAP_CHOWN"}},
+		{"drop all add one", Security{DropCapabilities: []string{"ALL"}, AddCapabilities: []string{"NET_BIND_SERVICE"}}, []string{"CAP_NET_BIND_SERVICE"}, []string{"CAP_CHOWN", "CAP_KILL"}},
+	}
+	for _, tc := range tests {
+		got := capabilities(&tc.sec, AllCapabilities)
+		for _, c := range tc.has {
+			if !slices.Contains(got, c) {
+				t.Errorf("%s: missing %s in %v", tc.name, c, got)
+			}
+		}
+		for _, c := range tc.not {
+			if slices.Contains(got, c) {
+				t.Errorf("%s: unexpected %s in %v", tc.name, c, got)
+			}
+		}
+	}
+}
+
+func TestUserOf(t *testing.T) {
+	u := int64(1000)
+	g := int64(5)
+	if got := userOf(&Security{RunAsUser: &u}, "app:grp"); got != "1000:grp" {
+		t.Errorf("got %q", got)
+	}
+	if got := userOf(&Security{RunAsUser: &u, RunAsGroup: &g}, "app:grp"); got != "1000" {
+		t.Errorf("got %q", got)
+	}
+	if got := userOf(&Security{RunAsUsername: "bob"}, "app"); got != "bob" {
+		t.Errorf("got %q", got)
+	}
+	if got := userOf(&Security{}, "app"); got != "app" {
+		t.Errorf("got %q", got)
+	}
+}

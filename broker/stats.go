@@ -1,0 +1,116 @@
+package broker
+
+import (
+	"context"
+	"io/fs"
+	"path/filepath"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+)
+
+// ContainerStats are a container's usage figures.
+type ContainerStats struct {
+	Record ContainerRecord
+	Usage  *api.Stats
+	// Writable layer usage.
+	WritableBytes, WritableInodes uint64
+	WritableMount                 string
+}
+
+// ContainerStats returns the usage of a container; a container that does
+// not run has no CPU or memory figures.
+func (b *Broker) ContainerStats(ctx context.Context, id string) (*ContainerStats, error) {
+	c, p, err := b.containerAndPod(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return b.containerStats(ctx, c, p), nil
+}
+
+func (b *Broker) containerStats(ctx context.Context, c *container, p *pod) *ContainerStats {
+	b.mu.Lock()
+	rec := *c.rec
+	b.mu.Unlock()
+	out := &ContainerStats{Record: rec, WritableMount: rec.Dir}
+	if rec.State == ContainerRunning {
+		if h, err := b.podHandle(p); err == nil {
+			actx, cancel := agentCtx(ctx, 5*time.Second)
+			st, err := h.Stats(actx, rec.ID)
+			cancel()
+			if err == nil {
+				out.Usage = st
+			}
+		}
+	}
+	out.WritableBytes, out.WritableInodes = duOf(filepath.Join(rec.Dir, "upper"))
+	return out
+}
+
+// ListContainerStats returns stats for the containers matching f.
+func (b *Broker) ListContainerStats(ctx context.Context, f ContainerFilter) []*ContainerStats {
+	var out []*ContainerStats
+	for _, rec := range b.ListContainers(ctx, f) {
+		c, p, err := b.containerAndPod(ctx, rec.ID)
+		if err != nil {
+			continue
+		}
+		out = append(out, b.containerStats(ctx, c, p))
+	}
+	return out
+}
+
+// PodStats are a pod's usage figures and its containers'.
+type PodStats struct {
+	Status     *PodStatus
+	Usage      *api.Stats
+	Containers []*ContainerStats
+}
+
+// PodStats returns a pod's usage.
+func (b *Broker) PodStats(ctx context.Context, id string) (*PodStats, error) {
+	st, err := b.PodStatus(ctx, id, false)
+	if err != nil {
+		return nil, err
+	}
+	return b.podStats(ctx, st), nil
+}
+
+func (b *Broker) podStats(ctx context.Context, st *PodStatus) *PodStats {
+	out := &PodStats{Status: st}
+	if p, err := b.lookupPod(st.Record.ID); err == nil {
+		if h, err := b.podHandle(p); err == nil {
+			actx, cancel := agentCtx(ctx, 5*time.Second)
+			if u, err := h.Stats(actx, ""); err == nil {
+				out.Usage = u
+			}
+			cancel()
+		}
+	}
+	out.Containers = b.ListContainerStats(ctx, ContainerFilter{PodID: st.Record.ID, State: ContainerRunning})
+	return out
+}
+
+// ListPodStats returns stats for the pods matching f.
+func (b *Broker) ListPodStats(ctx context.Context, f PodFilter) []*PodStats {
+	var out []*PodStats
+	for _, st := range b.ListPods(f) {
+		out = append(out, b.podStats(ctx, st))
+	}
+	return out
+}
+
+// duOf sums file sizes and counts inodes below dir (missing dir: zeros).
+func duOf(dir string) (bytes, inodes uint64) {
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		inodes++
+		if info, err := d.Info(); err == nil && d.Type().IsRegular() {
+			bytes += uint64(info.Size())
+		}
+		return nil
+	})
+	return bytes, inodes
+}

@@ -1,0 +1,170 @@
+package broker
+
+import (
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+)
+
+// PodMetadata identifies a pod for the kubelet.
+type PodMetadata struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	UID       string `json:"uid"`
+	Attempt   uint32 `json:"attempt"`
+}
+
+// DNSConfig is the pod's resolver configuration.
+type DNSConfig struct {
+	Servers  []string `json:"servers,omitempty"`
+	Searches []string `json:"searches,omitempty"`
+	Options  []string `json:"options,omitempty"`
+}
+
+// PortMapping is one hostPort.
+type PortMapping struct {
+	Protocol      string `json:"protocol"`
+	ContainerPort int32  `json:"containerPort"`
+	HostPort      int32  `json:"hostPort"`
+	HostIP        string `json:"hostIp,omitempty"`
+}
+
+// PodConfig is the broker's view of a CRI PodSandboxConfig.
+type PodConfig struct {
+	Metadata       PodMetadata       `json:"metadata"`
+	Hostname       string            `json:"hostname,omitempty"`
+	LogDirectory   string            `json:"logDirectory,omitempty"`
+	DNS            *DNSConfig        `json:"dns,omitempty"`
+	PortMappings   []PortMapping     `json:"portMappings,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Annotations    map[string]string `json:"annotations,omitempty"`
+	CgroupParent   string            `json:"cgroupParent,omitempty"`
+	HostNetwork    bool              `json:"hostNetwork,omitempty"`
+	HostPID        bool              `json:"hostPID,omitempty"`
+	HostIPC        bool              `json:"hostIPC,omitempty"`
+	Privileged     bool              `json:"privileged,omitempty"`
+	Sysctls        map[string]string `json:"sysctls,omitempty"`
+	RuntimeHandler string            `json:"runtimeHandler,omitempty"`
+}
+
+// KeyValue is one environment variable, order kept.
+type KeyValue struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// Mount is one CRI mount.
+type Mount struct {
+	ContainerPath  string `json:"containerPath"`
+	HostPath       string `json:"hostPath"`
+	Readonly       bool   `json:"readonly,omitempty"`
+	SelinuxRelabel bool   `json:"selinuxRelabel,omitempty"`
+	// Propagation: "private", "rslave" or "rshared".
+	Propagation string `json:"propagation,omitempty"`
+}
+
+// Resources are a container's limits (CRI LinuxContainerResources).
+type Resources struct {
+	CPUPeriod   int64 `json:"cpuPeriod,omitempty"`
+	CPUQuota    int64 `json:"cpuQuota,omitempty"`
+	CPUShares   int64 `json:"cpuShares,omitempty"`
+	MemoryLimit int64 `json:"memoryLimit,omitempty"`
+	OOMScoreAdj int64 `json:"oomScoreAdj,omitempty"`
+}
+
+// Security is a container's security context.
+type Security struct {
+	Privileged         bool     `json:"privileged,omitempty"`
+	RunAsUser          *int64   `json:"runAsUser,omitempty"`
+	RunAsUsername      string   `json:"runAsUsername,omitempty"`
+	RunAsGroup         *int64   `json:"runAsGroup,omitempty"`
+	SupplementalGroups []int64  `json:"supplementalGroups,omitempty"`
+	ReadonlyRootfs     bool     `json:"readonlyRootfs,omitempty"`
+	NoNewPrivs         bool     `json:"noNewPrivs,omitempty"`
+	AddCapabilities    []string `json:"addCapabilities,omitempty"`
+	DropCapabilities   []string `json:"dropCapabilities,omitempty"`
+}
+
+// ContainerMetadata identifies a container within its pod.
+type ContainerMetadata struct {
+	Name    string `json:"name"`
+	Attempt uint32 `json:"attempt"`
+}
+
+// ContainerConfig is the broker's view of a CRI ContainerConfig.
+type ContainerConfig struct {
+	Metadata    ContainerMetadata `json:"metadata"`
+	Image       string            `json:"image"`
+	Command     []string          `json:"command,omitempty"`
+	Args        []string          `json:"args,omitempty"`
+	WorkingDir  string            `json:"workingDir,omitempty"`
+	Env         []KeyValue        `json:"env,omitempty"`
+	Mounts      []Mount           `json:"mounts,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	LogPath     string            `json:"logPath,omitempty"`
+	Stdin       bool              `json:"stdin,omitempty"`
+	StdinOnce   bool              `json:"stdinOnce,omitempty"`
+	TTY         bool              `json:"tty,omitempty"`
+	Resources   Resources         `json:"resources"`
+	Security    Security          `json:"security"`
+}
+
+// Pod states.
+const (
+	PodCreating = "creating" // record written, resources being taken
+	PodReady    = "ready"
+	PodNotReady = "notready"
+)
+
+// Container states.
+const (
+	ContainerCreating = "creating"
+	ContainerCreated  = "created"
+	ContainerRunning  = "running"
+	ContainerExited   = "exited"
+	ContainerUnknown  = "unknown"
+)
+
+// recordVersion is the version of the persisted records below.
+const recordVersion = 1
+
+// PodRecord is what the broker persists for a pod.
+type PodRecord struct {
+	Version      int       `json:"version"`
+	ID           string    `json:"id"`
+	State        string    `json:"state"`
+	Config       PodConfig `json:"config"`
+	ConfigHash   string    `json:"configHash"`
+	Stage1       string    `json:"stage1"`
+	Reasons      []string  `json:"reasons,omitempty"`
+	BackendState []byte    `json:"backendState,omitempty"`
+	RunDir       string    `json:"runDir"`
+	CreatedAt    time.Time `json:"createdAt"`
+	// Gone is set when the pod's agent was found dead.
+	Gone bool `json:"gone,omitempty"`
+}
+
+// ContainerRecord is what the broker persists for a container.
+type ContainerRecord struct {
+	Version    int             `json:"version"`
+	ID         string          `json:"id"`
+	PodID      string          `json:"podId"`
+	State      string          `json:"state"`
+	Config     ContainerConfig `json:"config"`
+	ConfigHash string          `json:"configHash"`
+	ImageID    string          `json:"imageId"`
+	// ImageName is the reference the container was created from.
+	ImageName string `json:"imageName"`
+	// Dir holds the container's rootfs mount and its writable layer.
+	Dir        string       `json:"dir"`
+	Rootfs     string       `json:"rootfs,omitempty"`
+	LogPath    string       `json:"logPath,omitempty"`
+	App        *api.AppSpec `json:"app,omitempty"`
+	CreatedAt  time.Time    `json:"createdAt"`
+	StartedAt  time.Time    `json:"startedAt,omitzero"`
+	FinishedAt time.Time    `json:"finishedAt,omitzero"`
+	ExitCode   int32        `json:"exitCode"`
+	Reason     string       `json:"reason,omitempty"`
+	Message    string       `json:"message,omitempty"`
+}

@@ -1,0 +1,45 @@
+// Command stagelet is the whole of stagelet in one binary: the CRI daemon
+// (serve), the per-pod agent (agent), and operator tools. It re-executes
+// itself where a fresh process is needed (the agent, app init).
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/stagelet/stagelet/agent"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func usage() {
+	fmt.Fprintf(os.Stderr, `usage: stagelet <command> [flags]
+
+commands:
+  serve     run the CRI daemon
+  agent     run a pod's agent (started by stage1 backends, not by hand)
+  version   print the version
+`)
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "agent":
+		os.Exit(agent.Main(os.Args[2:]))
+	case "serve":
+		os.Exit(serveMain(os.Args[2:]))
+	case "version", "--version":
+		fmt.Printf("stagelet %s\n", version)
+	case "help", "-h", "--help":
+		usage()
+	default:
+		fmt.Fprintf(os.Stderr, "stagelet: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"google.golang.org/grpc"
+
+	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/config"
+	"github.com/stagelet/stagelet/cri"
+	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/fly"
+)
+
+const (
+	defaultSocket   = "/run/stagelet/stagelet.sock"
+	defaultStateDir = "/var/lib/stagelet"
+	defaultRunDir   = "/run/stagelet"
+)
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+func serveMain(args []string) int {
+	fs := flag.NewFlagSet("stagelet serve", flag.ContinueOnError)
+	socket := fs.String("socket", "", "CRI socket path (default "+defaultSocket+")")
+	stateDir := fs.String("state-dir", "", "durable state directory (default "+defaultStateDir+")")
+	runDir := fs.String("run-dir", "", "volatile state directory (default "+defaultRunDir+")")
+	configPath := fs.String("config", "", "node config YAML (default: the embedded default)")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	lvl, err := parseLevel(*logLevel)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "stagelet serve: --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	slog.SetDefault(log)
+
+	cfg := config.Default()
+	if *configPath != "" {
+		if cfg, err = config.Load(*configPath); err != nil {
+			log.Error("invalid configuration", "err", err)
+			return 1
+		}
+	}
+	pick := func(flagVal, cfgVal, def string) string {
+		switch {
+		case flagVal != "":
+			return flagVal
+		case cfgVal != "":
+			return cfgVal
+		}
+		return def
+	}
+	sock := pick(*socket, cfg.Socket, defaultSocket)
+	state := pick(*stateDir, cfg.StateDir, defaultStateDir)
+	run := pick(*runDir, cfg.RunDir, defaultRunDir)
+
+	if err := serve(log, cfg, sock, state, run); err != nil {
+		log.Error("stagelet serve failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(log *slog.Logger, cfg *config.Config, sock, state, run string) error {
+	for _, d := range []string{state, run} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding the stagelet binary for pod agents: %w", err)
+	}
+	regs := image.Config{Registries: map[string]image.RegistryHost{}}
+	for host, r := range cfg.Registries {
+		regs.Registries[host] = image.RegistryHost{Mirrors: r.Mirrors, Insecure: r.Insecure}
+	}
+	images, err := image.NewStore(filepath.Join(state, "images"), regs, log.With("component", "image"))
+	if err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	backends := stage1.Registry{}
+	for _, be := range []stage1.Backend{fly.New(log.With("stage1", "fly"))} {
+		backends[be.Name()] = be
+	}
+	b, err := broker.New(broker.Options{
+		StateDir:      state,
+		RunDir:        run,
+		CgroupParent:  cfg.CgroupParent,
+		DefaultStage1: cfg.DefaultStage1,
+		AgentBinary:   self,
+		Backends:      backends,
+		Images:        images,
+		Log:           log,
+	})
+	if err != nil {
+		return err
+	}
+
+	// Listen first, so a restarted daemon answers Unavailable while it
+	// recovers instead of refusing connections.
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		return err
+	}
+	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	oldMask := syscall.Umask(0o117)
+	lis, err := net.Listen("unix", sock)
+	syscall.Umask(oldMask)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(sock, 0o660); err != nil {
+		return err
+	}
+	srv := cri.New(b, cri.Options{Version: version, Log: log})
+	unary, stream := srv.Interceptors()
+	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
+	srv.Register(g)
+
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(lis) }()
+	log.Info("stagelet serving", "socket", sock, "stateDir", state, "runDir", run, "config", cfg.Source, "stage1s", b.Handlers(), "default", cfg.DefaultStage1, "version", version)
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	if err := b.Recover(ctx); err != nil {
+		g.Stop()
+		return fmt.Errorf("recovery: %w", err)
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Pods outlive the daemon: stop serving, leave them running.
+	log.Info("stopping the CRI server; pods keep running")
+	g.GracefulStop()
+	return nil
+}

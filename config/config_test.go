@@ -1,0 +1,55 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	c := Default()
+	if c.DefaultStage1 != "fly" || c.CgroupParent != "/stagelet" || c.Version != 1 {
+		t.Fatalf("unexpected default: %+v", c)
+	}
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name, yaml, wantErr string
+		check            func(*testing.T, *Config)
+	}{
+		{name: "empty keeps defaults", yaml: "", check: func(t *testing.T, c *Config) {
+			if c.DefaultStage1 != "fly" {
+				t.Errorf("default_stage1 = %q", c.DefaultStage1)
+			}
+		}},
+		{name: "registries", yaml: "version: 1\nregistries:\n  registry.k8s.io:\n    mirrors: [\"http://127.0.0.1:5055\"]\n  127.0.0.1:5055:\n    insecure: true\n",
+			check: func(t *testing.T, c *Config) {
+				if got := c.Registries["registry.k8s.io"].Mirrors; len(got) != 1 || got[0] != "http://127.0.0.1:5055" {
+					t.Errorf("mirrors = %v", got)
+				}
+				if !c.Registries["127.0.0.1:5055"].Insecure {
+					t.Errorf("insecure not set")
+				}
+			}},
+		{name: "unknown key names line", yaml: "version: 1\ncgroup_parrent: x\n", wantErr: "line 2: field cgroup_parrent not found"},
+		{name: "wrong type", yaml: "version: one\n", wantErr: "line 1"},
+		{name: "bad version", yaml: "version: 7\n", wantErr: "version: 7 is not supported"},
+		{name: "bad mirror", yaml: "registries:\n  a.io:\n    mirrors: [\"ftp://x\"]\n", wantErr: "scheme \"ftp\""},
+		{name: "dotdot cgroup", yaml: "cgroup_parent: ../x\n", wantErr: "cgroup_parent"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse("test.yaml", []byte(tc.yaml))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.HasPrefix(err.Error(), "test.yaml: ") {
+					t.Fatalf("err = %v, want it to name test.yaml and contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}

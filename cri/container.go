@@ -1,0 +1,321 @@
+package cri
+
+import (
+	"context"
+	"maps"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+func propagation(p runtimeapi.MountPropagation) string {
+	switch p {
+	case runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER:
+		return "rslave"
+	case runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL:
+		return "rshared"
+	default:
+		return "private"
+	}
+}
+
+func fromPropagation(p string) runtimeapi.MountPropagation {
+	switch p {
+	case "rslave":
+		return runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER
+	case "rshared":
+		return runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL
+	default:
+		return runtimeapi.MountPropagation_PROPAGATION_PRIVATE
+	}
+}
+
+func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig, error) {
+	if c == nil {
+		return nil, badRequest("config")
+	}
+	if c.GetMetadata() == nil {
+		return nil, badRequest("config.metadata")
+	}
+	if c.GetImage() == nil {
+		return nil, badRequest("config.image")
+	}
+	cc := &broker.ContainerConfig{
+		Metadata:    broker.ContainerMetadata{Name: c.GetMetadata().GetName(), Attempt: c.GetMetadata().GetAttempt()},
+		Image:       c.GetImage().GetImage(),
+		Command:     c.GetCommand(),
+		Args:        c.GetArgs(),
+		WorkingDir:  c.GetWorkingDir(),
+		Labels:      maps.Clone(c.GetLabels()),
+		Annotations: maps.Clone(c.GetAnnotations()),
+		LogPath:     c.GetLogPath(),
+		Stdin:       c.GetStdin(),
+		StdinOnce:   c.GetStdinOnce(),
+		TTY:         c.GetTty(),
+	}
+	for _, kv := range c.GetEnvs() {
+		cc.Env = append(cc.Env, broker.KeyValue{Key: kv.GetKey(), Value: string(kv.GetValue())})
+	}
+	for _, m := range c.GetMounts() {
+		cc.Mounts = append(cc.Mounts, broker.Mount{
+			ContainerPath:  m.GetContainerPath(),
+			HostPath:       m.GetHostPath(),
+			Readonly:       m.GetReadonly(),
+			SelinuxRelabel: m.GetSelinuxRelabel(),
+			Propagation:    propagation(m.GetPropagation()),
+		})
+	}
+	if len(c.GetDevices()) > 0 {
+		return nil, errdefs.New(errdefs.ErrUnimplemented, "config.devices: device passthrough is not supported")
+	}
+	if l := c.GetLinux(); l != nil {
+		if r := l.GetResources(); r != nil {
+			cc.Resources = broker.Resources{
+				CPUPeriod:   r.GetCpuPeriod(),
+				CPUQuota:    r.GetCpuQuota(),
+				CPUShares:   r.GetCpuShares(),
+				MemoryLimit: r.GetMemoryLimitInBytes(),
+				OOMScoreAdj: r.GetOomScoreAdj(),
+			}
+		}
+		if sc := l.GetSecurityContext(); sc != nil {
+			sec := &cc.Security
+			sec.Privileged = sc.GetPrivileged()
+			if u := sc.GetRunAsUser(); u != nil {
+				v := u.GetValue()
+				sec.RunAsUser = &v
+			}
+			sec.RunAsUsername = sc.GetRunAsUsername()
+			if g := sc.GetRunAsGroup(); g != nil {
+				v := g.GetValue()
+				sec.RunAsGroup = &v
+			}
+			sec.SupplementalGroups = sc.GetSupplementalGroups()
+			sec.ReadonlyRootfs = sc.GetReadonlyRootfs()
+			sec.NoNewPrivs = sc.GetNoNewPrivs()
+			if caps := sc.GetCapabilities(); caps != nil {
+				sec.AddCapabilities = caps.GetAddCapabilities()
+				sec.DropCapabilities = caps.GetDropCapabilities()
+			}
+		}
+	}
+	return cc, nil
+}
+
+// CreateContainer creates a container in a pod.
+func (s *Server) CreateContainer(ctx context.Context, r *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	if r.GetPodSandboxId() == "" {
+		return nil, badRequest("pod_sandbox_id")
+	}
+	cc, err := containerConfigFrom(r.GetConfig())
+	if err != nil {
+		return nil, err
+	}
+	id, err := s.b.CreateContainer(ctx, r.GetPodSandboxId(), cc)
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// StartContainer starts a created container.
+func (s *Server) StartContainer(ctx context.Context, r *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	if err := s.b.StartContainer(ctx, r.GetContainerId()); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.StartContainerResponse{}, nil
+}
+
+// StopContainer stops a container within the request's timeout (seconds).
+func (s *Server) StopContainer(ctx context.Context, r *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	if r.GetTimeout() < 0 {
+		return nil, errdefs.InvalidArgument("timeout: %d is negative", r.GetTimeout())
+	}
+	if err := s.b.StopContainer(ctx, r.GetContainerId(), time.Duration(r.GetTimeout())*time.Second); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.StopContainerResponse{}, nil
+}
+
+// RemoveContainer removes a container; idempotent.
+func (s *Server) RemoveContainer(ctx context.Context, r *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	if err := s.b.RemoveContainer(ctx, r.GetContainerId()); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.RemoveContainerResponse{}, nil
+}
+
+func containerState(s string) runtimeapi.ContainerState {
+	switch s {
+	case broker.ContainerCreated:
+		return runtimeapi.ContainerState_CONTAINER_CREATED
+	case broker.ContainerRunning:
+		return runtimeapi.ContainerState_CONTAINER_RUNNING
+	case broker.ContainerExited:
+		return runtimeapi.ContainerState_CONTAINER_EXITED
+	default:
+		return runtimeapi.ContainerState_CONTAINER_UNKNOWN
+	}
+}
+
+func brokerContainerState(s runtimeapi.ContainerState) string {
+	switch s {
+	case runtimeapi.ContainerState_CONTAINER_CREATED:
+		return broker.ContainerCreated
+	case runtimeapi.ContainerState_CONTAINER_RUNNING:
+		return broker.ContainerRunning
+	case runtimeapi.ContainerState_CONTAINER_EXITED:
+		return broker.ContainerExited
+	default:
+		return broker.ContainerUnknown
+	}
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func ctrMeta(m broker.ContainerMetadata) *runtimeapi.ContainerMetadata {
+	return &runtimeapi.ContainerMetadata{Name: m.Name, Attempt: m.Attempt}
+}
+
+// ContainerStatus returns a container's status.
+func (s *Server) ContainerStatus(ctx context.Context, r *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	rec, err := s.b.ContainerStatus(ctx, r.GetContainerId())
+	if err != nil {
+		return nil, err
+	}
+	c := &rec.Config
+	st := &runtimeapi.ContainerStatus{
+		Id:          rec.ID,
+		Metadata:    ctrMeta(c.Metadata),
+		State:       containerState(rec.State),
+		CreatedAt:   unixNano(rec.CreatedAt),
+		StartedAt:   unixNano(rec.StartedAt),
+		FinishedAt:  unixNano(rec.FinishedAt),
+		Image:       &runtimeapi.ImageSpec{Image: rec.ImageName},
+		ImageRef:    rec.ImageID,
+		ImageId:     rec.ImageID,
+		Labels:      c.Labels,
+		Annotations: c.Annotations,
+		LogPath:     rec.LogPath,
+	}
+	if rec.State == broker.ContainerExited {
+		st.ExitCode = rec.ExitCode
+		st.Reason = rec.Reason
+		st.Message = rec.Message
+	}
+	for _, m := range c.Mounts {
+		st.Mounts = append(st.Mounts, &runtimeapi.Mount{
+			ContainerPath:  m.ContainerPath,
+			HostPath:       m.HostPath,
+			Readonly:       m.Readonly,
+			SelinuxRelabel: m.SelinuxRelabel,
+			Propagation:    fromPropagation(m.Propagation),
+		})
+	}
+	if rec.App != nil {
+		st.User = &runtimeapi.ContainerUser{Linux: &runtimeapi.LinuxContainerUser{
+			Uid: int64(rec.App.UID), Gid: int64(rec.App.GID), SupplementalGroups: toInt64s(rec.App.AdditionalGIDs),
+		}}
+		res := c.Resources
+		st.Resources = &runtimeapi.ContainerResources{Linux: &runtimeapi.LinuxContainerResources{
+			CpuPeriod: res.CPUPeriod, CpuQuota: res.CPUQuota, CpuShares: res.CPUShares,
+			MemoryLimitInBytes: res.MemoryLimit, OomScoreAdj: res.OOMScoreAdj,
+		}}
+	}
+	var info map[string]string
+	if r.GetVerbose() {
+		info = map[string]string{"pid": "", "rootfs": rec.Rootfs, "podId": rec.PodID}
+	}
+	return &runtimeapi.ContainerStatusResponse{Status: st, Info: info}, nil
+}
+
+func toInt64s(v []uint32) []int64 {
+	out := make([]int64, len(v))
+	for i, x := range v {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+func containerFilterFrom(f *runtimeapi.ContainerFilter) broker.ContainerFilter {
+	bf := broker.ContainerFilter{}
+	if f == nil {
+		return bf
+	}
+	bf.ID = f.GetId()
+	bf.PodID = f.GetPodSandboxId()
+	bf.LabelSelector = f.GetLabelSelector()
+	if sv := f.GetState(); sv != nil {
+		bf.State = brokerContainerState(sv.GetState())
+	}
+	return bf
+}
+
+// ListContainers lists containers matching the filter.
+func (s *Server) ListContainers(ctx context.Context, r *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	resp := &runtimeapi.ListContainersResponse{}
+	for _, rec := range s.b.ListContainers(ctx, containerFilterFrom(r.GetFilter())) {
+		resp.Containers = append(resp.Containers, &runtimeapi.Container{
+			Id:           rec.ID,
+			PodSandboxId: rec.PodID,
+			Metadata:     ctrMeta(rec.Config.Metadata),
+			Image:        &runtimeapi.ImageSpec{Image: rec.ImageName},
+			ImageRef:     rec.ImageID,
+			ImageId:      rec.ImageID,
+			State:        containerState(rec.State),
+			CreatedAt:    unixNano(rec.CreatedAt),
+			Labels:       rec.Config.Labels,
+			Annotations:  rec.Config.Annotations,
+		})
+	}
+	return resp, nil
+}
+
+// ExecSync runs a command in a container and returns its output.
+func (s *Server) ExecSync(ctx context.Context, r *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	if len(r.GetCmd()) == 0 {
+		return nil, badRequest("cmd")
+	}
+	if r.GetTimeout() < 0 {
+		return nil, errdefs.InvalidArgument("timeout: %d is negative", r.GetTimeout())
+	}
+	res, err := s.b.ExecSync(ctx, r.GetContainerId(), r.GetCmd(), time.Duration(r.GetTimeout())*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.ExecSyncResponse{Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: res.ExitCode}, nil
+}
+
+// ReopenContainerLog reopens a running container's log file.
+func (s *Server) ReopenContainerLog(ctx context.Context, r *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	if err := s.b.ReopenLog(ctx, r.GetContainerId()); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.ReopenContainerLogResponse{}, nil
+}

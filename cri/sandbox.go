@@ -1,0 +1,168 @@
+package cri
+
+import (
+	"context"
+	"maps"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/broker"
+)
+
+var podFilterAll = broker.PodFilter{}
+
+func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error) {
+	c := r.GetConfig()
+	if c == nil {
+		return nil, badRequest("config")
+	}
+	if c.GetMetadata() == nil {
+		return nil, badRequest("config.metadata")
+	}
+	m := c.GetMetadata()
+	pc := &broker.PodConfig{
+		Metadata:       broker.PodMetadata{Name: m.GetName(), Namespace: m.GetNamespace(), UID: m.GetUid(), Attempt: m.GetAttempt()},
+		Hostname:       c.GetHostname(),
+		LogDirectory:   c.GetLogDirectory(),
+		Labels:         maps.Clone(c.GetLabels()),
+		Annotations:    maps.Clone(c.GetAnnotations()),
+		RuntimeHandler: r.GetRuntimeHandler(),
+	}
+	if d := c.GetDnsConfig(); d != nil {
+		pc.DNS = &broker.DNSConfig{Servers: d.GetServers(), Searches: d.GetSearches(), Options: d.GetOptions()}
+	}
+	for _, p := range c.GetPortMappings() {
+		pc.PortMappings = append(pc.PortMappings, broker.PortMapping{
+			Protocol:      p.GetProtocol().String(),
+			ContainerPort: p.GetContainerPort(),
+			HostPort:      p.GetHostPort(),
+			HostIP:        p.GetHostIp(),
+		})
+	}
+	if l := c.GetLinux(); l != nil {
+		pc.CgroupParent = l.GetCgroupParent()
+		pc.Sysctls = maps.Clone(l.GetSysctls())
+		if sc := l.GetSecurityContext(); sc != nil {
+			pc.Privileged = sc.GetPrivileged()
+			if ns := sc.GetNamespaceOptions(); ns != nil {
+				pc.HostNetwork = ns.GetNetwork() == runtimeapi.NamespaceMode_NODE
+				pc.HostPID = ns.GetPid() == runtimeapi.NamespaceMode_NODE
+				pc.HostIPC = ns.GetIpc() == runtimeapi.NamespaceMode_NODE
+			}
+		}
+	}
+	return pc, nil
+}
+
+// RunPodSandbox creates and starts a pod.
+func (s *Server) RunPodSandbox(ctx context.Context, r *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+	pc, err := podConfigFrom(r)
+	if err != nil {
+		return nil, err
+	}
+	id, err := s.b.RunPod(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: id}, nil
+}
+
+// StopPodSandbox stops a pod; idempotent.
+func (s *Server) StopPodSandbox(ctx context.Context, r *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
+	if r.GetPodSandboxId() == "" {
+		return nil, badRequest("pod_sandbox_id")
+	}
+	if err := s.b.StopPod(ctx, r.GetPodSandboxId()); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.StopPodSandboxResponse{}, nil
+}
+
+// RemovePodSandbox removes a pod; idempotent.
+func (s *Server) RemovePodSandbox(ctx context.Context, r *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
+	if r.GetPodSandboxId() == "" {
+		return nil, badRequest("pod_sandbox_id")
+	}
+	if err := s.b.RemovePod(ctx, r.GetPodSandboxId()); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.RemovePodSandboxResponse{}, nil
+}
+
+func podState(st *broker.PodStatus) runtimeapi.PodSandboxState {
+	if st.Ready {
+		return runtimeapi.PodSandboxState_SANDBOX_READY
+	}
+	return runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+}
+
+func podMeta(m broker.PodMetadata) *runtimeapi.PodSandboxMetadata {
+	return &runtimeapi.PodSandboxMetadata{Name: m.Name, Namespace: m.Namespace, Uid: m.UID, Attempt: m.Attempt}
+}
+
+func nsMode(host bool) runtimeapi.NamespaceMode {
+	if host {
+		return runtimeapi.NamespaceMode_NODE
+	}
+	return runtimeapi.NamespaceMode_POD
+}
+
+// PodSandboxStatus returns a pod's status, with the stage1 decision in the
+// verbose info.
+func (s *Server) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	if r.GetPodSandboxId() == "" {
+		return nil, badRequest("pod_sandbox_id")
+	}
+	st, err := s.b.PodStatus(ctx, r.GetPodSandboxId(), r.GetVerbose())
+	if err != nil {
+		return nil, err
+	}
+	rec := &st.Record
+	c := &rec.Config
+	resp := &runtimeapi.PodSandboxStatusResponse{
+		Status: &runtimeapi.PodSandboxStatus{
+			Id:          rec.ID,
+			Metadata:    podMeta(c.Metadata),
+			State:       podState(st),
+			CreatedAt:   rec.CreatedAt.UnixNano(),
+			Network:     &runtimeapi.PodSandboxNetworkStatus{},
+			Labels:      c.Labels,
+			Annotations: c.Annotations,
+			Linux: &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: &runtimeapi.NamespaceOption{
+				Network: nsMode(c.HostNetwork), Pid: nsMode(c.HostPID), Ipc: nsMode(c.HostIPC),
+			}}},
+			RuntimeHandler: rec.Stage1,
+		},
+		Info: st.Info,
+	}
+	return resp, nil
+}
+
+// ListPodSandbox lists pods matching the filter.
+func (s *Server) ListPodSandbox(ctx context.Context, r *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	f := broker.PodFilter{}
+	if rf := r.GetFilter(); rf != nil {
+		f.ID = rf.GetId()
+		f.LabelSelector = rf.GetLabelSelector()
+		if sv := rf.GetState(); sv != nil {
+			f.State = broker.PodNotReady
+			if sv.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
+				f.State = broker.PodReady
+			}
+		}
+	}
+	resp := &runtimeapi.ListPodSandboxResponse{}
+	for _, st := range s.b.ListPods(f) {
+		rec := &st.Record
+		resp.Items = append(resp.Items, &runtimeapi.PodSandbox{
+			Id:             rec.ID,
+			Metadata:       podMeta(rec.Config.Metadata),
+			State:          podState(st),
+			CreatedAt:      rec.CreatedAt.UnixNano(),
+			Labels:         rec.Config.Labels,
+			Annotations:    rec.Config.Annotations,
+			RuntimeHandler: rec.Stage1,
+		})
+	}
+	return resp, nil
+}

@@ -1,0 +1,144 @@
+// Package cri is stagelet's CRI endpoint: it turns k8s.io/cri-api runtime/v1
+// requests into the broker's own types and back. Kubernetes types stop here.
+// gRPC status codes are chosen here, once, in an interceptor, from errdefs
+// error classes; calls are refused with Unavailable until the broker has
+// finished recovery.
+package cri
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// Server implements the CRI RuntimeService and ImageService. Methods it
+// does not implement answer Unimplemented.
+type Server struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+	runtimeapi.UnimplementedImageServiceServer
+
+	b       *broker.Broker
+	log     *slog.Logger
+	version string
+	// CgroupDriver reported by RuntimeConfig: "cgroupfs" or "systemd".
+	cgroupDriver runtimeapi.CgroupDriver
+	startedAt    time.Time
+}
+
+// Options configure a Server.
+type Options struct {
+	Version       string
+	SystemdCgroup bool
+	Log           *slog.Logger
+}
+
+// New returns a CRI server backed by b.
+func New(b *broker.Broker, opts Options) *Server {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	s := &Server{b: b, log: opts.Log, version: opts.Version, startedAt: time.Now(), cgroupDriver: runtimeapi.CgroupDriver_CGROUPFS}
+	if opts.SystemdCgroup {
+		s.cgroupDriver = runtimeapi.CgroupDriver_SYSTEMD
+	}
+	return s
+}
+
+// Register adds both CRI services to g.
+func (s *Server) Register(g *grpc.Server) {
+	runtimeapi.RegisterRuntimeServiceServer(g, s)
+	runtimeapi.RegisterImageServiceServer(g, s)
+}
+
+// Interceptors returns the unary and stream interceptors: readiness gate,
+// request logging and error-class → gRPC code mapping.
+func (s *Server) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if !s.b.Ready() {
+			return nil, status.Error(codes.Unavailable, "stagelet is recovering its pods after a restart; retry shortly")
+		}
+		rid := requestID()
+		log := s.log.With("method", info.FullMethod, "req", rid)
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		took := time.Since(start)
+		if err != nil {
+			st := toStatus(err)
+			lvl := slog.LevelWarn
+			if st.Code() == codes.Unknown || st.Code() == codes.Internal {
+				lvl = slog.LevelError
+			}
+			if st.Code() == codes.NotFound {
+				lvl = slog.LevelDebug // the kubelet asks about removed objects routinely
+			}
+			log.Log(ctx, lvl, "CRI call failed", "code", st.Code().String(), "err", st.Message(), "took", took)
+			return nil, st.Err()
+		}
+		log.Debug("CRI call", "took", took)
+		return resp, nil
+	}
+	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !s.b.Ready() {
+			return status.Error(codes.Unavailable, "stagelet is recovering its pods after a restart; retry shortly")
+		}
+		err := handler(srv, ss)
+		if err != nil {
+			return toStatus(err).Err()
+		}
+		return nil
+	}
+	return unary, stream
+}
+
+func requestID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// toStatus maps an error to a gRPC status by its errdefs class.
+func toStatus(err error) *status.Status {
+	if st, ok := status.FromError(err); ok {
+		return st
+	}
+	code := codes.Unknown
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, errdefs.ErrAlreadyExists):
+		code = codes.AlreadyExists
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		code = codes.InvalidArgument
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		code = codes.FailedPrecondition
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		code = codes.PermissionDenied
+	case errors.Is(err, errdefs.ErrUnavailable):
+		code = codes.Unavailable
+	case errors.Is(err, errdefs.ErrUnimplemented):
+		code = codes.Unimplemented
+	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	default:
+		code = codes.Internal
+	}
+	return status.New(code, err.Error())
+}
+
+// badRequest is InvalidArgument naming the field.
+func badRequest(field string) error {
+	return errdefs.InvalidArgument("%s: must be set", field)
+}

@@ -1,0 +1,93 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+func TestToStatus(t *testing.T) {
+	tests := []struct {
+		err  error
+		want codes.Code
+	}{
+		{fmt.Errorf("pod x: %w", errdefs.ErrNotFound), codes.NotFound},
+		{errdefs.AlreadyExists("name"), codes.AlreadyExists},
+		{errdefs.InvalidArgument("config.metadata.name: must not be empty"), codes.InvalidArgument},
+		{errdefs.FailedPrecondition("not running"), codes.FailedPrecondition},
+		{fmt.Errorf("x: %w", errdefs.ErrPermissionDenied), codes.PermissionDenied},
+		{fmt.Errorf("agent: %w", errdefs.ErrUnavailable), codes.Unavailable},
+		{errdefs.New(errdefs.ErrUnimplemented, "devices"), codes.Unimplemented},
+		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{fmt.Errorf("something unclassified"), codes.Internal},
+	}
+	for _, tc := range tests {
+		st := toStatus(tc.err)
+		if st.Code() != tc.want {
+			t.Errorf("%v: code %v, want %v", tc.err, st.Code(), tc.want)
+		}
+		if st.Message() != tc.err.Error() {
+			t.Errorf("message %q, want %q", st.Message(), tc.err.Error())
+		}
+	}
+}
+
+func TestPodConfigFromNamesMissingFields(t *testing.T) {
+	_, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{})
+	if toStatus(err).Code() != codes.InvalidArgument || toStatus(err).Message() != "config: must be set" {
+		t.Fatalf("got %v", err)
+	}
+	_, err = podConfigFrom(&runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{}})
+	if toStatus(err).Message() != "config.metadata: must be set" {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestPodConfigFromNamespaces(t *testing.T) {
+	pc, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{
+		RuntimeHandler: "fly",
+		Config: &runtimeapi.PodSandboxConfig{
+			Metadata:    &runtimeapi.PodSandboxMetadata{Name: "n", Namespace: "ns", Uid: "u", Attempt: 2},
+			Labels:      map[string]string{"a": "b"},
+			Annotations: map[string]string{"c": "d"},
+			Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+				NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE, Pid: runtimeapi.NamespaceMode_CONTAINER},
+			}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pc.HostNetwork || pc.HostPID || pc.HostIPC || pc.Metadata.Attempt != 2 || pc.RuntimeHandler != "fly" || pc.Labels["a"] != "b" || pc.Annotations["c"] != "d" {
+		t.Fatalf("converted: %+v", pc)
+	}
+}
+
+func TestContainerConfigFrom(t *testing.T) {
+	uid := &runtimeapi.Int64Value{Value: 1000}
+	cc, err := containerConfigFrom(&runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "c", Attempt: 1},
+		Image:    &runtimeapi.ImageSpec{Image: "busybox"},
+		Envs:     []*runtimeapi.KeyValue{{Key: "A", Value: []byte("1")}},
+		Mounts:   []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: "/tmp", Readonly: true, Propagation: runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER}},
+		Linux: &runtimeapi.LinuxContainerConfig{
+			Resources:       &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 20, CpuShares: 512},
+			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{RunAsUser: uid, ReadonlyRootfs: true, Capabilities: &runtimeapi.Capability{AddCapabilities: []string{"NET_ADMIN"}}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.Env[0].Value != "1" || cc.Mounts[0].Propagation != "rslave" || !cc.Mounts[0].Readonly || cc.Resources.MemoryLimit != 1<<20 ||
+		*cc.Security.RunAsUser != 1000 || !cc.Security.ReadonlyRootfs || cc.Security.AddCapabilities[0] != "NET_ADMIN" {
+		t.Fatalf("converted: %+v", cc)
+	}
+	if _, err := containerConfigFrom(&runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"}}); toStatus(err).Message() != "config.image: must be set" {
+		t.Fatalf("got %v", err)
+	}
+}
