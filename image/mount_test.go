@@ -1,0 +1,183 @@
+package image
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/test/testregistry"
+)
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts overlayfs")
+	}
+}
+
+func TestMountRootfs(t *testing.T) {
+	requireRoot(t)
+	r := testregistry.Start(t)
+	ref := r.PushBusybox(t, "busybox", "latest")
+	s := newStore(t, Config{})
+	img, err := s.Pull(pullCtx(t), ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "ctr1")
+	t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
+	rootfs, err := s.MountRootfs(img.ID, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rootfs != filepath.Join(dir, "rootfs") {
+		t.Errorf("rootfs = %s", rootfs)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "bin/busybox")); err != nil {
+		t.Fatalf("image file not visible: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "etc/new"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(rootfs, "etc/group")); err != nil {
+		t.Fatal(err)
+	}
+	layer := s.layerPath(img.Layers[0])
+	if _, err := os.Stat(filepath.Join(dir, "upper/etc/new")); err != nil {
+		t.Errorf("write did not land in upper: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(layer, "etc/new")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("write reached the layer: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(layer, "etc/group")); err != nil {
+		t.Errorf("delete reached the layer: %v", err)
+	}
+	// Idempotent: no second mount.
+	again, err := s.MountRootfs(img.ID, dir)
+	if err != nil || again != rootfs {
+		t.Fatalf("second mount: %s, %v", again, err)
+	}
+	if m := mountsUnder(dir); len(m) != 1 {
+		t.Errorf("mounts under dir: %v", m)
+	}
+	// Removing the image keeps the mounted layer.
+	if err := s.Remove(img.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(layer, "bin/busybox")); err != nil {
+		t.Errorf("mounted layer was collected: %v", err)
+	}
+	if err := s.UnmountRootfs(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dir left: %v", err)
+	}
+	if err := s.UnmountRootfs(dir); err != nil {
+		t.Errorf("second UnmountRootfs: %v", err)
+	}
+	if _, err := s.MountRootfs(img.ID, dir); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("mount of a removed image: %v", err)
+	}
+}
+
+func TestUnmountRootfsMissing(t *testing.T) {
+	s := newStore(t, Config{})
+	if err := s.UnmountRootfs(filepath.Join(t.TempDir(), "nope")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func BenchmarkMountRootfs(b *testing.B) {
+	requireRoot(b)
+	r := testregistry.Start(b)
+	ref := r.PushBusybox(b, "busybox", "latest")
+	s := newStore(b, Config{})
+	img, err := s.Pull(pullCtx(b), ref, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	base := b.TempDir()
+	for b.Loop() {
+		dir := filepath.Join(base, "c")
+		if _, err := s.MountRootfs(img.ID, dir); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.UnmountRootfs(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestResolveUser(t *testing.T) {
+	rootfs := t.TempDir()
+	outside := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755))
+	must(os.WriteFile(filepath.Join(rootfs, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"+
+		"nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n# comment\nbroken line\n"+
+		"app:x:1000:1000:app:/home/app:/bin/sh\n"), 0o644))
+	must(os.WriteFile(filepath.Join(rootfs, "etc/group"), []byte("root:x:0:\napp:x:1000:\n"+
+		"extra:x:2000:app\nmore:x:3000:nobody, app\nnogroup:x:65534:\n"), 0o644))
+	type res struct {
+		uid, gid uint32
+		extra    []uint32
+	}
+	for _, tc := range []struct {
+		user string
+		want res
+		err  bool
+	}{
+		{"", res{0, 0, nil}, false},
+		{"root", res{0, 0, nil}, false},
+		{"0", res{0, 0, nil}, false},
+		{"app", res{1000, 1000, []uint32{2000, 3000}}, false},
+		{"1000", res{1000, 1000, []uint32{2000, 3000}}, false},
+		{"nobody", res{65534, 65534, []uint32{3000}}, false},
+		{"4242", res{4242, 0, nil}, false},
+		{"4242:77", res{4242, 77, nil}, false},
+		{"app:extra", res{1000, 2000, []uint32{2000, 3000}}, false},
+		{"app:5", res{1000, 5, []uint32{2000, 3000}}, false},
+		{"1000:nogroup", res{1000, 65534, []uint32{2000, 3000}}, false},
+		{"ghost", res{}, true},
+		{"app:ghosts", res{}, true},
+		{"app:", res{}, true},
+		{":1", res{}, true},
+	} {
+		uid, gid, extra, err := ResolveUser(rootfs, tc.user)
+		if tc.err {
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("ResolveUser(%q) err = %v, want ErrInvalidArgument", tc.user, err)
+			}
+			continue
+		}
+		if err != nil || uid != tc.want.uid || gid != tc.want.gid || !slices.Equal(extra, tc.want.extra) {
+			t.Errorf("ResolveUser(%q) = %d, %d, %v, %v; want %+v", tc.user, uid, gid, extra, err, tc.want)
+		}
+	}
+
+	// A symlinked /etc/passwd is resolved inside the rootfs.
+	must(os.WriteFile(filepath.Join(outside, "passwd"), []byte("evil:x:0:0::/:/bin/sh\n"), 0o644))
+	must(os.Remove(filepath.Join(rootfs, "etc/passwd")))
+	must(os.Symlink(filepath.Join(outside, "passwd"), filepath.Join(rootfs, "etc/passwd")))
+	if _, _, _, err := ResolveUser(rootfs, "evil"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("user from a file outside the rootfs: err = %v", err)
+	}
+	must(os.Remove(filepath.Join(rootfs, "etc/passwd")))
+	must(os.Symlink("../../../../../../"+outside+"/passwd", filepath.Join(rootfs, "etc/passwd")))
+	if _, _, _, err := ResolveUser(rootfs, "evil"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("user from a file outside the rootfs (relative): err = %v", err)
+	}
+	// Numeric users work without any passwd file.
+	if uid, gid, _, err := ResolveUser(rootfs, "12:34"); err != nil || uid != 12 || gid != 34 {
+		t.Errorf("numeric without passwd: %d %d %v", uid, gid, err)
+	}
+}

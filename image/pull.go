@@ -1,0 +1,569 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// platform is the platform picked from an index.
+var platform = v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
+
+const dockerHub = "docker.io"
+
+// parsed is a reference split into its normalized parts.
+type parsed struct {
+	ref  name.Reference
+	host string // normalized: "docker.io", not "index.docker.io"
+	repo string // normalized repository: "docker.io/library/busybox"
+	tag  string // "" for a digest reference
+	dig  string // "" for a tag reference
+}
+
+func parse(ref string, opts ...name.Option) (*parsed, error) {
+	r, err := name.ParseReference(ref, opts...)
+	if err != nil {
+		return nil, err
+	}
+	host := r.Context().RegistryStr()
+	if host == name.DefaultRegistry {
+		host = dockerHub
+	}
+	p := &parsed{ref: r, host: host, repo: host + "/" + r.Context().RepositoryStr()}
+	switch v := r.(type) {
+	case name.Tag:
+		p.tag = v.TagStr()
+	case name.Digest:
+		p.dig = v.DigestStr()
+	}
+	return p, nil
+}
+
+// normalize returns ref in the form used by RepoTags ("host/repo:tag") or
+// RepoDigests ("host/repo@sha256:...").
+func normalize(ref string) (string, error) {
+	p, err := parse(ref)
+	if err != nil {
+		return "", err
+	}
+	if p.dig != "" {
+		return p.repo + "@" + p.dig, nil
+	}
+	return p.repo + ":" + p.tag, nil
+}
+
+func (s *Store) hostConfig(host string) RegistryHost {
+	if h, ok := s.cfg.Registries[host]; ok {
+		return h
+	}
+	if host == dockerHub {
+		return s.cfg.Registries[name.DefaultRegistry]
+	}
+	return RegistryHost{}
+}
+
+// endpoints returns the references to fetch from, in order: the mirrors of
+// the reference's host if any are configured (the host itself is then not
+// contacted), else the reference itself.
+func (s *Store) endpoints(p *parsed) ([]name.Reference, error) {
+	hc := s.hostConfig(p.host)
+	if len(hc.Mirrors) == 0 {
+		var opts []name.Option
+		if hc.Insecure {
+			opts = append(opts, name.Insecure)
+		}
+		r, err := name.ParseReference(p.ref.String(), opts...)
+		if err != nil {
+			return nil, err
+		}
+		return []name.Reference{r}, nil
+	}
+	var out []name.Reference
+	for _, m := range hc.Mirrors {
+		insecure := false
+		hostPath := m
+		if rest, ok := strings.CutPrefix(m, "http://"); ok {
+			insecure, hostPath = true, rest
+		} else if rest, ok := strings.CutPrefix(m, "https://"); ok {
+			hostPath = rest
+		}
+		hostPath = strings.TrimSuffix(hostPath, "/")
+		mhost, prefix, _ := strings.Cut(hostPath, "/")
+		if s.hostConfig(mhost).Insecure {
+			insecure = true
+		}
+		ms := mhost + "/"
+		if prefix != "" {
+			ms += prefix + "/"
+		}
+		ms += p.ref.Context().RepositoryStr()
+		if p.dig != "" {
+			ms += "@" + p.dig
+		} else {
+			ms += ":" + p.tag
+		}
+		var opts []name.Option
+		if insecure {
+			opts = append(opts, name.Insecure)
+		}
+		r, err := name.ParseReference(ms, opts...)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("mirror %q for %s: %v", m, p.host, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func keychainAuth(a *Auth) authn.Authenticator {
+	if a == nil || *a == (Auth{}) {
+		return authn.Anonymous
+	}
+	return authn.FromConfig(authn.AuthConfig{
+		Username:      a.Username,
+		Password:      a.Password,
+		Auth:          a.Auth,
+		IdentityToken: a.IdentityToken,
+		RegistryToken: a.RegistryToken,
+	})
+}
+
+// Pull fetches ref (with auth, or anonymously when auth is nil or empty),
+// unpacks the layers it does not have yet, and records the image under the
+// reference's normalized name (also when it came from a mirror). An index
+// resolves to its linux/GOARCH entry. Pulling an image already present costs
+// one manifest request. Safe for concurrent use, also for the same image.
+// When the reference's host has mirrors, auth is sent to the mirrors (the
+// operator vouches for them) and the host itself is never contacted.
+//
+// Errors (all naming ref): ErrInvalidArgument for a bad reference or a
+// refused layer; ErrNotFound when the registry does not know the image or
+// the index has no entry for this platform; ErrPermissionDenied when the
+// registry refuses the credentials; ErrUnavailable for connection failures
+// and server errors; ErrDeadlineExceeded when ctx expires; ErrUnimplemented
+// for docker schema 1 manifests.
+func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
+	start := time.Now()
+	p, err := parse(ref)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("pull %q: bad image reference: %v", ref, err)
+	}
+	eps, err := s.endpoints(p)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	opts := []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithAuth(keychainAuth(auth)),
+		remote.WithPlatform(platform),
+		remote.WithUserAgent("stagelet"),
+	}
+	var (
+		desc    *remote.Descriptor
+		src     name.Reference
+		lastErr error
+		msgs    []string
+	)
+	for _, ep := range eps {
+		d, err := remote.Get(ep, opts...)
+		if err == nil {
+			desc, src = d, ep
+			break
+		}
+		lastErr = err
+		msgs = append(msgs, fmt.Sprintf("%s: %v", ep.Context().RegistryStr(), err))
+		s.log.Debug("pull: endpoint failed", "ref", ref, "endpoint", ep.String(), "err", err)
+	}
+	if desc == nil {
+		return nil, fmt.Errorf("pull %s: %w: %s", ref, classify(ctx, lastErr), strings.Join(msgs, "; "))
+	}
+	top := desc.Digest.String()
+
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
+
+	if img, ok := s.cached(p, top); ok {
+		s.log.Debug("pull: image present", "ref", ref, "id", img.ID, "took", time.Since(start))
+		return img, nil
+	}
+
+	var img v1.Image
+	var manifestRaw []byte
+	blobs := map[string][]byte{}
+	if desc.MediaType.IsIndex() {
+		idx, err := desc.ImageIndex()
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+		}
+		im, err := idx.IndexManifest()
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: %w: bad index: %v", ref, errdefs.ErrInvalidArgument, err)
+		}
+		var child *v1.Descriptor
+		for i := range im.Manifests {
+			m := &im.Manifests[i]
+			if m.Platform != nil && m.Platform.OS == platform.OS && m.Platform.Architecture == platform.Architecture && m.MediaType.IsImage() {
+				child = m
+				break
+			}
+		}
+		if child == nil {
+			return nil, errdefs.NotFound("pull %s: the index has no image for %s/%s", ref, platform.OS, platform.Architecture)
+		}
+		blobs[top] = desc.Manifest
+		img, err = remote.Image(src.Context().Digest(child.Digest.String()), opts...)
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+		}
+	} else if desc.MediaType.IsSchema1() {
+		return nil, errdefs.New(errdefs.ErrUnimplemented, "pull %s: docker schema 1 images are not supported", ref)
+	} else {
+		img, err = desc.Image()
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+		}
+	}
+	manifestRaw, err = img.RawManifest()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+	}
+	mdig, err := img.Digest()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w: %v", ref, errdefs.ErrInvalidArgument, err)
+	}
+	blobs[mdig.String()] = manifestRaw
+	manifest, err := img.Manifest()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w: bad manifest: %v", ref, errdefs.ErrInvalidArgument, err)
+	}
+	cfgRaw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: config: %w: %v", ref, classify(ctx, err), err)
+	}
+	cfgDigest := manifest.Config.Digest.String()
+	if sum := sha256.Sum256(cfgRaw); "sha256:"+hex.EncodeToString(sum[:]) != cfgDigest {
+		return nil, errdefs.InvalidArgument("pull %s: config does not match its digest %s", ref, cfgDigest)
+	}
+	blobs[cfgDigest] = cfgRaw
+	var cf v1.ConfigFile
+	if err := json.Unmarshal(cfgRaw, &cf); err != nil {
+		return nil, errdefs.InvalidArgument("pull %s: bad image config: %v", ref, err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+	}
+	if len(layers) != len(cf.RootFS.DiffIDs) || len(layers) != len(manifest.Layers) {
+		return nil, errdefs.InvalidArgument("pull %s: manifest has %d layers, config %d diff IDs", ref, len(manifest.Layers), len(cf.RootFS.DiffIDs))
+	}
+	var size uint64
+	diffIDs := make([]string, len(layers))
+	for i, l := range layers {
+		d := cf.RootFS.DiffIDs[i]
+		if d.Algorithm != "sha256" || len(d.Hex) != 64 || !isHex(d.Hex) {
+			return nil, errdefs.InvalidArgument("pull %s: bad diff ID %q", ref, d.String())
+		}
+		diffIDs[i] = d.String()
+		if manifest.Layers[i].Size > 0 {
+			size += uint64(manifest.Layers[i].Size)
+		}
+		if err := s.ensureLayer(ctx, d.String(), l); err != nil {
+			return nil, fmt.Errorf("pull %s: layer %s: %w", ref, d.String(), err)
+		}
+	}
+	for d, b := range blobs {
+		if err := s.putBlob(d, b); err != nil {
+			return nil, fmt.Errorf("pull %s: store blob: %w", ref, err)
+		}
+	}
+	rec := &record{
+		Version:  recordVersion,
+		ID:       cfgDigest,
+		Size:     size,
+		Layers:   diffIDs,
+		Manifest: mdig.String(),
+		Config: ImageConfig{
+			Entrypoint: cf.Config.Entrypoint,
+			Cmd:        cf.Config.Cmd,
+			Env:        cf.Config.Env,
+			WorkingDir: cf.Config.WorkingDir,
+			User:       cf.Config.User,
+			StopSignal: cf.Config.StopSignal,
+			Labels:     cf.Config.Labels,
+		},
+	}
+	for d := range blobs {
+		rec.Blobs = append(rec.Blobs, d)
+	}
+	slices.Sort(rec.Blobs)
+	out, err := s.commit(rec, p, top)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	s.log.Info("image pulled", "ref", ref, "from", src.Context().RegistryStr(), "id", out.ID, "layers", len(diffIDs), "took", time.Since(start))
+	return out, nil
+}
+
+// cached returns the stored image whose manifest or pulled digest is top,
+// after tagging it with p, if all its layers are present.
+func (s *Store) cached(p *parsed, top string) (*Image, bool) {
+	s.mu.Lock()
+	var found *record
+	for _, rec := range s.images {
+		if rec.Manifest == top || slices.ContainsFunc(rec.RepoDigests, func(d string) bool { return strings.HasSuffix(d, "@"+top) }) {
+			found = rec
+			break
+		}
+	}
+	s.mu.Unlock()
+	if found == nil {
+		return nil, false
+	}
+	for _, l := range found.Layers {
+		if _, err := os.Stat(s.layerPath(l)); err != nil {
+			return nil, false
+		}
+	}
+	img, err := s.commit(found, p, top)
+	if err != nil {
+		s.log.Warn("pull: record update failed", "id", found.ID, "err", err)
+		return nil, false
+	}
+	return img, true
+}
+
+// commit merges rec (new or existing) with the tag and digest of p, moves the
+// tag away from any other image, and persists what changed.
+func (s *Store) commit(rec *record, p *parsed, top string) (*Image, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.images[rec.ID]
+	if cur == nil {
+		cur = rec
+	} else {
+		c := *cur
+		c.RepoTags = slices.Clone(cur.RepoTags)
+		c.RepoDigests = slices.Clone(cur.RepoDigests)
+		if rec != cur {
+			c.Blobs = mergeSorted(c.Blobs, rec.Blobs)
+		}
+		cur = &c
+	}
+	var tag string
+	if p.tag != "" {
+		tag = p.repo + ":" + p.tag
+	}
+	dig := p.repo + "@" + top
+	if tag != "" && !slices.Contains(cur.RepoTags, tag) {
+		cur.RepoTags = append(cur.RepoTags, tag)
+	}
+	if !slices.Contains(cur.RepoDigests, dig) {
+		cur.RepoDigests = append(cur.RepoDigests, dig)
+	}
+	// A tag or digest names one image: take it away from the others.
+	for id, other := range s.images {
+		if id == cur.ID {
+			continue
+		}
+		if !slices.Contains(other.RepoTags, tag) && !slices.Contains(other.RepoDigests, dig) {
+			continue
+		}
+		o := *other
+		o.RepoTags = slices.DeleteFunc(slices.Clone(o.RepoTags), func(t string) bool { return t == tag })
+		o.RepoDigests = slices.DeleteFunc(slices.Clone(o.RepoDigests), func(d string) bool { return d == dig })
+		if err := s.writeRecord(&o); err != nil {
+			return nil, err
+		}
+		s.images[id] = &o
+	}
+	if old := s.images[cur.ID]; old == nil || !sameNames(old, cur) {
+		if err := s.writeRecord(cur); err != nil {
+			return nil, err
+		}
+	}
+	s.images[cur.ID] = cur
+	return cur.image(), nil
+}
+
+func sameNames(a, b *record) bool {
+	return slices.Equal(a.RepoTags, b.RepoTags) && slices.Equal(a.RepoDigests, b.RepoDigests) && slices.Equal(a.Blobs, b.Blobs)
+}
+
+func mergeSorted(a, b []string) []string {
+	out := slices.Concat(a, b)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func (s *Store) writeRecord(rec *record) error {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(s.imagesDir(), strings.TrimPrefix(rec.ID, "sha256:")+".json"), b, 0o600)
+}
+
+func (s *Store) putBlob(d string, b []byte) error {
+	p := s.blobPath(d)
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	return writeFileAtomic(p, b, 0o644)
+}
+
+// ensureLayer unpacks layer l (diff ID d) into layers/<hex> unless it is
+// there already. Concurrent calls for one layer unpack it once.
+func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
+	unlock := s.layerLocks.lock(d)
+	defer unlock()
+	final := s.layerPath(d)
+	if _, err := os.Stat(final); err == nil {
+		return nil
+	}
+	hexd := strings.TrimPrefix(d, "sha256:")
+	tmp, err := os.MkdirTemp(s.layersDir(), ".tmp-"+hexd[:12]+"-")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			if err := os.RemoveAll(tmp); err != nil {
+				s.log.Warn("remove failed layer unpack", "dir", tmp, "err", err)
+			}
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %v", errdefs.ErrDeadlineExceeded, err)
+	}
+	rc, err := l.Uncompressed()
+	if err != nil {
+		return fmt.Errorf("%w: %v", classify(ctx, err), err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	src := &errReader{r: rc}
+	tee := io.TeeReader(src, h)
+	start := time.Now()
+	st, err := unpackLayer(tee, tmp, s.log)
+	if err != nil {
+		if src.err != nil {
+			// The download failed, not the archive.
+			return fmt.Errorf("%w: %v", classify(ctx, src.err), src.err)
+		}
+		return err
+	}
+	// Read the archive's padding and let the compressed digest be verified.
+	if _, err := io.Copy(io.Discard, tee); err != nil {
+		return fmt.Errorf("%w: %v", classify(ctx, err), err)
+	}
+	if err := rc.Close(); err != nil {
+		return fmt.Errorf("%w: %v", classify(ctx, err), err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != hexd {
+		return errdefs.InvalidArgument("layer content has diff ID sha256:%s, want %s", got, d)
+	}
+	if fd, err := unix.Open(tmp, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		_ = unix.Syncfs(fd)
+		unix.Close(fd)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		if _, serr := os.Stat(final); serr == nil {
+			return nil // someone else won; the deferred cleanup removes tmp
+		}
+		return err
+	}
+	ok = true
+	_ = syncDir(s.layersDir())
+	s.unpacks.Add(1)
+	s.log.Debug("layer unpacked", "layer", d, "entries", st.Entries, "bytes", st.Bytes, "skipped", st.Skipped, "took", time.Since(start))
+	return nil
+}
+
+// classify returns the error class of a registry or network error.
+func classify(ctx context.Context, err error) error {
+	if err == nil {
+		return errdefs.ErrUnavailable
+	}
+	if errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrNotFound) ||
+		errors.Is(err, errdefs.ErrPermissionDenied) || errors.Is(err, errdefs.ErrUnavailable) {
+		return unwrapClass(err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || (ctx != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		return errdefs.ErrDeadlineExceeded
+	}
+	var te *transport.Error
+	if errors.As(err, &te) {
+		for _, d := range te.Errors {
+			switch d.Code {
+			case transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode, transport.BlobUnknownErrorCode:
+				return errdefs.ErrNotFound
+			case transport.UnauthorizedErrorCode, transport.DeniedErrorCode:
+				return errdefs.ErrPermissionDenied
+			case transport.NameInvalidErrorCode, transport.TagInvalidErrorCode, transport.DigestInvalidErrorCode, transport.ManifestInvalidErrorCode:
+				return errdefs.ErrInvalidArgument
+			}
+		}
+		switch te.StatusCode {
+		case http.StatusNotFound:
+			return errdefs.ErrNotFound
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return errdefs.ErrPermissionDenied
+		}
+		return errdefs.ErrUnavailable
+	}
+	var ue *url.Error
+	var ne net.Error
+	if errors.As(err, &ue) || errors.As(err, &ne) {
+		return errdefs.ErrUnavailable
+	}
+	return errdefs.ErrUnavailable
+}
+
+func unwrapClass(err error) error {
+	for _, c := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrPermissionDenied, errdefs.ErrUnavailable} {
+		if errors.Is(err, c) {
+			return c
+		}
+	}
+	return errdefs.ErrUnavailable
+}
+
+// errReader remembers the first error of r other than io.EOF.
+type errReader struct {
+	r   io.Reader
+	err error
+}
+
+func (e *errReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}
