@@ -1,0 +1,843 @@
+// Package cgroups owns stagelet's use of Linux control groups: finding the
+// caller's own cgroups, creating pod and app cgroups beneath a parent,
+// moving processes into them, setting limits, reading usage, killing every
+// process inside and removing them.
+//
+// Two modes are supported. When /sys/fs/cgroup is a cgroup2 file system
+// (pure v2) a Cgroup has one path, under the key "unified". Otherwise (v1 or
+// hybrid) a Cgroup has one directory per controller among cpu, cpuacct,
+// memory, pids and freezer; the name=systemd and hybrid unified mounts, and
+// the cpuset, devices and blkio controllers, are not used. Co-mounted
+// controllers ("cpu,cpuacct") share a directory; every operation visits a
+// directory once.
+//
+// A Cgroup is a plain value (a set of paths) and holds no open files; it is
+// safe to copy and to marshal. Methods do no locking: callers serialise
+// operations on the same cgroup.
+package cgroups
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Unified is the Paths key of the cgroup2 hierarchy in pure v2 mode.
+const Unified = "unified"
+
+// v1Controllers are the v1 controllers stagelet manages.
+var v1Controllers = []string{"cpu", "cpuacct", "memory", "pids", "freezer"}
+
+// Cgroup is one cgroup, named by its directory in each hierarchy.
+type Cgroup struct {
+	// Paths maps a controller name (or Unified in v2 mode) to an absolute
+	// directory.
+	Paths map[string]string `json:"paths"`
+}
+
+// Resources are limits to apply; a zero field is left unset. A negative
+// CPUQuota means unlimited.
+type Resources struct {
+	CPUShares   int64
+	CPUQuota    int64 // microseconds per period
+	CPUPeriod   int64 // microseconds
+	MemoryLimit int64 // bytes
+	PidsLimit   int64
+}
+
+// Stats are usage figures of a cgroup, descendants included.
+type Stats struct {
+	CPUUsageNanos    uint64
+	MemoryUsage      uint64
+	MemoryWorkingSet uint64 // usage minus inactive file pages
+	MemoryRSS        uint64
+	PageFaults       uint64
+	MajorPageFaults  uint64
+	Pids             uint64
+}
+
+// IsV2 reports whether c is a cgroup2 (pure v2) cgroup.
+func (c *Cgroup) IsV2() bool {
+	_, ok := c.Paths[Unified]
+	return ok
+}
+
+// String lists the cgroup's directories, for logs.
+func (c *Cgroup) String() string {
+	return strings.Join(c.dirs(), ",")
+}
+
+// mount is one cgroup mount from mountinfo.
+type mount struct {
+	point  string   // where it is mounted
+	root   string   // the cgroup path mounted there
+	fstype string   // "cgroup" or "cgroup2"
+	opts   []string // super options
+}
+
+// hostV2 reports whether /sys/fs/cgroup is a cgroup2 file system.
+func hostV2() bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
+		return false
+	}
+	return st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// env is what the caller's cgroups are computed from.
+type env struct {
+	v2     bool
+	procs  map[string]string // /proc/self/cgroup: controller (or "" for v2) → path
+	mounts []mount
+}
+
+func loadEnv() (*env, error) {
+	pc, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	defer pc.Close()
+	mi, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	defer mi.Close()
+	return parseEnv(pc, mi, hostV2())
+}
+
+func parseEnv(procCgroup, mountinfo io.Reader, v2 bool) (*env, error) {
+	procs, err := parseProcCgroup(procCgroup)
+	if err != nil {
+		return nil, err
+	}
+	mounts, err := parseMountinfo(mountinfo)
+	if err != nil {
+		return nil, err
+	}
+	return &env{v2: v2, procs: procs, mounts: mounts}, nil
+}
+
+// parseProcCgroup reads /proc/PID/cgroup. Each controller of a line gets
+// the line's path; the v2 line ("0::/path") is under the key "".
+func parseProcCgroup(r io.Reader) (map[string]string, error) {
+	out := map[string]string{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("cgroups: bad /proc/self/cgroup line %q", line)
+		}
+		if parts[1] == "" {
+			out[""] = parts[2]
+			continue
+		}
+		for _, ctl := range strings.Split(parts[1], ",") {
+			out[ctl] = parts[2]
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cgroups: read /proc/self/cgroup: %w", err)
+	}
+	return out, nil
+}
+
+// parseMountinfo returns the cgroup and cgroup2 mounts of a mountinfo file.
+func parseMountinfo(r io.Reader) ([]mount, error) {
+	var out []mount
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		// 36 35 98:0 /root /mnt rw,noatime master:1 - cgroup cgroup rw,cpu,cpuacct
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 5 || len(fields) < sep+4 {
+			continue
+		}
+		fstype := fields[sep+1]
+		if fstype != "cgroup" && fstype != "cgroup2" {
+			continue
+		}
+		out = append(out, mount{
+			point:  unescapeMountinfo(fields[4]),
+			root:   unescapeMountinfo(fields[3]),
+			fstype: fstype,
+			opts:   strings.Split(fields[sep+3], ","),
+		})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cgroups: read mountinfo: %w", err)
+	}
+	return out, nil
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// hierarchy is one mounted hierarchy stagelet uses.
+type hierarchy struct {
+	keys []string // Paths keys it serves
+	m    mount
+}
+
+func (e *env) hierarchies() ([]hierarchy, error) {
+	if e.v2 {
+		var best *mount
+		for i := range e.mounts {
+			m := &e.mounts[i]
+			if m.fstype != "cgroup2" {
+				continue
+			}
+			if best == nil || m.point == "/sys/fs/cgroup" {
+				best = m
+			}
+		}
+		if best == nil {
+			return nil, errors.New("cgroups: no cgroup2 mount")
+		}
+		return []hierarchy{{keys: []string{Unified}, m: *best}}, nil
+	}
+	var out []hierarchy
+	seen := map[string]int{} // mount point → index in out
+	for _, ctl := range v1Controllers {
+		for _, m := range e.mounts {
+			if m.fstype != "cgroup" || !contains(m.opts, ctl) {
+				continue
+			}
+			if i, ok := seen[m.point]; ok {
+				out[i].keys = append(out[i].keys, ctl)
+			} else {
+				seen[m.point] = len(out)
+				out = append(out, hierarchy{keys: []string{ctl}, m: m})
+			}
+			break
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("cgroups: no cgroup v1 controller mounted")
+	}
+	return out, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// dirFor maps a cgroup path to its directory under a mount.
+func dirFor(m mount, cgPath string) string {
+	rel := cgPath
+	if m.root != "/" {
+		if r, ok := strings.CutPrefix(cgPath, m.root); ok && (r == "" || r[0] == '/') {
+			rel = r
+		}
+	}
+	return filepath.Join(m.point, filepath.Clean("/"+rel))
+}
+
+func (e *env) self() (*Cgroup, error) {
+	hs, err := e.hierarchies()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cgroup{Paths: map[string]string{}}
+	for _, h := range hs {
+		var p string
+		var ok bool
+		if e.v2 {
+			p, ok = e.procs[""]
+		} else {
+			p, ok = e.procs[h.keys[0]]
+		}
+		if !ok {
+			continue
+		}
+		d := dirFor(h.m, p)
+		for _, k := range h.keys {
+			c.Paths[k] = d
+		}
+	}
+	if len(c.Paths) == 0 {
+		return nil, errors.New("cgroups: the caller is in no managed cgroup")
+	}
+	return c, nil
+}
+
+func (e *env) resolve(parent string) (*Cgroup, error) {
+	if parent == "" {
+		return nil, errors.New("cgroups: empty cgroup parent")
+	}
+	if !filepath.IsAbs(parent) {
+		self, err := e.self()
+		if err != nil {
+			return nil, err
+		}
+		return self.Child(parent), nil
+	}
+	hs, err := e.hierarchies()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cgroup{Paths: map[string]string{}}
+	for _, h := range hs {
+		d := dirFor(h.m, filepath.Clean(parent))
+		for _, k := range h.keys {
+			c.Paths[k] = d
+		}
+	}
+	return c, nil
+}
+
+// Self returns the caller's own cgroups, read from /proc/self/cgroup and
+// /proc/self/mountinfo.
+func Self() (*Cgroup, error) {
+	e, err := loadEnv()
+	if err != nil {
+		return nil, err
+	}
+	return e.self()
+}
+
+// Resolve returns the cgroup named by parent: an absolute cgroup path
+// ("/stagelet", from the root of each hierarchy) or a relative one
+// ("stagelet", beneath the caller's own cgroup in each hierarchy). It does
+// not create anything.
+func Resolve(parent string) (*Cgroup, error) {
+	e, err := loadEnv()
+	if err != nil {
+		return nil, err
+	}
+	return e.resolve(parent)
+}
+
+// Child returns the cgroup name beneath c in every hierarchy. No I/O.
+func (c *Cgroup) Child(name string) *Cgroup {
+	n := &Cgroup{Paths: make(map[string]string, len(c.Paths))}
+	for k, p := range c.Paths {
+		n.Paths[k] = filepath.Join(p, filepath.Clean("/"+name))
+	}
+	return n
+}
+
+// dirs returns the distinct directories of c, sorted.
+func (c *Cgroup) dirs() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range c.Paths {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Create makes c's directory in every hierarchy (parents included). In v2
+// mode it also enables the cpu, memory and pids controllers, where
+// available, in the subtree of every ancestor it may (best effort).
+// Idempotent.
+func (c *Cgroup) Create() error {
+	for _, d := range c.dirs() {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("cgroups: create: %w", err)
+		}
+	}
+	if p, ok := c.Paths[Unified]; ok {
+		enableV2Controllers(p)
+	}
+	return nil
+}
+
+// enableV2Controllers enables cpu, memory and pids in the subtree_control
+// of each ancestor of dir, from the top down, stopping at the mount root.
+// Errors are ignored: an ancestor holding processes cannot delegate (the
+// no-internal-process rule), and Set reports the missing files later.
+func enableV2Controllers(dir string) {
+	var chain []string
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "cgroup.subtree_control")); err != nil {
+			break
+		}
+		chain = append(chain, d)
+		if d == "/" || d == "." {
+			break
+		}
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		d := chain[i]
+		avail, err := os.ReadFile(filepath.Join(d, "cgroup.controllers"))
+		if err != nil {
+			continue
+		}
+		have := strings.Fields(string(avail))
+		for _, ctl := range []string{"cpu", "memory", "pids"} {
+			if contains(have, ctl) {
+				_ = os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+"+ctl), 0)
+			}
+		}
+	}
+}
+
+// Add moves the process pid (all its threads) into c in every hierarchy.
+func (c *Cgroup) Add(pid int) error {
+	for _, d := range c.dirs() {
+		if err := writeFile(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
+			return fmt.Errorf("cgroups: add %d: %w", pid, err)
+		}
+	}
+	return nil
+}
+
+func writeFile(dir, name, val string) error {
+	// cgroup files are written with one write(2); os.WriteFile does that.
+	return os.WriteFile(filepath.Join(dir, name), []byte(val), 0)
+}
+
+func readFile(dir, name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	return strings.TrimSpace(string(b)), err
+}
+
+// SharesToWeight converts v1 cpu.shares ([2, 262144]) to v2 cpu.weight
+// ([1, 10000]) linearly.
+func SharesToWeight(shares int64) int64 {
+	if shares <= 0 {
+		return 0
+	}
+	if shares < 2 {
+		shares = 2
+	}
+	if shares > 262144 {
+		shares = 262144
+	}
+	return 1 + (shares-2)*9999/262142
+}
+
+// Set applies the non-zero fields of r.
+func (c *Cgroup) Set(r Resources) error {
+	if p, ok := c.Paths[Unified]; ok {
+		return setV2(p, r)
+	}
+	type kv struct{ ctl, file, val string }
+	var w []kv
+	if r.CPUShares != 0 {
+		w = append(w, kv{"cpu", "cpu.shares", strconv.FormatInt(r.CPUShares, 10)})
+	}
+	if r.CPUPeriod != 0 {
+		w = append(w, kv{"cpu", "cpu.cfs_period_us", strconv.FormatInt(r.CPUPeriod, 10)})
+	}
+	if r.CPUQuota != 0 {
+		q := r.CPUQuota
+		if q < 0 {
+			q = -1
+		}
+		w = append(w, kv{"cpu", "cpu.cfs_quota_us", strconv.FormatInt(q, 10)})
+	}
+	if r.MemoryLimit != 0 {
+		w = append(w, kv{"memory", "memory.limit_in_bytes", strconv.FormatInt(r.MemoryLimit, 10)})
+	}
+	if r.PidsLimit != 0 {
+		v := "max"
+		if r.PidsLimit > 0 {
+			v = strconv.FormatInt(r.PidsLimit, 10)
+		}
+		w = append(w, kv{"pids", "pids.max", v})
+	}
+	for _, x := range w {
+		d, ok := c.Paths[x.ctl]
+		if !ok {
+			return fmt.Errorf("cgroups: set %s: controller %s not mounted", x.file, x.ctl)
+		}
+		if err := writeFile(d, x.file, x.val); err != nil {
+			return fmt.Errorf("cgroups: set %s=%s: %w", x.file, x.val, err)
+		}
+	}
+	return nil
+}
+
+func setV2(d string, r Resources) error {
+	type kv struct{ file, val string }
+	var w []kv
+	if r.CPUShares != 0 {
+		w = append(w, kv{"cpu.weight", strconv.FormatInt(SharesToWeight(r.CPUShares), 10)})
+	}
+	if r.CPUQuota != 0 || r.CPUPeriod != 0 {
+		quota := "max"
+		if r.CPUQuota > 0 {
+			quota = strconv.FormatInt(r.CPUQuota, 10)
+		}
+		val := quota
+		if r.CPUPeriod > 0 {
+			val += " " + strconv.FormatInt(r.CPUPeriod, 10)
+		}
+		w = append(w, kv{"cpu.max", val})
+	}
+	if r.MemoryLimit != 0 {
+		v := "max"
+		if r.MemoryLimit > 0 {
+			v = strconv.FormatInt(r.MemoryLimit, 10)
+		}
+		w = append(w, kv{"memory.max", v})
+	}
+	if r.PidsLimit != 0 {
+		v := "max"
+		if r.PidsLimit > 0 {
+			v = strconv.FormatInt(r.PidsLimit, 10)
+		}
+		w = append(w, kv{"pids.max", v})
+	}
+	for _, x := range w {
+		if err := writeFile(d, x.file, x.val); err != nil {
+			return fmt.Errorf("cgroups: set %s=%s: %w", x.file, x.val, err)
+		}
+	}
+	return nil
+}
+
+// walk returns dir and every cgroup directory beneath it, parents before
+// children. A missing dir yields nothing.
+func walk(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p == dir {
+				return err
+			}
+			return nil // a child vanished while walking
+		}
+		if d.IsDir() {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
+}
+
+// Procs returns the PIDs of every process in c or in a cgroup beneath it,
+// in any hierarchy, sorted and without duplicates. A cgroup that does not
+// exist holds no process.
+func (c *Cgroup) Procs() ([]int, error) {
+	set := map[int]bool{}
+	for _, root := range c.dirs() {
+		for _, d := range walk(root) {
+			s, err := readFile(d, "cgroup.procs")
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENODEV) {
+					continue
+				}
+				return nil, fmt.Errorf("cgroups: procs: %w", err)
+			}
+			for _, f := range strings.Fields(s) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					set[pid] = true
+				}
+			}
+		}
+	}
+	out := make([]int, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	sort.Ints(out)
+	return out, nil
+}
+
+// KillTimeout bounds Kill.
+var KillTimeout = 10 * time.Second
+
+// Kill sends SIGKILL to every process in c and beneath it and waits until
+// none is left, at most KillTimeout. With a v1 freezer (or v2 cgroup.freeze)
+// the cgroup is frozen first so that no process forks while being swept;
+// in v2 cgroup.kill is used where the kernel has it. A cgroup that does not
+// exist is already empty: not an error. It returns an error when processes
+// remain after the bound.
+func (c *Cgroup) Kill() error {
+	deadline := time.Now().Add(KillTimeout)
+	if p, ok := c.Paths[Unified]; ok {
+		if err := writeFile(p, "cgroup.kill", "1"); err == nil {
+			return c.waitEmpty(deadline)
+		}
+	}
+	thaw := c.freeze(time.Now().Add(time.Second))
+	err := c.sweep()
+	thaw()
+	if err != nil {
+		return err
+	}
+	return c.waitEmpty(deadline)
+}
+
+// freeze freezes c (best effort, bounded) and returns the function that
+// thaws it.
+func (c *Cgroup) freeze(deadline time.Time) (thaw func()) {
+	if d, ok := c.Paths["freezer"]; ok {
+		if writeFile(d, "freezer.state", "FROZEN") != nil {
+			return func() {}
+		}
+		for time.Now().Before(deadline) {
+			s, err := readFile(d, "freezer.state")
+			if err != nil || s == "FROZEN" {
+				break
+			}
+			time.Sleep(5 * time.Millisecond) // polling the kernel's state
+		}
+		return func() { _ = writeFile(d, "freezer.state", "THAWED") }
+	}
+	if d, ok := c.Paths[Unified]; ok {
+		if writeFile(d, "cgroup.freeze", "1") != nil {
+			return func() {}
+		}
+		for time.Now().Before(deadline) {
+			s, err := readFile(d, "cgroup.events")
+			if err != nil || strings.Contains(s, "frozen 1") {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return func() { _ = writeFile(d, "cgroup.freeze", "0") }
+	}
+	return func() {}
+}
+
+// sweep sends SIGKILL to every process currently listed.
+func (c *Cgroup) sweep() error {
+	pids, err := c.Procs()
+	if err != nil {
+		return err
+	}
+	for _, p := range pids {
+		if err := unix.Kill(p, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("cgroups: kill %d: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// waitEmpty sweeps until no process is left or the deadline passes.
+func (c *Cgroup) waitEmpty(deadline time.Time) error {
+	delay := time.Millisecond
+	for {
+		pids, err := c.Procs()
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroups: %d processes left in %s after SIGKILL: %v", len(pids), c, pids)
+		}
+		if err := c.sweep(); err != nil {
+			return err
+		}
+		time.Sleep(delay) // waiting for the kernel to reap; no event to wait on in v1
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// DeleteTimeout bounds how long Delete retries a busy cgroup.
+var DeleteTimeout = 5 * time.Second
+
+// Delete removes c and every cgroup beneath it, children first, in every
+// hierarchy. Idempotent: what is already gone is skipped. It fails (EBUSY)
+// if processes remain; call Kill first.
+func (c *Cgroup) Delete() error {
+	deadline := time.Now().Add(DeleteTimeout)
+	for _, root := range c.dirs() {
+		ds := walk(root)
+		for i := len(ds) - 1; i >= 0; i-- {
+			if err := rmdir(ds[i], deadline); err != nil {
+				return fmt.Errorf("cgroups: delete: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// rmdir removes a cgroup directory, retrying while the kernel still counts
+// exiting tasks in it.
+func rmdir(d string, deadline time.Time) error {
+	delay := time.Millisecond
+	for {
+		err := unix.Rmdir(d)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return &os.PathError{Op: "rmdir", Path: d, Err: err}
+		}
+		time.Sleep(delay)
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// readKV parses "key value" lines.
+func readKV(dir, name string) (map[string]uint64, error) {
+	s, err := readFile(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, line := range strings.Split(s, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		if v, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+			out[f[0]] = v
+		}
+	}
+	return out, nil
+}
+
+func readUint(dir, name string) (uint64, error) {
+	s, err := readFile(dir, name)
+	if err != nil {
+		return 0, err
+	}
+	if s == "max" {
+		return 0, nil
+	}
+	return strconv.ParseUint(s, 10, 64)
+}
+
+// Stats reads c's usage (descendants included). Controllers that are not
+// mounted leave their figures zero; a missing cgroup is an error wrapping
+// fs.ErrNotExist.
+func (c *Cgroup) Stats() (*Stats, error) {
+	if d, ok := c.Paths[Unified]; ok {
+		return statsV2(d)
+	}
+	var st Stats
+	var err error
+	wrap := func(e error) error { return fmt.Errorf("cgroups: stats: %w", e) }
+	if d, ok := c.Paths["cpuacct"]; ok {
+		if st.CPUUsageNanos, err = readUint(d, "cpuacct.usage"); err != nil {
+			return nil, wrap(err)
+		}
+	}
+	if d, ok := c.Paths["memory"]; ok {
+		if st.MemoryUsage, err = readUint(d, "memory.usage_in_bytes"); err != nil {
+			return nil, wrap(err)
+		}
+		kv, err := readKV(d, "memory.stat")
+		if err != nil {
+			return nil, wrap(err)
+		}
+		pick := func(k string) uint64 {
+			if v, ok := kv["total_"+k]; ok {
+				return v
+			}
+			return kv[k]
+		}
+		st.MemoryRSS = pick("rss")
+		st.PageFaults = pick("pgfault")
+		st.MajorPageFaults = pick("pgmajfault")
+		st.MemoryWorkingSet = workingSet(st.MemoryUsage, pick("inactive_file"))
+	}
+	if d, ok := c.Paths["pids"]; ok {
+		if st.Pids, err = readUint(d, "pids.current"); err != nil {
+			return nil, wrap(err)
+		}
+	}
+	return &st, nil
+}
+
+func workingSet(usage, inactive uint64) uint64 {
+	if inactive > usage {
+		return 0
+	}
+	return usage - inactive
+}
+
+func statsV2(d string) (*Stats, error) {
+	var st Stats
+	wrap := func(e error) error { return fmt.Errorf("cgroups: stats: %w", e) }
+	cpu, err := readKV(d, "cpu.stat")
+	if err != nil {
+		return nil, wrap(err)
+	}
+	st.CPUUsageNanos = cpu["usage_usec"] * 1000
+	if v, err := readUint(d, "memory.current"); err == nil {
+		st.MemoryUsage = v
+		if kv, err := readKV(d, "memory.stat"); err == nil {
+			st.MemoryRSS = kv["anon"]
+			st.PageFaults = kv["pgfault"]
+			st.MajorPageFaults = kv["pgmajfault"]
+			st.MemoryWorkingSet = workingSet(v, kv["inactive_file"])
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, wrap(err)
+	}
+	if v, err := readUint(d, "pids.current"); err == nil {
+		st.Pids = v
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, wrap(err)
+	}
+	return &st, nil
+}
+
+// OOMKills returns how many processes the kernel's OOM killer killed in c
+// (v1 memory.oom_control, v2 memory.events, field oom_kill). Zero when the
+// kernel does not count them; an error wrapping fs.ErrNotExist when the
+// cgroup is gone.
+func (c *Cgroup) OOMKills() (uint64, error) {
+	var d, file string
+	if p, ok := c.Paths[Unified]; ok {
+		d, file = p, "memory.events"
+	} else if p, ok := c.Paths["memory"]; ok {
+		d, file = p, "memory.oom_control"
+	} else {
+		return 0, errors.New("cgroups: memory controller not mounted")
+	}
+	kv, err := readKV(d, file)
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: oom kills: %w", err)
+	}
+	return kv["oom_kill"], nil
+}

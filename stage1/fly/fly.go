@@ -1,0 +1,357 @@
+// Package fly is the stage1 with the least isolation: the pod's agent runs
+// on the host as a supervisor, in the host's network, PID and IPC
+// namespaces, and starts each app with pivot_root into the app's root
+// filesystem. The pod is a cgroup holding the agent and its apps; the agent
+// is launched detached so that pods outlive the daemon.
+//
+// Every host resource a pod takes (its cgroup, the agent process) is
+// recorded in the state handed to Persist before it is taken, so DestroyPod
+// can release it after any crash.
+package fly
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Name is the stage1's registered name.
+const Name = "fly"
+
+// stateVersion is the version of the persisted state.
+const stateVersion = 1
+
+// Timeouts; variables so tests may shorten them.
+var (
+	// AgentReadyTimeout bounds how long StartPod waits for the agent to
+	// answer.
+	AgentReadyTimeout = 30 * time.Second
+	// AgentExitGrace is how long Stop waits for the agent to exit beyond
+	// the apps' stop timeout.
+	AgentExitGrace = 10 * time.Second
+	// probeTimeout bounds one Info call.
+	probeTimeout = 2 * time.Second
+)
+
+// Backend is the fly stage1. It is stateless: everything about a pod is in
+// the state it persists, so one Backend serves every pod concurrently.
+type Backend struct {
+	log      *slog.Logger
+	launcher stage1.Launcher
+}
+
+var _ stage1.Backend = (*Backend)(nil)
+
+// New returns the fly backend. The caller registers it
+// (stage1.Register(fly.New(log))).
+func New(log *slog.Logger) *Backend {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Backend{log: log, launcher: stage1.DefaultLauncher(log)}
+}
+
+// Name implements stage1.Backend.
+func (b *Backend) Name() string { return Name }
+
+// Capabilities implements stage1.Backend: host isolation, host namespaces;
+// no pod network yet.
+func (b *Backend) Capabilities() stage1.Capabilities {
+	return stage1.Capabilities{
+		Isolation:   stage1.IsolationHost,
+		HostNetwork: true,
+		PodNetwork:  false,
+		HostPID:     true,
+		HostIPC:     true,
+		Privileged:  "host",
+	}
+}
+
+// state is what fly persists for a pod.
+type state struct {
+	Version int             `json:"version"`
+	Cgroup  *cgroups.Cgroup `json:"cgroup,omitempty"`
+	Socket  string          `json:"socket,omitempty"`
+	Agent   *stage1.Process `json:"agent,omitempty"`
+}
+
+func (s *state) marshal() []byte { return stage1.MarshalState(s) }
+
+func parseState(b []byte) (*state, error) {
+	var s state
+	if len(b) == 0 {
+		return &s, nil
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("fly: bad state: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if s.Version != stateVersion {
+		return nil, fmt.Errorf("fly: state version %d, want %d: %w", s.Version, stateVersion, errdefs.ErrInvalidArgument)
+	}
+	return &s, nil
+}
+
+// podCgroup is the cgroup of a pod: "stagelet-pod-<id>" beneath the spec's
+// cgroup parent (beneath the daemon's own cgroup when empty).
+func podCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
+	var parent *cgroups.Cgroup
+	var err error
+	if spec.CgroupParent == "" {
+		parent, err = cgroups.Self()
+	} else {
+		parent, err = cgroups.Resolve(spec.CgroupParent)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return parent.Child("stagelet-pod-" + spec.ID), nil
+}
+
+func socketPath(spec *stage1.PodSpec) string { return filepath.Join(spec.RunDir, "agent.sock") }
+
+// StartPod implements stage1.Backend. It records the pod cgroup and creates
+// it, launches the agent in it, records the agent, and waits until the
+// agent answers Info (at most AgentReadyTimeout, or ctx). On failure it
+// kills what it started and removes the cgroup.
+func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
+	log := b.log.With("pod", spec.ID)
+	if spec.ID == "" || spec.RunDir == "" || spec.AgentBinary == "" {
+		return nil, errdefs.InvalidArgument("fly: pod id, run dir and agent binary are required")
+	}
+	if spec.NetNSPath != "" {
+		return nil, errdefs.InvalidArgument("fly: pods run in the host network only (got network namespace %s)", spec.NetNSPath)
+	}
+	cg, err := podCgroup(spec)
+	if err != nil {
+		return nil, fmt.Errorf("fly: pod cgroup: %w", err)
+	}
+	st := &state{Version: stateVersion, Cgroup: cg, Socket: socketPath(spec)}
+	if err := persist(st.marshal()); err != nil {
+		return nil, fmt.Errorf("fly: persist: %w", err)
+	}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if err := b.release(st); err != nil {
+			log.Warn("fly: releasing a failed pod", "err", err)
+		}
+	}()
+	if err := cg.Create(); err != nil {
+		return nil, fmt.Errorf("fly: %w", err)
+	}
+	agentDir := filepath.Join(spec.RunDir, "agent")
+	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fly: %w", err)
+	}
+	// The agent's PID is known only once it runs; it starts inside the
+	// recorded cgroup, so a crash before the next persist leaves it where
+	// DestroyPod's cgroup kill finds it.
+	proc, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
+		Name:    "stagelet-pod-" + spec.ID,
+		Path:    spec.AgentBinary,
+		Args:    []string{"agent", "--socket", st.Socket, "--state-dir", agentDir},
+		LogPath: filepath.Join(spec.RunDir, "agent.log"),
+		Cgroup:  cg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fly: %w", err)
+	}
+	st.Agent = proc
+	if err := persist(st.marshal()); err != nil {
+		return nil, fmt.Errorf("fly: persist: %w", err)
+	}
+	pod := b.newPod(spec, st)
+	if err := waitReady(ctx, pod); err != nil {
+		return nil, fmt.Errorf("fly: agent (log %s): %w", filepath.Join(spec.RunDir, "agent.log"), err)
+	}
+	log.Debug("fly pod started", "agentPID", proc.PID, "cgroup", cg.String())
+	return pod, nil
+}
+
+// waitReady waits until the agent answers Info, it exits, or the bound
+// passes.
+func waitReady(ctx context.Context, p *Pod) error {
+	ctx, cancel := context.WithTimeout(ctx, AgentReadyTimeout)
+	defer cancel()
+	exited := make(chan struct{})
+	go func() {
+		if p.st.Agent.Wait(ctx) == nil {
+			close(exited)
+		}
+	}()
+	delay := 2 * time.Millisecond
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
+		_, err := p.Info(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		// Until it listens the socket is missing or refuses: Unavailable.
+		if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrDeadlineExceeded) {
+			return err
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("exited before answering: %w", errdefs.ErrUnavailable)
+		case <-ctx.Done():
+			return fmt.Errorf("not answering: %v: %w", err, errdefs.ErrDeadlineExceeded)
+		case <-time.After(delay): // retry after the agent had time to listen
+		}
+		if delay < 100*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// RecoverPod implements stage1.Backend: the pod is back when its agent
+// process (PID and start time) still runs and answers Info; otherwise the
+// error wraps stage1.ErrPodGone.
+func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
+	st, err := parseState(stateBytes)
+	if err != nil {
+		return nil, err
+	}
+	if st.Agent == nil || st.Socket == "" {
+		return nil, fmt.Errorf("fly: pod %s: no agent recorded: %w", spec.ID, stage1.ErrPodGone)
+	}
+	if !st.Agent.Alive() {
+		return nil, fmt.Errorf("fly: pod %s: agent pid %d: %w", spec.ID, st.Agent.PID, stage1.ErrPodGone)
+	}
+	pod := b.newPod(spec, st)
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	if _, err := pod.Info(pctx); err != nil {
+		return nil, fmt.Errorf("fly: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)
+	}
+	return pod, nil
+}
+
+// DestroyPod implements stage1.Backend: it kills the agent (if the recorded
+// PID still names it), every process left in the pod cgroup, and removes
+// the cgroup and the agent socket. Idempotent. With no cgroup in the state
+// (a crash before the first persist completed) it derives the cgroup from
+// spec.
+func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
+	st, err := parseState(stateBytes)
+	if err != nil {
+		b.log.Warn("fly: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
+		st = &state{}
+	}
+	if st.Cgroup == nil && spec.ID != "" {
+		if cg, err := podCgroup(spec); err == nil {
+			st.Cgroup = cg
+		}
+	}
+	if st.Socket == "" && spec.RunDir != "" {
+		st.Socket = socketPath(spec)
+	}
+	return b.release(st)
+}
+
+// release kills and removes everything named in st.
+func (b *Backend) release(st *state) error {
+	var errs []error
+	if st.Agent != nil {
+		if err := st.Agent.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
+			errs = append(errs, fmt.Errorf("fly: kill agent: %w", err))
+		}
+	}
+	if st.Cgroup != nil {
+		if err := st.Cgroup.Kill(); err != nil {
+			errs = append(errs, fmt.Errorf("fly: %w", err))
+		} else if err := st.Cgroup.Delete(); err != nil {
+			errs = append(errs, fmt.Errorf("fly: %w", err))
+		}
+	}
+	if st.Agent != nil {
+		// The agent was in the cgroup, so it is dead; make sure it is
+		// reaped (when this daemon is its parent) before returning.
+		ctx, cancel := context.WithTimeout(context.Background(), AgentExitGrace)
+		err := st.Agent.Wait(ctx)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("fly: agent pid %d did not exit", st.Agent.PID))
+		}
+	}
+	if st.Socket != "" {
+		if err := os.Remove(st.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("fly: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Pod is a running fly pod.
+type Pod struct {
+	stage1.AgentPod
+	id  string
+	st  *state
+	log *slog.Logger
+}
+
+var _ stage1.Pod = (*Pod)(nil)
+
+func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
+	c := agent.NewClient(agent.UnixDialer(st.Socket))
+	return &Pod{
+		AgentPod: stage1.NewAgentPod(c, stage1.IdentityPaths),
+		id:       spec.ID,
+		st:       st,
+		log:      b.log.With("pod", spec.ID),
+	}
+}
+
+// State implements stage1.Pod.
+func (p *Pod) State() []byte { return p.st.marshal() }
+
+// Details implements stage1.Pod.
+func (p *Pod) Details() map[string]string { return map[string]string{"stage1": Name} }
+
+// Stop implements stage1.Pod: it asks the agent to stop every app (SIGTERM,
+// timeout, SIGKILL) and exit, waits for the agent process to end (at most
+// timeout plus AgentExitGrace, or ctx), then kills whatever remains in the
+// pod cgroup. The cgroup itself stays until DestroyPod. Idempotent: a gone
+// agent is fine.
+func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
+	if p.st.Agent.Alive() {
+		err := p.Shutdown(ctx, timeout)
+		if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+			// The agent may close the stream as it exits; anything else
+			// is worth a line, then the cgroup kill below settles it.
+			p.log.Warn("fly: agent shutdown", "err", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout+AgentExitGrace)
+		err = p.st.Agent.Wait(wctx)
+		cancel()
+		if err != nil {
+			p.log.Warn("fly: agent did not exit after shutdown; killing it", "pid", p.st.Agent.PID)
+			if err := p.st.Agent.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
+				return fmt.Errorf("fly: kill agent: %w", err)
+			}
+		}
+	}
+	if p.st.Cgroup != nil {
+		if err := p.st.Cgroup.Kill(); err != nil {
+			return fmt.Errorf("fly: %w", err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), AgentExitGrace)
+	defer cancel()
+	if err := p.st.Agent.Wait(wctx); err != nil {
+		return fmt.Errorf("fly: agent pid %d did not exit: %w", p.st.Agent.PID, errdefs.ErrDeadlineExceeded)
+	}
+	return nil
+}

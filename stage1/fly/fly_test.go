@@ -1,0 +1,190 @@
+package fly
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/stage1test"
+)
+
+var (
+	agentBinary string
+	buildErr    error
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := func() int {
+		if os.Geteuid() != 0 || testing.Short() {
+			return m.Run() // root-only tests skip; no binary needed
+		}
+		dir, err := os.MkdirTemp("", "stagelet-fly-test")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		agentBinary, buildErr = stage1test.BuildAgent(dir)
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: runs real agents (skipped with -short)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: cgroups, pivot_root")
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(b))
+	return len(b), nil
+}
+
+func TestConformance(t *testing.T) {
+	needRoot(t)
+	stage1test.Run(t, New(testLogger(t)), stage1test.Env{
+		AgentBinary:  agentBinary,
+		Rootfs:       stage1test.BusyboxRootfs,
+		CgroupParent: stage1test.CgroupParent,
+		RunDir:       stage1test.ShortRunDir,
+		KillPod:      killAgent,
+	})
+}
+
+// killAgent kills the recorded agent process and waits until it is dead.
+func killAgent(t *testing.T, b []byte) {
+	t.Helper()
+	st, err := parseState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Agent == nil {
+		t.Fatal("no agent in state")
+	}
+	if err := st.Agent.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := st.Agent.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCapabilities(t *testing.T) {
+	c := New(nil).Capabilities()
+	want := stage1.Capabilities{Isolation: stage1.IsolationHost, HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"}
+	if c != want {
+		t.Errorf("Capabilities = %+v, want %+v", c, want)
+	}
+}
+
+func TestParseState(t *testing.T) {
+	if st, err := parseState(nil); err != nil || st.Agent != nil || st.Cgroup != nil {
+		t.Errorf("empty state = %+v, %v", st, err)
+	}
+	if _, err := parseState([]byte(`{"version":99}`)); err == nil {
+		t.Error("unknown version accepted")
+	}
+	if _, err := parseState([]byte(`{`)); err == nil {
+		t.Error("garbage accepted")
+	}
+	in := &state{Version: stateVersion, Socket: "/run/x/agent.sock", Agent: &stage1.Process{PID: 42, StartTime: 7}}
+	out, err := parseState(in.marshal())
+	if err != nil || out.Socket != in.Socket || out.Agent.PID != 42 || out.Agent.StartTime != 7 {
+		t.Errorf("round trip = %+v, %v", out, err)
+	}
+}
+
+func TestStartPodRejectsNetNS(t *testing.T) {
+	_, err := New(nil).StartPod(context.Background(), &stage1.PodSpec{
+		ID: "p", RunDir: t.TempDir(), AgentBinary: "/bin/true", NetNSPath: "/run/netns/x",
+	}, func([]byte) error { return nil })
+	if err == nil {
+		t.Fatal("accepted a pod network namespace")
+	}
+}
+
+// TestStartPodAgentFails: an agent that exits at once is reported, and
+// everything taken is released.
+func TestStartPodAgentFails(t *testing.T) {
+	needRoot(t)
+	parent := stage1test.CgroupParent(t)
+	spec := &stage1.PodSpec{
+		ID: "failing", RunDir: stage1test.ShortRunDir(t), CgroupParent: parent,
+		HostNetwork: true, AgentBinary: "/bin/false",
+	}
+	var last []byte
+	_, err := New(testLogger(t)).StartPod(context.Background(), spec, func(b []byte) error { last = b; return nil })
+	if err == nil {
+		t.Fatal("StartPod with a failing agent succeeded")
+	}
+	st, perr := parseState(last)
+	if perr != nil || st.Cgroup == nil || st.Agent == nil {
+		t.Fatalf("persisted state %s (%v) does not record cgroup and agent", last, perr)
+	}
+	for _, d := range st.Cgroup.Paths {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("pod cgroup %s left behind: %v", d, err)
+		}
+	}
+}
+
+// TestAgentInPodCgroup: the agent runs in the recorded pod cgroup, which
+// holds nothing else of the test's.
+func TestAgentInPodCgroup(t *testing.T) {
+	needRoot(t)
+	spec := &stage1.PodSpec{
+		ID: "incg", RunDir: stage1test.ShortRunDir(t), CgroupParent: stage1test.CgroupParent(t),
+		HostNetwork: true, AgentBinary: agentBinary,
+	}
+	var last []byte
+	b := New(testLogger(t))
+	t.Cleanup(func() {
+		if err := b.DestroyPod(context.Background(), spec, last); err != nil {
+			t.Error(err)
+		}
+	})
+	pod, err := b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := parseState(pod.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := st.Cgroup.Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pids) != 1 || pids[0] != st.Agent.PID {
+		t.Errorf("pod cgroup holds %v, want the agent %d alone", pids, st.Agent.PID)
+	}
+	info, err := pod.Info(context.Background())
+	if err != nil || info.PID != st.Agent.PID {
+		t.Errorf("Info = %+v, %v; agent pid %d", info, err, st.Agent.PID)
+	}
+}

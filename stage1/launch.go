@@ -1,0 +1,158 @@
+package stage1
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+
+	"github.com/stagelet/stagelet/cgroups"
+)
+
+// LaunchSpec describes a pod's host-side process: the fly agent, an nspawn
+// or a qemu process. It must outlive the daemon that launches it.
+type LaunchSpec struct {
+	// Name identifies the process in logs (and would name a systemd unit),
+	// e.g. "stagelet-pod-<id>".
+	Name string
+	// Path is the executable; Args are its arguments after argv[0].
+	Path string
+	Args []string
+	// Env is the environment; nil means the daemon's.
+	Env []string
+	// Dir is the working directory; empty means "/".
+	Dir string
+	// LogPath receives stdout and stderr (appended, created if missing).
+	LogPath string
+	// Cgroup, already created, is where the process runs from its first
+	// instruction; nil leaves it in the daemon's cgroup.
+	Cgroup *cgroups.Cgroup
+	// ExtraFiles are passed as fd 3, 4, ...
+	ExtraFiles []*os.File
+}
+
+// Launcher starts detached pod processes. Implementations: the plain
+// launcher (own session, own cgroup) and, where systemd is PID 1, one that
+// starts a transient unit.
+type Launcher interface {
+	// Launch starts the process and returns once it runs. The process is
+	// not tied to ctx, nor to the daemon's life.
+	Launch(ctx context.Context, spec LaunchSpec) (*Process, error)
+}
+
+// PlainLauncher starts processes as children of the daemon in their own
+// session, with stdin on /dev/null and stdout/stderr on a log file, inside
+// the given cgroup from the start (see cgroups.Cgroup.Start). The daemon's
+// death does not signal them (no parent-death signal, no shared session or
+// process group). While the daemon runs it reaps them.
+type PlainLauncher struct {
+	Log *slog.Logger // nil: slog.Default()
+}
+
+var _ Launcher = (*PlainLauncher)(nil)
+
+// DefaultLauncher returns the launcher for this host. Where systemd is PID
+// 1 (/run/systemd/system exists) the design calls for transient units
+// through D-Bus; that launcher is not implemented yet, so every host gets
+// the plain launcher, and a note says so in the log.
+func DefaultLauncher(log *slog.Logger) Launcher {
+	if log == nil {
+		log = slog.Default()
+	}
+	if SystemdBooted() {
+		log.Info("systemd is PID 1 but the transient-unit launcher is not implemented; pods are started in their own session and cgroup instead")
+	}
+	return &PlainLauncher{Log: log}
+}
+
+// SystemdBooted reports whether systemd is the host's init
+// (sd_booted(3): /run/systemd/system exists).
+func SystemdBooted() bool {
+	fi, err := os.Lstat("/run/systemd/system")
+	return err == nil && fi.IsDir()
+}
+
+// Launch starts spec with the host's default launcher.
+func Launch(ctx context.Context, spec LaunchSpec) (*Process, error) {
+	return DefaultLauncher(nil).Launch(ctx, spec)
+}
+
+// Launch implements Launcher.
+func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process, error) {
+	log := l.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if spec.Path == "" || spec.LogPath == "" {
+		return nil, fmt.Errorf("launch %s: path and log path are required", spec.Name)
+	}
+	if err := os.MkdirAll(filepath.Dir(spec.LogPath), 0o755); err != nil {
+		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
+	}
+	logf, err := os.OpenFile(spec.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("launch %s: log: %w", spec.Name, err)
+	}
+	defer logf.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
+	}
+	defer devnull.Close()
+
+	cmd := exec.Command(spec.Path, spec.Args...)
+	cmd.Env = spec.Env
+	cmd.Dir = spec.Dir
+	if cmd.Dir == "" {
+		cmd.Dir = "/"
+	}
+	cmd.Stdin = devnull
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.ExtraFiles = spec.ExtraFiles
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if spec.Cgroup != nil {
+		err = spec.Cgroup.Start(cmd)
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
+	}
+	pid := cmd.Process.Pid
+	// Not yet reaped, so /proc/pid exists even if it already exited.
+	st, err := ProcessStartTime(pid)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
+	}
+	p := &Process{PID: pid, StartTime: st, exited: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		log.Debug("pod process exited", "name", spec.Name, "pid", pid, "status", exitString(err))
+		close(p.exited)
+	}()
+	log.Debug("pod process started", "name", spec.Name, "pid", pid, "path", spec.Path, "cgroup", cgroupString(spec.Cgroup))
+	return p, nil
+}
+
+func exitString(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+func cgroupString(c *cgroups.Cgroup) string {
+	if c == nil {
+		return ""
+	}
+	return c.String()
+}
