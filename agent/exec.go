@@ -1,0 +1,137 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// execOutputLimit caps each of an exec's captured stdout and stderr; the
+// rest is read and dropped.
+const execOutputLimit = 16 << 20
+
+// capBuffer keeps the first limit bytes written to it and drops the rest.
+type capBuffer struct {
+	buf   bytes.Buffer
+	limit int
+}
+
+func (b *capBuffer) Write(p []byte) (int, error) {
+	if room := b.limit - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
+
+// exec runs cmd in a running app's root, cgroup, user, capabilities and
+// environment, and returns its output and exit code. With timeout > 0 the
+// command is killed when the time is up and TimedOut is set. NotFound,
+// InvalidArgument (empty command), FailedPrecondition (the app does not
+// run; the command cannot be executed).
+func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+	if len(cmd) == 0 || cmd[0] == "" {
+		return nil, errdefs.InvalidArgument("exec: empty command")
+	}
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+
+	ap.mu.Lock()
+	running, pid, proc, spec := ap.st.State == api.StateRunning, ap.st.PID, ap.proc, ap.spec
+	ap.mu.Unlock()
+	if !running {
+		return nil, errdefs.FailedPrecondition("app %s is not running", id)
+	}
+	// Hold the app's root (and UTS namespace) open, then check the app's
+	// process still exists: its pid cannot have been reused yet.
+	root, err := os.OpenFile("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+	}
+	defer root.Close()
+	extra := []*os.File{root}
+	if spec.Hostname != "" {
+		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
+		if err != nil {
+			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+		}
+		defer uts.Close()
+		extra = append(extra, uts)
+	}
+	if err := proc.Signal(syscall.Signal(0)); err != nil {
+		return nil, errdefs.FailedPrecondition("app %s is not running", id)
+	}
+
+	c, err := a.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, extra...)
+	if err != nil {
+		return nil, err
+	}
+	defer c.proc.Release()
+	var stdout, stderr = &capBuffer{limit: execOutputLimit}, &capBuffer{limit: execOutputLimit}
+	var copies sync.WaitGroup
+	for _, s := range []struct {
+		w io.Writer
+		r *os.File
+	}{{stdout, c.stdout}, {stderr, c.stderr}} {
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			_, _ = io.Copy(s.w, s.r)
+		}()
+	}
+	if !deadline.IsZero() {
+		c.sync.SetDeadline(deadline)
+	}
+	ps := &procSpec{App: spec, Args: cmd, JoinUTS: spec.Hostname != ""}
+	herr := a.handshake(c, ps, ap.cg, id)
+	timedOut := false
+	var ws syscall.WaitStatus
+	if herr != nil {
+		_ = signalProc(c.proc, syscall.SIGKILL)
+		ws = <-c.wait
+		drain(&copies, c.stdout, c.stderr)
+		if !errors.Is(herr, errdefs.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("exec in %s: %w", id, herr)
+		}
+		timedOut = true
+	} else {
+		var expired <-chan time.Time
+		if !deadline.IsZero() {
+			t := time.NewTimer(time.Until(deadline))
+			defer t.Stop()
+			expired = t.C
+		}
+		select {
+		case ws = <-c.wait:
+		case <-expired:
+			timedOut = true
+			_ = signalProc(c.proc, syscall.SIGKILL)
+			ws = <-c.wait
+		}
+		drain(&copies, c.stdout, c.stderr)
+	}
+	res := &api.ExecResult{
+		Stdout:   stdout.buf.Bytes(),
+		Stderr:   stderr.buf.Bytes(),
+		ExitCode: exitCode(ws),
+		TimedOut: timedOut,
+	}
+	a.log.Debug("exec", "app", id, "cmd", cmd, "code", res.ExitCode, "timedOut", timedOut)
+	return res, nil
+}

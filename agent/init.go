@@ -1,0 +1,554 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"syscall"
+
+	"github.com/moby/sys/capability"
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+)
+
+// The agent starts an app or an exec'd command through a re-executed copy
+// of itself (`stagelet agent init` / `stagelet agent exec-init`). The
+// agent keeps one end of a socket pair, the child gets the other as fd 3:
+//
+//	agent                                  child
+//	  start child (new mount namespace)
+//	  add child to the app's cgroup
+//	  send procSpec  ───────────────────▶   read procSpec
+//	                                        set up root, credentials
+//	  log warnings   ◀───────────────────   {"warn": ...}  (any number)
+//	                 ◀───────────────────   {"exec": true} then execve
+//	  EOF: exec worked                      (fd 3 is close-on-exec)
+//	  {"error": ...}: start failed ◀──────  or {"error": ...} and exit 1
+//
+// An EOF before "exec" means the child died during setup.
+
+// Child entry points, the first argument of `stagelet agent`.
+const (
+	cmdInit     = "init"
+	cmdExecInit = "exec-init"
+)
+
+// Files of a child: syncFD is its end of the sync socket; an exec child
+// also gets the app's root directory as rootFD and, when the app has its
+// own hostname, the app's UTS namespace as utsFD.
+const (
+	syncFD = 3
+	rootFD = 4
+	utsFD  = 5
+)
+
+// procSpec is what the agent sends a child.
+type procSpec struct {
+	App *api.AppSpec `json:"app"`
+	// Args is what to execute: the app's Args, or the exec'd command.
+	Args []string `json:"args"`
+	// JoinUTS (exec): fd utsFD is the app's UTS namespace, to join.
+	JoinUTS bool `json:"joinUTS,omitempty"`
+}
+
+// syncMsg is one message from the child.
+type syncMsg struct {
+	Warn  string `json:"warn,omitempty"`
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"`
+	Exec  bool   `json:"exec,omitempty"`
+}
+
+// childError is a setup failure with the error class to report.
+type childError struct {
+	code string
+	err  error
+}
+
+func (e *childError) Error() string { return e.err.Error() }
+
+func failedPrecondition(err error) error {
+	return &childError{code: api.CodeFailedPrecondition, err: err}
+}
+
+// childMain runs `stagelet agent init|exec-init`. It only returns on
+// failure, after reporting it to the agent.
+func childMain(cmd string) int {
+	// Credentials, capabilities and namespaces joined with setns are
+	// per thread: everything happens on this thread, which then execs.
+	runtime.LockOSThread()
+	// Only stdio reaches the command: the sync socket, the exec files and
+	// whatever the agent itself inherited without close-on-exec are
+	// closed by execve.
+	cloexecFrom(syncFD)
+	sock := os.NewFile(syncFD, "sync")
+	enc := json.NewEncoder(sock)
+	report := func(m syncMsg) { _ = enc.Encode(m) }
+	warn := func(format string, args ...any) { report(syncMsg{Warn: fmt.Sprintf(format, args...)}) }
+
+	var spec procSpec
+	if err := json.NewDecoder(sock).Decode(&spec); err != nil {
+		report(syncMsg{Error: "read spec: " + err.Error(), Code: api.CodeInternal})
+		return 1
+	}
+	err := runChild(cmd, &spec, warn, func() { report(syncMsg{Exec: true}) })
+	code := api.CodeFailedPrecondition
+	var ce *childError
+	if errors.As(err, &ce) {
+		code = ce.code
+	}
+	report(syncMsg{Error: err.Error(), Code: code})
+	return 1
+}
+
+func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow func()) error {
+	app := spec.App
+	if app == nil || len(spec.Args) == 0 {
+		return &childError{code: api.CodeInvalidArgument, err: errors.New("empty spec")}
+	}
+	switch cmd {
+	case cmdInit:
+		if err := setupRoot(app, warn); err != nil {
+			return err
+		}
+		if app.Hostname != "" {
+			if err := unix.Sethostname([]byte(app.Hostname)); err != nil {
+				return fmt.Errorf("sethostname: %w", err)
+			}
+		}
+		if adj := app.Resources.OOMScoreAdj; adj != 0 {
+			if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(adj)), 0); err != nil {
+				cur, _ := os.ReadFile("/proc/self/oom_score_adj")
+				warn("oom_score_adj %d refused (%v); keeping %s", adj, err, trimNL(cur))
+			}
+		}
+	case cmdExecInit:
+		// A multithreaded process cannot join a mount namespace; the
+		// app's root directory (its mounts beneath it included) is
+		// entered with chroot instead. That root is the root mount of
+		// the app's namespace (pivot_root): ".." from it leads nowhere,
+		// so the classic chroot escape ends inside the app.
+		if spec.JoinUTS {
+			if err := unix.Setns(utsFD, unix.CLONE_NEWUTS); err != nil {
+				return fmt.Errorf("join uts namespace: %w", err)
+			}
+			unix.Close(utsFD)
+		}
+		if err := unix.Fchdir(rootFD); err != nil {
+			return failedPrecondition(fmt.Errorf("enter the app's root: %w", err))
+		}
+		unix.Close(rootFD)
+		if err := unix.Chroot("."); err != nil {
+			return failedPrecondition(fmt.Errorf("enter the app's root: %w", err))
+		}
+		if err := unix.Chdir("/"); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown child command %q", cmd)
+	}
+
+	cwd := app.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	// Change directory with the agent's credentials first (the directory
+	// may be reachable by root only), and again as the app's user.
+	cwdErr := unix.Chdir(cwd)
+	if err := applyCreds(app, warn); err != nil {
+		return err
+	}
+	if cwdErr != nil {
+		if err := unix.Chdir(cwd); err != nil {
+			return failedPrecondition(fmt.Errorf("chdir %s: %w", cwd, err))
+		}
+	}
+	if app.NoNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("no_new_privs: %w", err)
+		}
+	}
+	env := app.Env
+	if _, ok := envValue(env, "PATH"); !ok {
+		env = append(slices.Clip(env), "PATH="+defaultPath)
+	}
+	path, err := lookPath(spec.Args[0], env)
+	if err != nil {
+		return failedPrecondition(err)
+	}
+	execNow()
+	err = unix.Exec(path, spec.Args, env)
+	return failedPrecondition(fmt.Errorf("exec %s: %w", spec.Args[0], err))
+}
+
+func trimNL(b []byte) string {
+	s := string(b)
+	for len(s) > 0 && (s[len(s)-1] == '\n') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// targetCaps is the capability set an app gets: every capability the agent
+// holds when privileged, else the named ones the agent holds (the others
+// are reported through warn and left out: the agent cannot grant what it
+// lacks).
+func targetCaps(app *api.AppSpec, warn func(string, ...any)) ([]capability.Cap, error) {
+	own, err := capability.NewPid2(0)
+	if err != nil {
+		return nil, err
+	}
+	if err := own.Load(); err != nil {
+		return nil, err
+	}
+	var want []capability.Cap
+	if app.Privileged {
+		want, err = capability.ListSupported()
+	} else {
+		want, err = parseCaps(app.Capabilities)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var caps, missing []capability.Cap
+	for _, c := range want {
+		if own.Get(capability.BOUNDING, c) && own.Get(capability.PERMITTED, c) {
+			caps = append(caps, c)
+		} else {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 && !app.Privileged {
+		names := make([]string, len(missing))
+		for i, c := range missing {
+			names[i] = capName(c)
+		}
+		warn("capabilities not held by the agent, not granted: %v", names)
+	}
+	return caps, nil
+}
+
+// applyCreds drops the bounding set to the app's capabilities, switches to
+// the app's groups and user (keeping capabilities across setuid), then sets
+// the permitted, effective and inheritable sets and clears the ambient set.
+// A non-root user thus ends with empty effective and permitted sets after
+// execve, as Kubernetes gives it; root keeps the set.
+func applyCreds(app *api.AppSpec, warn func(string, ...any)) error {
+	caps, err := targetCaps(app, warn)
+	if err != nil {
+		return fmt.Errorf("capabilities: %w", err)
+	}
+	keep := map[capability.Cap]bool{}
+	for _, c := range caps {
+		keep[c] = true
+	}
+	supported, err := capability.ListSupported()
+	if err != nil {
+		return fmt.Errorf("capabilities: %w", err)
+	}
+	for _, c := range supported {
+		if keep[c] {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("drop bounding capability %s: %w", capName(c), err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("keepcaps: %w", err)
+	}
+	groups := make([]int, len(app.AdditionalGIDs))
+	for i, g := range app.AdditionalGIDs {
+		groups[i] = int(g)
+	}
+	// syscall's Setgroups/Setgid/Setuid change every thread of the process.
+	if err := syscall.Setgroups(groups); err != nil {
+		return fmt.Errorf("setgroups %v: %w", groups, err)
+	}
+	if err := syscall.Setgid(int(app.GID)); err != nil {
+		return fmt.Errorf("setgid %d: %w", app.GID, err)
+	}
+	if err := syscall.Setuid(int(app.UID)); err != nil {
+		return fmt.Errorf("setuid %d: %w", app.UID, err)
+	}
+	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("keepcaps: %w", err)
+	}
+	c, err := capability.NewPid2(0)
+	if err != nil {
+		return fmt.Errorf("capabilities: %w", err)
+	}
+	if err := c.Load(); err != nil {
+		return fmt.Errorf("capabilities: %w", err)
+	}
+	c.Clear(capability.CAPS | capability.AMBS)
+	c.Set(capability.EFFECTIVE|capability.PERMITTED|capability.INHERITABLE, caps...)
+	if err := c.Apply(capability.CAPS | capability.AMBS); err != nil {
+		return fmt.Errorf("set capabilities: %w", err)
+	}
+	return nil
+}
+
+// setupRoot builds the app's root in the fresh mount namespace and pivots
+// into it.
+func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
+	// Nothing mounted from here on propagates back to the agent's namespace.
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make / rslave: %w", err)
+	}
+	rootfs, err := filepath.Abs(app.Rootfs)
+	if err == nil {
+		rootfs, err = filepath.EvalSymlinks(rootfs)
+	}
+	if err != nil {
+		return failedPrecondition(fmt.Errorf("rootfs: %w", err))
+	}
+	if err := unix.Mount(rootfs, rootfs, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind rootfs: %w", err)
+	}
+	const nsx = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := mountIn(rootfs, "/proc", true, func(t string) error {
+		return unix.Mount("proc", t, "proc", nsx, "")
+	}); err != nil {
+		return err
+	}
+	sysFlags := uintptr(nsx | unix.MS_RDONLY)
+	if app.Privileged {
+		sysFlags = nsx
+	}
+	if err := mountIn(rootfs, "/sys", true, func(t string) error {
+		return unix.Mount("sysfs", t, "sysfs", sysFlags, "")
+	}); err != nil {
+		return err
+	}
+	if app.Privileged {
+		if err := mountIn(rootfs, "/dev", true, func(t string) error {
+			return unix.Mount("/dev", t, "", unix.MS_BIND|unix.MS_REC, "")
+		}); err != nil {
+			return err
+		}
+	} else if err := setupDev(rootfs, warn); err != nil {
+		return err
+	}
+	for _, m := range app.Mounts {
+		if err := bindMount(rootfs, m); err != nil {
+			return err
+		}
+	}
+	if !app.Privileged {
+		maskPaths(rootfs, warn)
+	}
+	if err := pivotRoot(rootfs); err != nil {
+		return err
+	}
+	if app.ReadonlyRootfs {
+		if err := remountReadonly("/", false); err != nil {
+			return fmt.Errorf("read-only rootfs: %w", err)
+		}
+	}
+	return nil
+}
+
+// setupDev mounts a minimal /dev: a tmpfs with the usual character devices
+// bound from the agent's /dev, devpts, shm and mqueue.
+func setupDev(rootfs string, warn func(string, ...any)) error {
+	if err := mountIn(rootfs, "/dev", true, func(t string) error {
+		return unix.Mount("tmpfs", t, "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k")
+	}); err != nil {
+		return err
+	}
+	for _, name := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		src := "/dev/" + name
+		if _, err := os.Stat(src); err != nil {
+			warn("device %s not available: %v", src, err)
+			continue
+		}
+		if err := mountIn(rootfs, src, false, func(t string) error {
+			return unix.Mount(src, t, "", unix.MS_BIND, "")
+		}); err != nil {
+			return err
+		}
+	}
+	if err := mountIn(rootfs, "/dev/pts", true, func(t string) error {
+		return unix.Mount("devpts", t, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5")
+	}); err != nil {
+		return err
+	}
+	if err := mountIn(rootfs, "/dev/shm", true, func(t string) error {
+		return unix.Mount("shm", t, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k")
+	}); err != nil {
+		return err
+	}
+	if err := mountIn(rootfs, "/dev/mqueue", true, func(t string) error {
+		return unix.Mount("mqueue", t, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	}); err != nil {
+		warn("%v", err)
+	}
+	// The tmpfs is fresh and ours: plain joins are safe inside it.
+	dev := filepath.Join(rootfs, "dev")
+	for link, target := range map[string]string{
+		"ptmx":   "pts/ptmx",
+		"fd":     "/proc/self/fd",
+		"stdin":  "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1",
+		"stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, filepath.Join(dev, link)); err != nil {
+			return fmt.Errorf("/dev/%s: %w", link, err)
+		}
+	}
+	return nil
+}
+
+// bindMount binds m.Source onto m.Destination inside rootfs, then applies
+// read-only and propagation.
+func bindMount(rootfs string, m api.Mount) error {
+	st, err := os.Stat(m.Source)
+	if err != nil {
+		return failedPrecondition(fmt.Errorf("mount source: %w", err))
+	}
+	prop := uintptr(unix.MS_PRIVATE)
+	switch m.Propagation {
+	case "", "private":
+	case "rslave":
+		prop = unix.MS_SLAVE
+	case "rshared":
+		prop = unix.MS_SHARED
+	default:
+		return &childError{code: api.CodeInvalidArgument, err: fmt.Errorf("mount %s: unknown propagation %q", m.Destination, m.Propagation)}
+	}
+	steps := []func(string) error{func(t string) error {
+		return unix.Mount(m.Source, t, "", unix.MS_BIND|unix.MS_REC, "")
+	}}
+	if m.Readonly {
+		steps = append(steps, func(t string) error { return remountReadonly(t, true) })
+	}
+	steps = append(steps, func(t string) error {
+		return unix.Mount("", t, "", prop|unix.MS_REC, "")
+	})
+	return mountIn(rootfs, m.Destination, st.IsDir(), steps...)
+}
+
+// remountReadonly makes the mount at path read-only, keeping its other
+// flags; recursive covers the mounts beneath it too.
+func remountReadonly(path string, recursive bool) error {
+	if recursive {
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+		err := unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_RECURSIVE, attr)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOSYS) {
+			return fmt.Errorf("mount_setattr %s: %w", path, err)
+		}
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(path, &sfs); err != nil {
+		return err
+	}
+	keep := uintptr(sfs.Flags) & (unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOATIME | unix.MS_NODIRATIME | unix.MS_RELATIME)
+	if err := unix.Mount("", path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|keep, ""); err != nil {
+		return fmt.Errorf("remount %s read-only: %w", path, err)
+	}
+	return nil
+}
+
+// Paths hidden from unprivileged apps, and paths made read-only, as other
+// container runtimes do.
+var (
+	maskedPaths = []string{
+		"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+		"/sys/firmware", "/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{
+		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+	}
+)
+
+// maskPaths applies maskedPaths and readonlyPaths beneath rootfs; a path
+// the kernel does not have is skipped.
+func maskPaths(rootfs string, warn func(string, ...any)) {
+	for _, p := range maskedPaths {
+		full := filepath.Join(rootfs, p) // inside fresh proc/sys mounts
+		st, err := os.Lstat(full)
+		if err != nil {
+			continue
+		}
+		if st.IsDir() {
+			err = unix.Mount("tmpfs", full, "tmpfs", unix.MS_RDONLY, "size=0")
+		} else {
+			err = unix.Mount("/dev/null", full, "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			warn("mask %s: %v", p, err)
+		}
+	}
+	for _, p := range readonlyPaths {
+		full := filepath.Join(rootfs, p)
+		if _, err := os.Lstat(full); err != nil {
+			continue
+		}
+		err := unix.Mount(full, full, "", unix.MS_BIND|unix.MS_REC, "")
+		if err == nil {
+			err = remountReadonly(full, true)
+		}
+		if err != nil {
+			warn("read-only %s: %v", p, err)
+		}
+	}
+}
+
+// pivotRoot makes rootfs the root and detaches the old one.
+func pivotRoot(rootfs string) error {
+	oldRoot, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(oldRoot)
+	newRoot, err := unix.Open(rootfs, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(newRoot)
+	if err := unix.Fchdir(newRoot); err != nil {
+		return err
+	}
+	// pivot_root(".", ".") stacks the old root on top of the new one; it
+	// is then unmounted from beneath.
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Fchdir(oldRoot); err != nil {
+		return err
+	}
+	if err := unix.Mount("", ".", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make old root rslave: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// cloexecFrom marks every file descriptor >= first close-on-exec.
+func cloexecFrom(first int) {
+	if unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= first {
+			syscall.CloseOnExec(fd)
+		}
+	}
+}

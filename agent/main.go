@@ -1,0 +1,141 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Main runs `stagelet agent ARGS` and returns the process exit code:
+//
+//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D]
+//
+// serves the agent protocol on a unix socket (mode 0600; a stale socket is
+// replaced) until OpShutdown or SIGTERM/SIGINT (both stop every app first),
+// then returns 0. As PID 1 it mounts /proc if missing; otherwise it makes
+// itself the child subreaper, so that orphans of apps are reaped by it.
+//
+// `stagelet agent init` and `stagelet agent exec-init` are internal: the
+// agent runs them to start an app or an exec'd command.
+func Main(args []string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case cmdInit, cmdExecInit:
+			return childMain(args[0])
+		}
+	}
+	fset := flag.NewFlagSet("stagelet agent", flag.ContinueOnError)
+	socket := fset.String("socket", "", "unix socket to serve the agent protocol on")
+	stateDir := fset.String("state-dir", "", "directory for the apps' records")
+	level := fset.String("log-level", "info", "log level: debug, info, warn, error")
+	stopTimeout := fset.Duration("shutdown-timeout", 10*time.Second, "how long apps get between SIGTERM and SIGKILL when the agent is terminated by a signal")
+	if err := fset.Parse(args); err != nil {
+		return 2
+	}
+	if *socket == "" || *stateDir == "" || fset.NArg() != 0 {
+		fmt.Fprintln(os.Stderr, "stagelet agent: --socket and --state-dir are required, and no arguments")
+		fset.Usage()
+		return 2
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(strings.ToLower(*level))); err != nil {
+		fmt.Fprintf(os.Stderr, "stagelet agent: bad --log-level %q\n", *level)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("component", "agent")
+
+	// Signals first: SIGCHLD for the reaper is set up in New; SIGTERM must
+	// not be lost while starting.
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
+
+	if os.Getpid() == 1 {
+		if err := ensureProc(); err != nil {
+			log.Error("mount /proc", "err", err)
+			return 1
+		}
+	} else if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		log.Warn("cannot become child subreaper: orphans of apps are not reaped by the agent", "err", err)
+	}
+
+	a, err := New(Config{StateDir: *stateDir, Logger: log})
+	if err != nil {
+		log.Error("start", "err", err)
+		return 1
+	}
+	l, err := listenUnix(*socket)
+	if err != nil {
+		log.Error("listen", "socket", *socket, "err", err)
+		return 1
+	}
+	defer os.Remove(*socket)
+	go func() {
+		select {
+		case s := <-term:
+			log.Info("terminating: stopping every app", "signal", s.String())
+			a.StopAll(*stopTimeout)
+			a.Close()
+		case <-a.Done():
+		}
+	}()
+	log.Info("agent serving", "socket", *socket, "pid", os.Getpid())
+	if err := a.Serve(l); err != nil {
+		log.Error("serve", "err", err)
+		return 1
+	}
+	log.Info("agent exiting")
+	return 0
+}
+
+// listenUnix listens on path with mode 0600, replacing a stale socket; a
+// socket some process still accepts on is not replaced.
+func listenUnix(path string) (net.Listener, error) {
+	if st, err := os.Lstat(path); err == nil {
+		if st.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s: another process serves this socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// ensureProc mounts /proc when the agent is PID 1 of a bare system (a VM)
+// and nothing mounted it: starting apps re-executes /proc/self/exe.
+func ensureProc() error {
+	if _, err := os.Stat("/proc/self/exe"); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll("/proc", 0o555); err != nil {
+		return err
+	}
+	return unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
