@@ -288,7 +288,10 @@ func applyCreds(app *api.AppSpec, warn func(string, ...any)) error {
 		return fmt.Errorf("capabilities: %w", err)
 	}
 	c.Clear(capability.CAPS | capability.AMBS)
-	c.Set(capability.EFFECTIVE|capability.PERMITTED|capability.INHERITABLE, caps...)
+	// The inheritable set stays empty, as in runc and containerd since
+	// CVE-2022-24769: a non-empty one lets file capabilities of binaries
+	// in the image grant more than the container was given.
+	c.Set(capability.EFFECTIVE|capability.PERMITTED, caps...)
 	if err := c.Apply(capability.CAPS | capability.AMBS); err != nil {
 		return fmt.Errorf("set capabilities: %w", err)
 	}

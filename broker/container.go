@@ -108,19 +108,31 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 	b.ctrs[id] = c
 	b.mu.Unlock()
 
-	p.op.Lock()
-	err = b.createContainer(ctx, p, c)
-	p.op.Unlock()
-	c.err = err
-	close(c.created)
-	if err != nil {
-		b.mu.Lock()
-		delete(b.ctrNames, key)
-		delete(b.ctrs, id)
-		b.mu.Unlock()
+	// Created in the background, like pods: a retry after the caller's
+	// timeout gets this container.
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+		defer cancel()
+		p.op.Lock()
+		err := b.createContainer(cctx, p, c)
+		p.op.Unlock()
+		if err != nil {
+			b.mu.Lock()
+			delete(b.ctrNames, key)
+			delete(b.ctrs, id)
+			b.mu.Unlock()
+		} else {
+			b.log.Info("container created", "pod", podID, "container", id, "name", cfg.Metadata.Name, "image", cfg.Image)
+		}
+		c.err = err
+		close(c.created)
+	}()
+	if err := waitCreated(ctx, c.created); err != nil {
 		return "", err
 	}
-	b.log.Info("container created", "pod", podID, "container", id, "name", cfg.Metadata.Name, "image", cfg.Image)
+	if c.err != nil {
+		return "", c.err
+	}
 	return id, nil
 }
 

@@ -128,21 +128,38 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 	b.pods[id] = p
 	b.mu.Unlock()
 
-	p.op.Lock()
-	err = b.startPod(ctx, p, be)
-	p.op.Unlock()
-	p.err = err
-	close(p.created)
-	if err != nil {
-		b.mu.Lock()
-		delete(b.podNames, key)
-		delete(b.pods, id)
-		b.mu.Unlock()
+	// The pod is created in the background: when the kubelet's call times
+	// out, creation goes on and the kubelet's retry gets this pod.
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+		defer cancel()
+		p.op.Lock()
+		err := b.startPod(cctx, p, be)
+		p.op.Unlock()
+		if err != nil {
+			b.mu.Lock()
+			delete(b.podNames, key)
+			delete(b.pods, id)
+			b.mu.Unlock()
+			b.log.Warn("pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
+		} else {
+			b.log.Info("pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
+		}
+		p.err = err
+		close(p.created)
+	}()
+	if err := waitCreated(ctx, p.created); err != nil {
 		return "", err
 	}
-	b.log.Info("pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
+	if p.err != nil {
+		return "", p.err
+	}
 	return id, nil
 }
+
+// createTimeout bounds the creation of a pod or container that goes on
+// after the caller gave up waiting.
+const createTimeout = 4 * time.Minute
 
 func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 	c := rec.Config

@@ -15,7 +15,7 @@ func TestDefaultIsValid(t *testing.T) {
 func TestParse(t *testing.T) {
 	tests := []struct {
 		name, yaml, wantErr string
-		check            func(*testing.T, *Config)
+		check               func(*testing.T, *Config)
 	}{
 		{name: "empty keeps defaults", yaml: "", check: func(t *testing.T, c *Config) {
 			if c.DefaultStage1 != "fly" {
