@@ -1,0 +1,372 @@
+// Command stagelet-bench measures the real daemon on this machine: it builds
+// stagelet, starts a registry on 127.0.0.1 holding the busybox image and a
+// daemon on temporary directories (as the e2e suite does), then times N
+// pod starts (RunPodSandbox + CreateContainer + StartContainer until the
+// container is RUNNING) and N ExecSync calls of `true`, and prints their
+// median and p90 and the daemon's resident memory. It tears everything down
+// before it exits, also on failure or interrupt. It needs root.
+//
+//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/test/e2e/harness"
+	"github.com/stagelet/stagelet/test/testregistry"
+)
+
+func main() {
+	n := flag.Int("n", 20, "runs of each measurement")
+	bin := flag.String("bin", "", "stagelet binary to run (default: build ./cmd/stagelet)")
+	verbose := flag.Bool("v", false, "log the harness's progress")
+	flag.Parse()
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "stagelet-bench: needs root (the daemon mounts, pivots into rootfs and creates cgroups)")
+		os.Exit(2)
+	}
+	if *n < 1 {
+		fmt.Fprintln(os.Stderr, "stagelet-bench: -n must be at least 1")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *n, *bin, log); err != nil {
+		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	podStart []time.Duration
+	exec     []time.Duration
+	rssIdle  uint64
+	rssAfter uint64
+}
+
+func run(ctx context.Context, n int, bin string, log *slog.Logger) (err error) {
+	tb := newFixtureTB("stagelet-bench")
+	defer func() {
+		if ferr := tb.finish(); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+	}()
+
+	if bin == "" {
+		dir, err := os.MkdirTemp("", "stagelet-bench-bin-")
+		if err != nil {
+			return err
+		}
+		tb.Cleanup(func() { os.RemoveAll(dir) })
+		fmt.Fprintln(os.Stderr, "building stagelet ...")
+		if bin, err = harness.Build(ctx, dir); err != nil {
+			return err
+		}
+	}
+
+	var reg *testregistry.Registry
+	var ref string
+	if err := tb.do(func() {
+		reg = testregistry.Start(tb)
+		ref = reg.PushBusybox(tb, "bench/busybox", "latest")
+	}); err != nil {
+		return err
+	}
+
+	d, err := harness.New(harness.Options{
+		Bin:                bin,
+		InsecureRegistries: []string{reg.Host},
+		LogLevel:           "info",
+		Logger:             log,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		tctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		left, terr := d.Teardown(tctx)
+		if !left.Empty() {
+			fmt.Fprintf(os.Stderr, "left over after teardown (released now):\n%s\n", left)
+		}
+		if err != nil || terr != nil {
+			fmt.Fprintf(os.Stderr, "daemon log, last lines:\n%s\n", d.LogTail(60))
+		}
+		if terr != nil {
+			err = errors.Join(err, fmt.Errorf("teardown: %w", terr))
+		}
+	}()
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = d.Start(sctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if _, err := d.Image().PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+		return fmt.Errorf("pull %s: %w", ref, err)
+	}
+
+	res, err := measure(ctx, d, ref, n)
+	if err != nil {
+		return err
+	}
+	report(os.Stdout, n, res)
+	return nil
+}
+
+func measure(ctx context.Context, d *harness.Daemon, ref string, n int) (*result, error) {
+	res := &result{}
+	var err error
+	if res.rssIdle, err = d.RSS(); err != nil {
+		return nil, err
+	}
+	rt := d.Runtime()
+	var firstCtr string
+	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		name := fmt.Sprintf("bench-%d", i)
+		logDir := d.LogsDir + "/" + name
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			return nil, err
+		}
+		hostNS := &runtimeapi.NamespaceOption{
+			Network: runtimeapi.NamespaceMode_NODE,
+			Pid:     runtimeapi.NamespaceMode_NODE,
+			Ipc:     runtimeapi.NamespaceMode_NODE,
+		}
+		podCfg := &runtimeapi.PodSandboxConfig{
+			Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: fmt.Sprintf("bench-uid-%d-%d", os.Getpid(), i)},
+			Hostname:     name,
+			LogDirectory: logDir,
+			Linux: &runtimeapi.LinuxPodSandboxConfig{
+				SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: hostNS},
+			},
+		}
+		ctrCfg := &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "sleeper"},
+			Image:    &runtimeapi.ImageSpec{Image: ref},
+			Command:  []string{"sleep", "3600"},
+			LogPath:  "sleeper.log",
+			Linux: &runtimeapi.LinuxContainerConfig{
+				Resources:       &runtimeapi.LinuxContainerResources{},
+				SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: hostNS},
+			},
+		}
+
+		began := time.Now()
+		pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg})
+		if err != nil {
+			return nil, fmt.Errorf("run %d: RunPodSandbox: %w", i, err)
+		}
+		ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: ctrCfg, SandboxConfig: podCfg})
+		if err != nil {
+			return nil, fmt.Errorf("run %d: CreateContainer: %w", i, err)
+		}
+		if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+			return nil, fmt.Errorf("run %d: StartContainer: %w", i, err)
+		}
+		if err := waitRunning(ctx, rt, ctr.ContainerId); err != nil {
+			return nil, fmt.Errorf("run %d: %w", i, err)
+		}
+		res.podStart = append(res.podStart, time.Since(began))
+		if firstCtr == "" {
+			firstCtr = ctr.ContainerId
+		}
+	}
+	for i := range n {
+		began := time.Now()
+		r, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: firstCtr, Cmd: []string{"true"}, Timeout: 30})
+		if err != nil {
+			return nil, fmt.Errorf("exec %d: %w", i, err)
+		}
+		if r.ExitCode != 0 {
+			return nil, fmt.Errorf("exec %d: true exited %d: %s", i, r.ExitCode, r.Stderr)
+		}
+		res.exec = append(res.exec, time.Since(began))
+	}
+	if res.rssAfter, err = d.RSS(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func waitRunning(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			return fmt.Errorf("ContainerStatus: %w", err)
+		}
+		switch resp.GetStatus().GetState() {
+		case runtimeapi.ContainerState_CONTAINER_RUNNING:
+			return nil
+		case runtimeapi.ContainerState_CONTAINER_EXITED:
+			return fmt.Errorf("container %s exited (code %d, %s)", id, resp.Status.ExitCode, resp.Status.Reason)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container %s not running after 30s: %s", id, resp.GetStatus().GetState())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// percentile is the nearest-rank percentile p (0 < p <= 100) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	rank := int(p/100*float64(len(s))+0.999999) - 1
+	rank = max(0, min(rank, len(s)-1))
+	return s[rank]
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func report(w io.Writer, n int, r *result) {
+	fmt.Fprintf(w, "stagelet-bench: stage1 fly, %d runs each\n\n", n)
+	const row = "%-72s %10s %10s\n"
+	fmt.Fprintf(w, row, "measure", "median", "p90")
+	fmt.Fprintf(w, row, "pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", ms(median(r.podStart)), ms(percentile(r.podStart, 90)))
+	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
+	fmt.Fprintln(w)
+	const rss = "%-72s %10s\n"
+	fmt.Fprintf(w, rss, "daemon RSS (VmRSS) before the runs", mib(r.rssIdle))
+	fmt.Fprintf(w, rss, fmt.Sprintf("daemon RSS (VmRSS) after the runs, %d pods running", n), mib(r.rssAfter))
+}
+
+// fixtureTB lets this command use the registry fixtures of package
+// testregistry, which report through a testing.TB: Fatal and Skip end the
+// fixture call (see do), cleanups run in finish. Only the methods the
+// fixtures use are meaningful; the embedded nil TB is never called.
+type fixtureTB struct {
+	testing.TB
+	name string
+
+	mu       sync.Mutex
+	failed   bool
+	msgs     []string
+	cleanups []func()
+}
+
+type fixtureStop struct{}
+
+func newFixtureTB(name string) *fixtureTB { return &fixtureTB{name: name} }
+
+// do runs f, turning a Fatal or Skip inside it into an error.
+func (t *fixtureTB) do(f func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(fixtureStop); !ok {
+				panic(r)
+			}
+		}
+		if t.Failed() {
+			err = errors.New(strings.Join(t.msgs, "; "))
+		}
+	}()
+	f()
+	return nil
+}
+
+// finish runs the registered cleanups, last first.
+func (t *fixtureTB) finish() error {
+	t.mu.Lock()
+	cs := t.cleanups
+	t.cleanups = nil
+	t.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+	return nil
+}
+
+func (t *fixtureTB) record(msg string, fail bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.msgs = append(t.msgs, msg)
+	if fail {
+		t.failed = true
+	}
+}
+
+func (t *fixtureTB) Name() string { return t.name }
+func (t *fixtureTB) Helper()      {}
+func (t *fixtureTB) Cleanup(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cleanups = append(t.cleanups, f)
+}
+func (t *fixtureTB) Log(args ...any)                 { fmt.Fprintln(os.Stderr, args...) }
+func (t *fixtureTB) Logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+func (t *fixtureTB) Error(args ...any)               { t.record(fmt.Sprint(args...), true) }
+func (t *fixtureTB) Errorf(format string, args ...any) {
+	t.record(fmt.Sprintf(format, args...), true)
+}
+func (t *fixtureTB) Fail()    { t.record("failed", true) }
+func (t *fixtureTB) FailNow() { t.record("failed", true); panic(fixtureStop{}) }
+func (t *fixtureTB) Failed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.failed
+}
+func (t *fixtureTB) Fatal(args ...any) { t.record(fmt.Sprint(args...), true); panic(fixtureStop{}) }
+func (t *fixtureTB) Fatalf(format string, args ...any) {
+	t.record(fmt.Sprintf(format, args...), true)
+	panic(fixtureStop{})
+}
+func (t *fixtureTB) Skip(args ...any) {
+	t.record("skipped: "+fmt.Sprint(args...), true)
+	panic(fixtureStop{})
+}
+func (t *fixtureTB) Skipf(format string, args ...any) {
+	t.record("skipped: "+fmt.Sprintf(format, args...), true)
+	panic(fixtureStop{})
+}
+func (t *fixtureTB) SkipNow()      { t.record("skipped", true); panic(fixtureStop{}) }
+func (t *fixtureTB) Skipped() bool { return false }
+func (t *fixtureTB) TempDir() string {
+	dir, err := os.MkdirTemp("", "stagelet-bench-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+func (t *fixtureTB) Context() context.Context { return context.Background() }
+func (t *fixtureTB) Output() io.Writer        { return os.Stderr }
+func (t *fixtureTB) Setenv(key, value string) { os.Setenv(key, value) }
+func (t *fixtureTB) Chdir(dir string)         { os.Chdir(dir) }
+func (t *fixtureTB) Attr(key, value string)   {}
+func (t *fixtureTB) ArtifactDir() string      { return t.TempDir() }

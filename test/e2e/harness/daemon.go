@@ -1,0 +1,457 @@
+// Package harness runs the real stagelet daemon for end-to-end tests and
+// benchmarks: it builds the binary, starts `stagelet serve` on temporary
+// directories with its own configuration, talks CRI to it over its unix
+// socket, kills and restarts it, and tears down everything it and its pods
+// took (pods through CRI first, then leftover processes, mounts and cgroups
+// found beneath the daemon's unique directories).
+//
+// It does not import package testing, so that commands (stagelet-bench) use
+// it as well as tests; failures are returned as errors.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Build compiles cmd/stagelet as a static binary (CGO off) into dir and
+// returns its path. The module root is found from this source file's place
+// in the tree.
+func Build(ctx context.Context, dir string) (string, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "stagelet")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/stagelet")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/stagelet: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// ModuleRoot is the directory holding stagelet's go.mod.
+func ModuleRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if ok {
+		root := filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+			return root, nil
+		}
+	}
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("find module root: not inside the stagelet module")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// Options configure a Daemon.
+type Options struct {
+	// Bin is the stagelet binary (see Build). Required.
+	Bin string
+	// InsecureRegistries are registry hosts ("127.0.0.1:PORT") reached over
+	// plain HTTP.
+	InsecureRegistries []string
+	// DefaultStage1 is the configured default stage1; "fly" when empty.
+	DefaultStage1 string
+	// LogLevel is the daemon's --log-level; "debug" when empty.
+	LogLevel string
+	// Logger receives the harness's own messages; discarded when nil.
+	Logger *slog.Logger
+}
+
+// Daemon is one `stagelet serve` with its own directories under Root:
+// state/, run/ (holding the socket), logs/ (for pod log directories and
+// test files), the config file and the daemon's stderr in daemon.log.
+//
+// A Daemon is used by one goroutine at a time.
+type Daemon struct {
+	Root         string
+	StateDir     string
+	RunDir       string
+	LogsDir      string
+	Socket       string
+	ConfigPath   string
+	LogPath      string
+	CgroupParent string
+
+	opts Options
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	waitErr error
+	conn    *grpc.ClientConn
+	rt      runtimeapi.RuntimeServiceClient
+	img     runtimeapi.ImageServiceClient
+	// cgroupDirs are the directories of the daemon's own cgroups in every
+	// hierarchy, read from /proc/PID/cgroup when it started.
+	cgroupDirs map[string]bool
+	starts     int
+	// savedLog is the daemon's log, read by Teardown before it removes Root.
+	savedLog []byte
+}
+
+// New creates the daemon's directories (a short path under the system
+// temporary directory, so that unix socket paths beneath it stay within the
+// kernel's limit) and writes its configuration. It does not start it.
+func New(opts Options) (*Daemon, error) {
+	if opts.Bin == "" {
+		return nil, errors.New("harness: Options.Bin is required")
+	}
+	if opts.DefaultStage1 == "" {
+		opts.DefaultStage1 = "fly"
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = "debug"
+	}
+	lg := opts.Logger
+	if lg == nil {
+		lg = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	root, err := os.MkdirTemp("", "se2e-")
+	if err != nil {
+		return nil, err
+	}
+	var suffix [4]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		Root:         root,
+		StateDir:     filepath.Join(root, "state"),
+		RunDir:       filepath.Join(root, "run"),
+		LogsDir:      filepath.Join(root, "logs"),
+		Socket:       filepath.Join(root, "run", "cri.sock"),
+		ConfigPath:   filepath.Join(root, "config.yaml"),
+		LogPath:      filepath.Join(root, "daemon.log"),
+		CgroupParent: "stagelet-e2e-" + hex.EncodeToString(suffix[:]),
+		opts:         opts,
+		log:          lg.With("daemon", filepath.Base(root)),
+		cgroupDirs:   map[string]bool{},
+	}
+	for _, dir := range []string{d.StateDir, d.RunDir, d.LogsDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			os.RemoveAll(root)
+			return nil, err
+		}
+	}
+	if err := os.WriteFile(d.ConfigPath, []byte(d.configYAML()), 0o644); err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) configYAML() string {
+	var b strings.Builder
+	b.WriteString("version: 1\n")
+	fmt.Fprintf(&b, "cgroup_parent: %q\n", d.CgroupParent)
+	fmt.Fprintf(&b, "default_stage1: %s\n", d.opts.DefaultStage1)
+	if len(d.opts.InsecureRegistries) > 0 {
+		b.WriteString("registries:\n")
+		for _, h := range d.opts.InsecureRegistries {
+			fmt.Fprintf(&b, "  %q:\n    insecure: true\n", h)
+		}
+	}
+	return b.String()
+}
+
+// Start launches the daemon and waits until it answers Version.
+func (d *Daemon) Start(ctx context.Context) error {
+	if err := d.Launch(); err != nil {
+		return err
+	}
+	_, err := d.WaitReady(ctx, func(ctx context.Context) error {
+		_, err := d.Runtime().Version(ctx, &runtimeapi.VersionRequest{})
+		return err
+	})
+	return err
+}
+
+// Launch starts the daemon process and a fresh client connection, without
+// waiting for it to serve. The daemon's stderr and stdout are appended to
+// LogPath.
+func (d *Daemon) Launch() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd != nil {
+		select {
+		case <-d.exited:
+		default:
+			return errors.New("harness: daemon is already running")
+		}
+	}
+	logf, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	d.starts++
+	fmt.Fprintf(logf, "===== harness: start #%d at %s =====\n", d.starts, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(d.opts.Bin, "serve",
+		"--socket", d.Socket,
+		"--state-dir", d.StateDir,
+		"--run-dir", d.RunDir,
+		"--config", d.ConfigPath,
+		"--log-level", d.opts.LogLevel,
+	)
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	// Its own process group, so that a terminal's ^C reaches the harness
+	// (which tears down) rather than the daemon directly.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s serve: %w", d.opts.Bin, err)
+	}
+	exited := make(chan struct{})
+	d.cmd = cmd
+	d.exited = exited
+	d.waitErr = nil
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		d.mu.Lock()
+		d.waitErr = err
+		d.mu.Unlock()
+		close(exited)
+	}()
+	d.recordCgroups(cmd.Process.Pid)
+	d.log.Debug("daemon launched", "pid", cmd.Process.Pid)
+
+	if d.conn != nil {
+		d.conn.Close()
+	}
+	conn, err := grpc.NewClient("unix://"+d.Socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.5, MaxDelay: 250 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+	)
+	if err != nil {
+		return fmt.Errorf("grpc client for %s: %w", d.Socket, err)
+	}
+	d.conn = conn
+	d.rt = runtimeapi.NewRuntimeServiceClient(conn)
+	d.img = runtimeapi.NewImageServiceClient(conn)
+	return nil
+}
+
+// WaitReady polls probe until it succeeds, the daemon exits or ctx ends. It
+// returns every error probe returned before its first success, in order, so
+// that a caller can check what the daemon answered while it was starting.
+func (d *Daemon) WaitReady(ctx context.Context, probe func(context.Context) error) ([]error, error) {
+	var seen []error
+	for {
+		if !d.Running() {
+			return seen, fmt.Errorf("daemon exited while starting (%s); log tail:\n%s", d.ExitStatus(), d.LogTail(40))
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := probe(cctx)
+		cancel()
+		if err == nil {
+			return seen, nil
+		}
+		seen = append(seen, err)
+		select {
+		case <-ctx.Done():
+			return seen, fmt.Errorf("daemon not ready: %w (last answer: %v); log tail:\n%s", ctx.Err(), err, d.LogTail(40))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Runtime is the CRI runtime service client of the current connection.
+func (d *Daemon) Runtime() runtimeapi.RuntimeServiceClient {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rt
+}
+
+// Image is the CRI image service client of the current connection.
+func (d *Daemon) Image() runtimeapi.ImageServiceClient {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.img
+}
+
+// PID is the process ID of the daemon last launched (0 if never).
+func (d *Daemon) PID() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
+}
+
+// Running reports whether the daemon process last launched still runs.
+func (d *Daemon) Running() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil {
+		return false
+	}
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// ExitStatus describes how the daemon process ended ("running" if not).
+func (d *Daemon) ExitStatus() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil {
+		return "never started"
+	}
+	select {
+	case <-d.exited:
+	default:
+		return "running"
+	}
+	if d.waitErr != nil {
+		return d.waitErr.Error()
+	}
+	return "exit status 0"
+}
+
+// Kill9 sends SIGKILL to the daemon and waits for it to be gone. Its pods
+// are left running, as after a crash.
+func (d *Daemon) Kill9(ctx context.Context) error {
+	return d.signalAndWait(ctx, syscall.SIGKILL, 0)
+}
+
+// Stop sends SIGTERM and waits up to grace for the daemon to exit, then
+// sends SIGKILL. It is a no-op when the daemon does not run.
+func (d *Daemon) Stop(ctx context.Context, grace time.Duration) error {
+	return d.signalAndWait(ctx, syscall.SIGTERM, grace)
+}
+
+func (d *Daemon) signalAndWait(ctx context.Context, sig syscall.Signal, grace time.Duration) error {
+	d.mu.Lock()
+	cmd, exited := d.cmd, d.exited
+	d.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	select {
+	case <-exited:
+		return nil
+	default:
+	}
+	pid := cmd.Process.Pid
+	d.log.Debug("signalling daemon", "pid", pid, "signal", sig)
+	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill -%d %d: %w", sig, pid, err)
+	}
+	if sig != syscall.SIGKILL {
+		select {
+		case <-exited:
+			return nil
+		case <-time.After(grace):
+			d.log.Warn("daemon did not exit after signal; killing", "pid", pid, "signal", sig, "grace", grace)
+			syscall.Kill(pid, syscall.SIGKILL)
+		case <-ctx.Done():
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	select {
+	case <-exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("daemon %d did not exit after SIGKILL", pid)
+	}
+}
+
+// Restart launches the daemon again (it must have exited) and waits until
+// it answers Version.
+func (d *Daemon) Restart(ctx context.Context) error {
+	if d.Running() {
+		return errors.New("harness: Restart of a running daemon; Stop or Kill9 it first")
+	}
+	return d.Start(ctx)
+}
+
+// RSS is the daemon's resident set size in bytes, from VmRSS in
+// /proc/PID/status.
+func (d *Daemon) RSS() (uint64, error) {
+	pid := d.PID()
+	if pid == 0 {
+		return 0, errors.New("daemon not started")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) != 2 || f[1] != "kB" {
+				return 0, fmt.Errorf("unexpected VmRSS line %q", line)
+			}
+			kb, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return 0, err
+			}
+			return kb * 1024, nil
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/PID/status")
+}
+
+// LogTail returns the last n lines of the daemon's log.
+func (d *Daemon) LogTail(n int) string {
+	b, err := os.ReadFile(d.LogPath)
+	if err != nil && d.savedLog != nil {
+		b, err = d.savedLog, nil
+	}
+	if err != nil {
+		return fmt.Sprintf("(no daemon log: %v)", err)
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// IsCode reports whether err is a gRPC status error with code c.
+func IsCode(err error, c codes.Code) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == c
+}

@@ -1,0 +1,393 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Leftovers are what Teardown found still held after every pod was removed
+// through CRI and the daemon was stopped. Each is a defect of the daemon
+// (or of a test that bypassed it); Teardown released them all the same.
+type Leftovers struct {
+	Processes []string
+	Mounts    []string
+	Cgroups   []string
+}
+
+// Empty reports whether nothing was left over.
+func (l Leftovers) Empty() bool {
+	return len(l.Processes) == 0 && len(l.Mounts) == 0 && len(l.Cgroups) == 0
+}
+
+func (l Leftovers) String() string {
+	var parts []string
+	if len(l.Processes) > 0 {
+		parts = append(parts, "processes: "+strings.Join(l.Processes, "; "))
+	}
+	if len(l.Mounts) > 0 {
+		parts = append(parts, "mounts: "+strings.Join(l.Mounts, "; "))
+	}
+	if len(l.Cgroups) > 0 {
+		parts = append(parts, "cgroups: "+strings.Join(l.Cgroups, "; "))
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, "\n")
+}
+
+// RemoveAllPods stops and removes every pod the daemon lists. It is a no-op
+// when the daemon does not run.
+func (d *Daemon) RemoveAllPods(ctx context.Context) error {
+	if !d.Running() {
+		return nil
+	}
+	rt := d.Runtime()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := rt.ListPodSandbox(cctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return fmt.Errorf("list pods: %w", err)
+	}
+	var errs []error
+	for _, p := range resp.Items {
+		if _, err := rt.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("stop pod %s: %w", p.Id, err))
+		}
+		if _, err := rt.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("remove pod %s: %w", p.Id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Teardown releases everything: it removes every pod through CRI (when the
+// daemon runs), stops the daemon, then kills processes still running from
+// the daemon's directories or cgroups, unmounts what is left beneath Root,
+// removes the pods' cgroups and finally Root. It returns what it found left
+// over after the CRI teardown and the daemon's stop, and the errors of the
+// steps that failed. It is safe to call more than once.
+func (d *Daemon) Teardown(ctx context.Context) (Leftovers, error) {
+	var errs []error
+	var left Leftovers
+	if err := d.RemoveAllPods(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("CRI teardown: %w", err))
+	}
+	if err := d.Stop(ctx, 15*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	if d.conn != nil {
+		d.conn.Close()
+	}
+	if _, err := os.Stat(d.Root); err != nil {
+		return left, errors.Join(errs...)
+	}
+
+	left.Processes = d.killLeftoverProcesses()
+	left.Mounts = d.unmountLeftovers()
+	cg, err := d.removeCgroups()
+	left.Cgroups = cg
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if b, err := os.ReadFile(d.LogPath); err == nil {
+		d.savedLog = b
+	}
+	if err := os.RemoveAll(d.Root); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", d.Root, err))
+	}
+	return left, errors.Join(errs...)
+}
+
+// killLeftoverProcesses kills, by PID, every process that belongs to this
+// daemon's pods: those in its pods' cgroups, those whose root or working
+// directory lies beneath Root, and those whose command line names Root.
+// Every such process descends from the daemon this harness started.
+func (d *Daemon) killLeftoverProcesses() []string {
+	var found []string
+	self := os.Getpid()
+	seen := map[int]bool{}
+	for round := 0; round < 50; round++ {
+		pids := d.leftoverPIDs(self)
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			if !seen[pid] {
+				seen[pid] = true
+				found = append(found, describePID(pid))
+			}
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return found
+}
+
+func (d *Daemon) leftoverPIDs(self int) []int {
+	pids := map[int]bool{}
+	for dir := range d.podCgroupRoots() {
+		filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || !e.IsDir() {
+				return nil
+			}
+			b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			if err != nil {
+				return nil
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					pids[pid] = true
+				}
+			}
+			return nil
+		})
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if d.processBelongs(pid) {
+			pids[pid] = true
+		}
+	}
+	var out []int
+	for pid := range pids {
+		if pid == self || pid <= 1 || isZombie(pid) {
+			continue
+		}
+		out = append(out, pid)
+	}
+	sort.Ints(out)
+	return out
+}
+
+func (d *Daemon) processBelongs(pid int) bool {
+	under := func(p string) bool { return p == d.Root || strings.HasPrefix(p, d.Root+"/") }
+	for _, link := range []string{"root", "cwd"} {
+		if p, err := os.Readlink(fmt.Sprintf("/proc/%d/%s", pid, link)); err == nil && under(p) {
+			return true
+		}
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(b), d.Root+"/")
+}
+
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // gone
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
+
+func describePID(pid int) string {
+	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	c := strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " "))
+	if len(c) > 120 {
+		c = c[:120] + "..."
+	}
+	return fmt.Sprintf("pid %d (%s)", pid, c)
+}
+
+// MountsUnder lists the mount points of this process's mount namespace
+// that lie beneath dir, deepest first.
+func MountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(f[4])
+		if strings.HasPrefix(mp, dir+"/") || mp == dir {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if ci, cj := strings.Count(out[i], "/"), strings.Count(out[j], "/"); ci != cj {
+			return ci > cj
+		}
+		return out[i] > out[j]
+	})
+	return out
+}
+
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func (d *Daemon) unmountLeftovers() []string {
+	var found []string
+	for round := 0; round < 10; round++ {
+		mps := MountsUnder(d.Root)
+		if len(mps) == 0 {
+			break
+		}
+		for _, mp := range mps {
+			if round == 0 {
+				found = append(found, mp)
+			}
+			if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+				d.log.Warn("unmount leftover", "path", mp, "err", err)
+			}
+		}
+	}
+	return found
+}
+
+// recordCgroups notes the daemon's own cgroup directory in every hierarchy,
+// beneath which its relative cgroup parent is resolved.
+func (d *Daemon) recordCgroups(pid int) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return
+	}
+	mounts := cgroupMounts()
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		ctrls, path := parts[1], parts[2]
+		for _, m := range mounts {
+			if m.matches(ctrls) {
+				d.cgroupDirs[filepath.Join(m.point, path)] = true
+			}
+		}
+	}
+}
+
+// podCgroupRoots are the directories of the configured cgroup parent in
+// every hierarchy.
+func (d *Daemon) podCgroupRoots() map[string]bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]bool{}
+	for dir := range d.cgroupDirs {
+		out[filepath.Join(dir, d.CgroupParent)] = true
+	}
+	return out
+}
+
+type cgroupMount struct {
+	point string
+	v2    bool
+	opts  map[string]bool
+}
+
+func (m cgroupMount) matches(ctrls string) bool {
+	if ctrls == "" {
+		return m.v2
+	}
+	if m.v2 {
+		return false
+	}
+	for _, c := range strings.Split(ctrls, ",") {
+		if !m.opts[c] {
+			return false
+		}
+	}
+	return true
+}
+
+func cgroupMounts() []cgroupMount {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []cgroupMount
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 {
+			continue
+		}
+		switch qf[0] {
+		case "cgroup2":
+			out = append(out, cgroupMount{point: unescapeMountinfo(pf[4]), v2: true})
+		case "cgroup":
+			opts := map[string]bool{}
+			for _, o := range strings.Split(qf[2], ",") {
+				opts[o] = true
+			}
+			out = append(out, cgroupMount{point: unescapeMountinfo(pf[4]), opts: opts})
+		}
+	}
+	return out
+}
+
+// removeCgroups removes the cgroup parent's directories bottom-up. It
+// returns the directories beneath the parent that were still there (the
+// pods' own cgroups, a leak once their pods were removed).
+func (d *Daemon) removeCgroups() ([]string, error) {
+	var leftover []string
+	var errs []error
+	for root := range d.podCgroupRoots() {
+		var dirs []string
+		filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for _, p := range dirs {
+			if p != root {
+				leftover = append(leftover, p)
+			}
+		}
+		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+		for _, p := range dirs {
+			var err error
+			for try := 0; try < 50; try++ {
+				err = syscall.Rmdir(p)
+				if err == nil || errors.Is(err, syscall.ENOENT) {
+					err = nil
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rmdir cgroup %s: %w", p, err))
+			}
+		}
+	}
+	sort.Strings(leftover)
+	return leftover, errors.Join(errs...)
+}
