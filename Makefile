@@ -1,0 +1,43 @@
+GO      ?= go
+BIN     := bin/stagelet
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+.PHONY: all build run deps test unit e2e bench lint clean
+
+all: build
+
+# One static binary: the daemon, the pod agent and the operator tools.
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stagelet
+
+deps:
+	./scripts/install-deps.sh
+
+# Runs the CRI daemon with the embedded default configuration (root).
+run: deps build
+	./$(BIN) serve
+
+# The whole suite: vet, unit tests, and as root the backend and end-to-end
+# tests (they skip, saying why, without root).
+test: deps lint
+	$(GO) test -count=1 -timeout 40m ./...
+
+unit:
+	$(GO) test -count=1 -short ./...
+
+e2e: deps
+	$(GO) test -count=1 -timeout 30m -v ./test/e2e/...
+
+# Speed and memory figures: Go benchmarks and the end-to-end bench command.
+bench: deps build
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin
