@@ -7,7 +7,7 @@ import (
 
 func TestDefaultIsValid(t *testing.T) {
 	c := Default()
-	if c.DefaultStage1 != "fly" || c.CgroupParent != "/stagelet" || c.Version != 1 {
+	if c.DefaultStage1 != "fly" || c.CgroupParent != "stagelet" || c.Version != 1 {
 		t.Fatalf("unexpected default: %+v", c)
 	}
 }

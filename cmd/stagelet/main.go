@@ -19,6 +19,7 @@ func usage() {
 commands:
   serve     run the CRI daemon
   agent     run a pod's agent (started by stage1 backends, not by hand)
+  policy    check a policy file, or explain the stage1 a pod would get
   version   print the version
 `)
 }
@@ -33,6 +34,8 @@ func main() {
 		os.Exit(agent.Main(os.Args[2:]))
 	case "serve":
 		os.Exit(serveMain(os.Args[2:]))
+	case "policy":
+		os.Exit(policyMain(os.Args[2:]))
 	case "version", "--version":
 		fmt.Printf("stagelet %s\n", version)
 	case "help", "-h", "--help":

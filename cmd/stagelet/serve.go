@@ -18,8 +18,6 @@ import (
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/cri"
 	"github.com/stagelet/stagelet/image"
-	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/fly"
 )
 
 const (
@@ -97,10 +95,7 @@ func serve(log *slog.Logger, cfg *config.Config, sock, state, run string) error 
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
-	backends := stage1.Registry{}
-	for _, be := range []stage1.Backend{fly.New(log.With("stage1", "fly"))} {
-		backends[be.Name()] = be
-	}
+	backends := builtinBackends(log)
 	b, err := broker.New(broker.Options{
 		StateDir:      state,
 		RunDir:        run,
