@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/internal/atomicfile"
 )
 
 // stateFile is where an app's last status is kept: <state-dir>/<id>.json.
@@ -20,28 +21,8 @@ func writeState(dir string, st *api.AppStatus) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "."+st.ID+".*.tmp")
-	if err != nil {
+	if err := atomicfile.Write(stateFile(dir, st.ID), b, 0o600); err != nil {
 		return fmt.Errorf("state %s: %w", st.ID, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, stateFile(dir, st.ID))
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("state %s: %w", st.ID, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

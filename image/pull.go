@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/atomicfile"
 )
 
 // platform is the platform picked from an index.
@@ -422,7 +423,7 @@ func (s *Store) writeRecord(rec *record) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(s.imagesDir(), strings.TrimPrefix(rec.ID, "sha256:")+".json"), b, 0o600)
+	return atomicfile.Write(filepath.Join(s.imagesDir(), strings.TrimPrefix(rec.ID, "sha256:")+".json"), b, 0o600)
 }
 
 func (s *Store) putBlob(d string, b []byte) error {
@@ -430,7 +431,7 @@ func (s *Store) putBlob(d string, b []byte) error {
 	if _, err := os.Stat(p); err == nil {
 		return nil
 	}
-	return writeFileAtomic(p, b, 0o644)
+	return atomicfile.Write(p, b, 0o644)
 }
 
 // ensureLayer unpacks layer l (diff ID d) into layers/<hex> unless it is

@@ -529,43 +529,6 @@ func (s *Store) Usage() (bytes, inodes uint64, err error) {
 	return bytes, inodes, nil
 }
 
-// writeFileAtomic writes data to p through a temporary file in the same
-// directory: write, fsync, rename, fsync the directory.
-func writeFileAtomic(p string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(p)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(p)+".tmp-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		return err
-	}
-	ok = true
-	return syncDir(dir)
-}
-
 func syncDir(dir string) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
