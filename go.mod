@@ -3,6 +3,7 @@ module github.com/stagelet/stagelet
 go 1.26.8
 
 require (
+	github.com/containernetworking/cni v1.2.3 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/cyphar/filepath-securejoin v0.7.0 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect

@@ -1,0 +1,123 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// ErrNotNetSysctl says a sysctl is namespaced, but by a namespace other than
+// the network one (IPC), so ApplySysctls does not set it; the caller may
+// apply it where that namespace is made. It is of class ErrInvalidArgument.
+var ErrNotNetSysctl = errdefs.New(errdefs.ErrInvalidArgument, "sysctl belongs to the IPC namespace, not the network namespace")
+
+// Sysctl namespaces, as SysctlNamespace names them.
+const (
+	SysctlNet = "net"
+	SysctlIPC = "ipc"
+)
+
+// SysctlNamespace says which namespace isolates the sysctl name ("net.x.y"
+// or "net/x/y"): SysctlNet, SysctlIPC, or "" for sysctls no namespace
+// isolates (host-wide ones). It follows the kubelet's classification.
+func SysctlNamespace(name string) string {
+	n := strings.ReplaceAll(name, "/", ".")
+	switch {
+	case strings.HasPrefix(n, "net."):
+		return SysctlNet
+	case strings.HasPrefix(n, "kernel.shm"), strings.HasPrefix(n, "kernel.msg"),
+		n == "kernel.sem", strings.HasPrefix(n, "fs.mqueue."):
+		return SysctlIPC
+	}
+	return ""
+}
+
+// sysctlPath maps a sysctl name to its file under /proc/sys. With a "/"
+// in the name, "/" separates and "." is literal (an interface name like
+// eth0.100); otherwise "." separates.
+func sysctlPath(name string) (string, error) {
+	var parts []string
+	if strings.Contains(name, "/") {
+		parts = strings.Split(name, "/")
+	} else {
+		parts = strings.Split(name, ".")
+	}
+	for _, p := range parts {
+		if p == "" || p == "." || p == ".." || strings.ContainsAny(p, "\x00\n") {
+			return "", errdefs.InvalidArgument("sysctl %q: malformed name", name)
+		}
+	}
+	return filepath.Join(append([]string{"/proc/sys"}, parts...)...), nil
+}
+
+// ApplySysctls sets network-namespaced sysctls (net.*) inside the network
+// namespace at netnsPath; the host's values are not touched. Every name is
+// checked before any is written. Errors: ErrNotNetSysctl (wrapped, class
+// ErrInvalidArgument) for an IPC-namespaced sysctl; ErrInvalidArgument,
+// naming the key, for a sysctl no namespace isolates, a malformed name, a
+// net.* sysctl the namespace does not have (host-wide), or a value the
+// kernel refuses; ErrNotFound when netnsPath is not a network namespace.
+// Applying the same values again is harmless.
+func ApplySysctls(netnsPath string, sysctls map[string]string) error {
+	if len(sysctls) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(sysctls))
+	for k := range sysctls {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	paths := make(map[string]string, len(names))
+	for _, k := range names {
+		switch SysctlNamespace(k) {
+		case SysctlNet:
+		case SysctlIPC:
+			return fmt.Errorf("sysctl %q: %w", k, ErrNotNetSysctl)
+		default:
+			return errdefs.InvalidArgument("sysctl %q is not namespaced: it would change the host", k)
+		}
+		p, err := sysctlPath(k)
+		if err != nil {
+			return err
+		}
+		if strings.ContainsAny(sysctls[k], "\x00") {
+			return errdefs.InvalidArgument("sysctl %q: value contains a NUL byte", k)
+		}
+		paths[k] = p
+	}
+	return inNetNS(netnsPath, func() error {
+		for _, k := range names {
+			if err := writeSysctl(paths[k], sysctls[k]); err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return errdefs.InvalidArgument("sysctl %q does not exist in the pod's network namespace (it is host-wide or unknown)", k)
+				}
+				if errors.Is(err, fs.ErrPermission) {
+					return errdefs.New(errdefs.ErrPermissionDenied, "sysctl %q: %v", k, err)
+				}
+				return errdefs.InvalidArgument("sysctl %q=%q: %v", k, sysctls[k], err)
+			}
+		}
+		return nil
+	})
+}
+
+// writeSysctl writes value to the /proc/sys file at path, which must be
+// opened on the calling (namespace-joined) thread.
+func writeSysctl(path, value string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	_, werr := f.WriteString(value)
+	cerr := f.Close()
+	if werr != nil {
+		return werr
+	}
+	return cerr
+}
