@@ -134,3 +134,11 @@ func TestCRILogDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestWithoutFlag(t *testing.T) {
+	got := withoutFlag([]string{"--socket", "/s", "--netns", "/n", "--state-dir=/d", "-netns=/x", "--log-level", "debug"}, "netns")
+	want := []string{"--socket", "/s", "--state-dir=/d", "--log-level", "debug"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}

@@ -14,15 +14,20 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/cgroups"
 )
 
 // Main runs `stagelet agent ARGS` and returns the process exit code:
 //
-//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D]
+//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D] [--netns PATH]
 //
+// With --netns the agent first re-executes itself inside that network
+// namespace, so that it and every app it starts live there.
 // serves the agent protocol on a unix socket (mode 0600; a stale socket is
 // replaced) until OpShutdown or SIGTERM/SIGINT (both stop every app first),
-// then returns 0. As PID 1 it mounts /proc if missing; otherwise it makes
+// then returns 0. As PID 1 it mounts /proc if missing and makes its own
+// cgroups writable when they are mounted read-only; otherwise it makes
 // itself the child subreaper, so that orphans of apps are reaped by it.
 //
 // `stagelet agent init` and `stagelet agent exec-init` are internal: the
@@ -39,8 +44,15 @@ func Main(args []string) int {
 	stateDir := fset.String("state-dir", "", "directory for the apps' records")
 	level := fset.String("log-level", "info", "log level: debug, info, warn, error")
 	stopTimeout := fset.Duration("shutdown-timeout", 10*time.Second, "how long apps get between SIGTERM and SIGKILL when the agent is terminated by a signal")
+	netns := fset.String("netns", "", "network namespace to run in (a bind-mounted netns file); the agent re-executes itself inside it")
 	if err := fset.Parse(args); err != nil {
 		return 2
+	}
+	if *netns != "" {
+		// Does not return on success.
+		err := reexecInNetNS(*netns, args)
+		fmt.Fprintf(os.Stderr, "stagelet agent: --netns %s: %v\n", *netns, err)
+		return 1
 	}
 	if *socket == "" || *stateDir == "" || fset.NArg() != 0 {
 		fmt.Fprintln(os.Stderr, "stagelet agent: --socket and --state-dir are required, and no arguments")
@@ -63,6 +75,9 @@ func Main(args []string) int {
 		if err := ensureProc(); err != nil {
 			log.Error("mount /proc", "err", err)
 			return 1
+		}
+		if err := writableCgroups(); err != nil {
+			log.Warn("cannot make the agent's cgroups writable: app limits and stats may be off", "err", err)
 		}
 	} else if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		log.Warn("cannot become child subreaper: orphans of apps are not reaped by the agent", "err", err)
@@ -138,4 +153,38 @@ func ensureProc() error {
 		return err
 	}
 	return unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
+
+// writableCgroups makes the agent's own cgroup directories writable when
+// they sit on a read-only mount, as systemd-nspawn mounts the cgroup
+// hierarchies of a container: each read-only directory is bound onto
+// itself and the bind is remounted read-write. Only for PID 1, whose mount
+// namespace is the pod's own. No cgroups at all is not an error.
+func writableCgroups() error {
+	cg, err := cgroups.Self()
+	if err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, dir := range cg.Paths {
+		if seen[dir] {
+			continue
+		}
+		seen[dir] = true
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
+		if st.Flags&unix.ST_RDONLY == 0 {
+			continue
+		}
+		keep := uintptr(st.Flags) & (unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC) // same values as MS_*
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", dir, err)
+		}
+		if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|keep, ""); err != nil {
+			return fmt.Errorf("remount %s read-write: %w", dir, err)
+		}
+	}
+	return nil
 }

@@ -1,7 +1,7 @@
 // Package fly is the stage1 with the least isolation: the pod's agent runs
-// on the host as a supervisor, in the host's network, PID and IPC
-// namespaces, and starts each app with pivot_root into the app's root
-// filesystem. The pod is a cgroup holding the agent and its apps; the agent
+// on the host as a supervisor, in the host's PID and IPC namespaces and in
+// the host's network (or the pod's network namespace when it has one), and
+// starts each app with pivot_root into the app's root filesystem. The pod is a cgroup holding the agent and its apps; the agent
 // is launched detached so that pods outlive the daemon.
 //
 // Every host resource a pod takes (its cgroup, the agent process) is
@@ -71,7 +71,7 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 	return stage1.Capabilities{
 		Isolation:   stage1.IsolationHost,
 		HostNetwork: true,
-		PodNetwork:  false,
+		PodNetwork:  true,
 		HostPID:     true,
 		HostIPC:     true,
 		Privileged:  "host",
@@ -129,8 +129,8 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if spec.ID == "" || spec.RunDir == "" || spec.AgentBinary == "" {
 		return nil, errdefs.InvalidArgument("fly: pod id, run dir and agent binary are required")
 	}
-	if spec.NetNSPath != "" {
-		return nil, errdefs.InvalidArgument("fly: pods run in the host network only (got network namespace %s)", spec.NetNSPath)
+	if spec.HostNetwork && spec.NetNSPath != "" {
+		return nil, errdefs.InvalidArgument("fly: a pod in the host network has no network namespace (got %s)", spec.NetNSPath)
 	}
 	cg, err := podCgroup(spec)
 	if err != nil {
@@ -161,7 +161,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	proc, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
 		Name:    "stagelet-pod-" + spec.ID,
 		Path:    spec.AgentBinary,
-		Args:    []string{"agent", "--socket", st.Socket, "--state-dir", agentDir},
+		Args:    agentArgs(st.Socket, agentDir, spec.NetNSPath),
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
 		Cgroup:  cg,
 	})
@@ -354,4 +354,14 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("fly: agent pid %d did not exit: %w", p.st.Agent.PID, errdefs.ErrDeadlineExceeded)
 	}
 	return nil
+}
+
+// agentArgs is the agent's command line; with a pod network namespace the
+// agent (and so every app) runs inside it.
+func agentArgs(socket, stateDir, netns string) []string {
+	args := []string{"agent", "--socket", socket, "--state-dir", stateDir}
+	if netns != "" {
+		args = append(args, "--netns", netns)
+	}
+	return args
 }

@@ -7,10 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
@@ -96,7 +101,7 @@ func killAgent(t *testing.T, b []byte) {
 
 func TestCapabilities(t *testing.T) {
 	c := New(nil).Capabilities()
-	want := stage1.Capabilities{Isolation: stage1.IsolationHost, HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"}
+	want := stage1.Capabilities{Isolation: stage1.IsolationHost, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"}
 	if c != want {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
 	}
@@ -119,12 +124,66 @@ func TestParseState(t *testing.T) {
 	}
 }
 
-func TestStartPodRejectsNetNS(t *testing.T) {
+func TestStartPodRejectsNetNSWithHostNetwork(t *testing.T) {
 	_, err := New(nil).StartPod(context.Background(), &stage1.PodSpec{
-		ID: "p", RunDir: t.TempDir(), AgentBinary: "/bin/true", NetNSPath: "/run/netns/x",
+		ID: "p", RunDir: t.TempDir(), AgentBinary: "/bin/true", HostNetwork: true, NetNSPath: "/run/netns/x",
 	}, func([]byte) error { return nil })
 	if err == nil {
-		t.Fatal("accepted a pod network namespace")
+		t.Fatal("accepted a network namespace for a pod in the host network")
+	}
+}
+
+// TestPodNetNS: with a pod network namespace, the agent and its apps run
+// in it, not in the host's.
+func TestPodNetNS(t *testing.T) {
+	needRoot(t)
+	nets, err := network.New(network.Config{ConfDir: t.TempDir(), RunDir: stage1test.ShortRunDir(t)}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsPath, err := nets.NewNetNS("flyns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nets.RemoveNetNS(nsPath) })
+	var want unix.Stat_t
+	if err := unix.Stat(nsPath, &want); err != nil {
+		t.Fatal(err)
+	}
+	spec := &stage1.PodSpec{
+		ID: "flyns", RunDir: stage1test.ShortRunDir(t), CgroupParent: stage1test.CgroupParent(t),
+		NetNSPath: nsPath, AgentBinary: agentBinary,
+	}
+	var last []byte
+	b := New(testLogger(t))
+	t.Cleanup(func() {
+		if err := b.DestroyPod(context.Background(), spec, last); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx := context.Background()
+	pod, err := b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs := stage1test.BusyboxRootfs(t)
+	app := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: "a", Name: "a", Rootfs: rootfs, Args: []string{"sleep", "1000"},
+		Env: []string{"PATH=/bin"}, Capabilities: []string{"CAP_KILL"}}}
+	if _, err := pod.CreateContainer(ctx, app); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pod.StartContainer(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := pod.ExecSync(ctx, "a", []string{"readlink", "/proc/self/ns/net"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, wantLink := strings.TrimSpace(string(res.Stdout)), fmt.Sprintf("net:[%d]", want.Ino); got != wantLink {
+		t.Fatalf("app's netns %q, want the pod's %q", got, wantLink)
+	}
+	if err := pod.Stop(ctx, time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

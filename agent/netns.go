@@ -1,0 +1,55 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// reexecInNetNS moves the calling thread into the network namespace at path
+// and executes the agent again from that thread, without --netns. A
+// multithreaded Go process cannot move itself into a namespace as a whole,
+// but execve keeps the namespaces of the thread that calls it, so the new
+// process (and every app it forks) runs in the namespace. It returns only
+// on failure.
+func reexecInNetNS(path string, args []string) error {
+	runtime.LockOSThread() // never unlocked: the thread is replaced or the process fails
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("setns: %w", err)
+	}
+	unix.Close(fd)
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	argv := append([]string{os.Args[0], "agent"}, withoutFlag(args, "netns")...)
+	return unix.Exec(exe, argv, os.Environ())
+}
+
+// withoutFlag drops -name/--name with its value (both "--name v" and
+// "--name=v") from args.
+func withoutFlag(args []string, name string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		bare := strings.TrimLeft(a, "-")
+		if a != bare && (bare == name) {
+			i++ // skip the value
+			continue
+		}
+		if a != bare && strings.HasPrefix(bare, name+"=") {
+			continue
+		}
+		out = append(out, a)
+	}
+	return slices.Clip(out)
+}

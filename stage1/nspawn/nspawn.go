@@ -1,0 +1,668 @@
+// Package nspawn is the stage1 that isolates each pod with Linux namespaces
+// under systemd-nspawn: one systemd-nspawn per pod, whose root is a small
+// per-pod tree (mount points and the agent binary) and whose init (PID 1)
+// is the pod's agent. The agent starts each app with pivot_root into the
+// app's root filesystem, inside the pod's PID, IPC, UTS and mount
+// namespaces and, unless the pod uses the host's, its network namespace.
+//
+// Host paths reach the agent through one propagating directory per pod:
+// <RunDir>/mounts is made a shared mount and bound into the container at
+// /mnt/stagelet, so that a bind mount the backend makes beneath it on the
+// host after the pod started (a container's rootfs, its log directory, the
+// sources of its mounts) appears inside the running pod. The agent's socket
+// and records live in <RunDir>/agent, bound at /run/stagelet.
+//
+// systemd-nspawn runs with --register=no --keep-unit, started detached by
+// the stage1 launcher inside the pod cgroup so that pods outlive the
+// daemon. On a v1 or hybrid host nspawn also moves itself and the
+// container into payload/ and supervisor/ children of its cgroup in the
+// name=systemd and hybrid cgroup2 hierarchies, which the cgroups package
+// does not manage: the pod gets its own cgroup there too, joined by a
+// /bin/sh shim that then execs nspawn (same PID), so nothing is created
+// in the daemon's cgroups. nspawn mounts the controllers read-only inside
+// a cgroup namespace; the agent, as PID 1, remounts its own read-write to
+// create the apps' cgroups.
+//
+// Every host resource a pod takes (cgroups, the shared mount, the nspawn
+// process) is recorded through Persist before it is taken; DestroyPod
+// finds the per-container binds by scanning the mount table beneath the
+// recorded directory, so it releases everything after any crash.
+package nspawn
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Name is the stage1's registered name.
+const Name = "nspawn"
+
+// stateVersion is the version of the persisted state.
+const stateVersion = 1
+
+// Paths inside the pod.
+const (
+	// podAgent is where the agent binary is bound (read-only).
+	podAgent = "/stagelet"
+	// podAgentDir holds the agent's socket and records (<RunDir>/agent).
+	podAgentDir = "/run/stagelet"
+	// podMounts is the propagating directory (<RunDir>/mounts).
+	podMounts = "/mnt/stagelet"
+)
+
+// Timeouts; variables so tests may shorten them.
+var (
+	// AgentReadyTimeout bounds how long StartPod waits for the agent to
+	// answer.
+	AgentReadyTimeout = 30 * time.Second
+	// ExitGrace is how long Stop waits for systemd-nspawn to exit beyond
+	// the apps' stop timeout, and how long teardown waits for killed
+	// processes to go.
+	ExitGrace = 10 * time.Second
+	// probeTimeout bounds one Info call.
+	probeTimeout = 2 * time.Second
+)
+
+// Backend is the nspawn stage1. It is stateless: everything about a pod is
+// in the state it persists, so one Backend serves every pod concurrently.
+type Backend struct {
+	log      *slog.Logger
+	launcher stage1.Launcher
+}
+
+var _ stage1.Backend = (*Backend)(nil)
+
+// New returns the nspawn backend. The caller registers it
+// (stage1.Register(nspawn.New(log))). Whether systemd-nspawn is installed
+// is checked by StartPod (FailedPrecondition), not here.
+func New(log *slog.Logger) *Backend {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Backend{log: log, launcher: stage1.DefaultLauncher(log)}
+}
+
+// Name implements stage1.Backend.
+func (b *Backend) Name() string { return Name }
+
+// Capabilities implements stage1.Backend. systemd-nspawn always gives the
+// container its own PID and IPC namespaces, so host PID and IPC are not
+// offered; the network is the host's or the pod's own. A privileged
+// container gets every capability inside the pod's namespaces and the
+// pod's minimal /dev, not the host's devices.
+func (b *Backend) Capabilities() stage1.Capabilities {
+	return stage1.Capabilities{
+		Isolation:   stage1.IsolationNamespaces,
+		HostNetwork: true,
+		PodNetwork:  true,
+		HostPID:     false,
+		HostIPC:     false,
+		Privileged:  "pod",
+	}
+}
+
+// state is what nspawn persists for a pod.
+type state struct {
+	Version int    `json:"version"`
+	Machine string `json:"machine,omitempty"`
+	// Tree is the directory holding the stage1 root (Tree/rootfs) and
+	// nspawn's lock file; removed by DestroyPod.
+	Tree string `json:"tree,omitempty"`
+	// Mounts is the shared mount point bound into the pod; every mount
+	// beneath it is the backend's.
+	Mounts string `json:"mounts,omitempty"`
+	// AgentDir holds the agent's socket and records.
+	AgentDir string          `json:"agentDir,omitempty"`
+	Cgroup   *cgroups.Cgroup `json:"cgroup,omitempty"`
+	// SystemdCgroup is the pod's cgroup in the hierarchies systemd-nspawn
+	// itself uses on a v1 or hybrid host (name=systemd, the hybrid
+	// cgroup2); nspawn splits it into payload/ and supervisor/.
+	SystemdCgroup *cgroups.Cgroup `json:"systemdCgroup,omitempty"`
+	NSpawn        *stage1.Process `json:"nspawn,omitempty"`
+	// Leader is the container's PID 1 (the agent) as the host sees it.
+	Leader *stage1.Process `json:"leader,omitempty"`
+	// Network is "host", "netns" or "private", for Details.
+	Network string `json:"network,omitempty"`
+}
+
+func (s *state) marshal() []byte { return stage1.MarshalState(s) }
+
+func (s *state) socket() string {
+	if s.AgentDir == "" {
+		return ""
+	}
+	return filepath.Join(s.AgentDir, "agent.sock")
+}
+
+func parseState(b []byte) (*state, error) {
+	var s state
+	if len(b) == 0 {
+		return &s, nil
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("nspawn: bad state: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if s.Version != stateVersion {
+		return nil, fmt.Errorf("nspawn: state version %d, want %d: %w", s.Version, stateVersion, errdefs.ErrInvalidArgument)
+	}
+	return &s, nil
+}
+
+// layout fills the paths and names of a pod's state that follow from spec.
+func layout(spec *stage1.PodSpec) *state {
+	st := &state{
+		Version:  stateVersion,
+		Machine:  machineName(spec.ID),
+		Tree:     filepath.Join(spec.RunDir, "stage1"),
+		Mounts:   filepath.Join(spec.RunDir, "mounts"),
+		AgentDir: filepath.Join(spec.RunDir, "agent"),
+	}
+	if cg, err := podCgroup(spec); err == nil {
+		st.Cgroup = cg
+	}
+	if cg, err := systemdCgroup(spec); err == nil {
+		st.SystemdCgroup = cg
+	}
+	return st
+}
+
+// machineName is the nspawn machine name of a pod: "stagelet-<id>" when
+// that is a valid host name, else a stable shortened form.
+func machineName(id string) string {
+	valid := id != "" && len(id) <= 40
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+			valid = false
+		}
+	}
+	if valid {
+		return "stagelet-" + id
+	}
+	sum := sha256.Sum256([]byte(id))
+	prefix := make([]rune, 0, 12)
+	for _, r := range id {
+		if len(prefix) == 12 {
+			break
+		}
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			prefix = append(prefix, r)
+		}
+	}
+	return "stagelet-" + string(prefix) + "-" + hex.EncodeToString(sum[:8])
+}
+
+// podCgroup is the cgroup of a pod: "stagelet-pod-<id>" beneath the spec's
+// cgroup parent (beneath the daemon's own cgroup when empty).
+func podCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
+	var parent *cgroups.Cgroup
+	var err error
+	if spec.CgroupParent == "" {
+		parent, err = cgroups.Self()
+	} else {
+		parent, err = cgroups.Resolve(spec.CgroupParent)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return parent.Child("stagelet-pod-" + spec.ID), nil
+}
+
+// validate refuses what this backend cannot do.
+func validate(spec *stage1.PodSpec) error {
+	if spec.ID == "" || spec.RunDir == "" || spec.AgentBinary == "" {
+		return errdefs.InvalidArgument("nspawn: pod id, run dir and agent binary are required")
+	}
+	if spec.HostPID || spec.HostIPC {
+		return errdefs.InvalidArgument("nspawn: pods cannot share the host's PID or IPC namespace")
+	}
+	if spec.HostNetwork && spec.NetNSPath != "" {
+		return errdefs.InvalidArgument("nspawn: host network and network namespace %s are exclusive", spec.NetNSPath)
+	}
+	for _, p := range []string{spec.RunDir, spec.AgentBinary, spec.NetNSPath} {
+		if strings.ContainsRune(p, ':') {
+			return errdefs.InvalidArgument("nspawn: path %q: ':' separates systemd-nspawn's bind arguments", p)
+		}
+	}
+	if !filepath.IsAbs(spec.RunDir) || !filepath.IsAbs(spec.AgentBinary) {
+		return errdefs.InvalidArgument("nspawn: run dir and agent binary must be absolute paths")
+	}
+	return nil
+}
+
+// nspawnArgs is the systemd-nspawn command line of a pod.
+func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
+	args := []string{
+		"--quiet",
+		"--register=no",
+		"--keep-unit",
+		// No .nspawn file of the administrator's changes a pod.
+		"--settings=no",
+		"--directory=" + filepath.Join(st.Tree, "rootfs"),
+		"--machine=" + st.Machine,
+		// The agent drops capabilities per app; privileged apps get
+		// them all inside the pod's namespaces.
+		"--capability=all",
+		"--kill-signal=SIGTERM",
+		"--console=pipe",
+		"--resolv-conf=off",
+		"--timezone=off",
+		"--link-journal=no",
+		"--bind-ro=" + spec.AgentBinary + ":" + podAgent,
+		"--bind=" + st.AgentDir + ":" + podAgentDir,
+		"--bind=" + st.Mounts + ":" + podMounts,
+	}
+	if spec.Hostname != "" {
+		args = append(args, "--hostname="+spec.Hostname)
+	}
+	switch {
+	case spec.HostNetwork:
+	case spec.NetNSPath != "":
+		args = append(args, "--network-namespace-path="+spec.NetNSPath)
+	default:
+		args = append(args, "--private-network")
+	}
+	return append(args, podAgent, "agent",
+		"--socket", podAgentDir+"/agent.sock",
+		"--state-dir", podAgentDir+"/state")
+}
+
+func networkMode(spec *stage1.PodSpec) string {
+	switch {
+	case spec.HostNetwork:
+		return "host"
+	case spec.NetNSPath != "":
+		return "netns"
+	}
+	return "private"
+}
+
+// makeTree creates the stage1 root: systemd-nspawn requires /usr and
+// creates the other API mount points itself; the rest are mount points of
+// the binds.
+func makeTree(st *state) error {
+	root := filepath.Join(st.Tree, "rootfs")
+	for _, d := range []string{"usr", "proc", "sys", "dev", "run", "tmp", "etc", "mnt/stagelet"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "tmp"), 0o1777); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(root, podAgent), os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// StartPod implements stage1.Backend. In order, each recorded before it is
+// taken: the pod cgroups, the stage1 tree, the shared mounts directory, the
+// nspawn process (launched detached in the pod cgroup). It returns once the
+// agent answers Info (at most AgentReadyTimeout, or ctx). Errors:
+// InvalidArgument (a spec this backend cannot run), FailedPrecondition
+// (systemd-nspawn missing), Unavailable or DeadlineExceeded (the agent did
+// not come up; the nspawn log is named). On failure it releases what it
+// took.
+func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
+	log := b.log.With("pod", spec.ID)
+	if err := validate(spec); err != nil {
+		return nil, err
+	}
+	nspawnPath, err := exec.LookPath("systemd-nspawn")
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("nspawn: systemd-nspawn is not installed: %v", err)
+	}
+	cg, err := podCgroup(spec)
+	if err != nil {
+		return nil, fmt.Errorf("nspawn: pod cgroup: %w", err)
+	}
+	st := layout(spec)
+	st.Cgroup = cg
+	st.Network = networkMode(spec)
+	if err := persist(st.marshal()); err != nil {
+		return nil, fmt.Errorf("nspawn: persist: %w", err)
+	}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if err := b.release(st); err != nil {
+			log.Warn("nspawn: releasing a failed pod", "err", err)
+		}
+	}()
+	if err := cg.Create(); err != nil {
+		return nil, fmt.Errorf("nspawn: %w", err)
+	}
+	if st.SystemdCgroup != nil {
+		if err := st.SystemdCgroup.Create(); err != nil {
+			return nil, fmt.Errorf("nspawn: %w", err)
+		}
+	}
+	if err := makeTree(st); err != nil {
+		return nil, fmt.Errorf("nspawn: stage1 tree: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(st.AgentDir, "state"), 0o700); err != nil {
+		return nil, fmt.Errorf("nspawn: %w", err)
+	}
+	if err := makeShared(st.Mounts); err != nil {
+		return nil, fmt.Errorf("nspawn: %w", err)
+	}
+
+	launch := stage1.LaunchSpec{
+		Name:    "stagelet-pod-" + spec.ID,
+		Path:    nspawnPath,
+		Args:    nspawnArgs(spec, st),
+		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
+		Cgroup:  cg,
+	}
+	if st.SystemdCgroup != nil {
+		launch = joinFirst(launch, st.SystemdCgroup)
+	}
+	proc, err := b.launcher.Launch(ctx, launch)
+	if err != nil {
+		return nil, fmt.Errorf("nspawn: %w", err)
+	}
+	st.NSpawn = proc
+	if err := persist(st.marshal()); err != nil {
+		return nil, fmt.Errorf("nspawn: persist: %w", err)
+	}
+	pod := b.newPod(spec, st)
+	if err := waitReady(ctx, pod); err != nil {
+		return nil, fmt.Errorf("nspawn: agent (log %s): %w", launch.LogPath, err)
+	}
+	if leader, err := findLeader(proc.PID); err != nil {
+		log.Warn("nspawn: container leader not found; teardown relies on the pod cgroup", "err", err)
+	} else {
+		st.Leader = leader
+		if err := persist(st.marshal()); err != nil {
+			return nil, fmt.Errorf("nspawn: persist: %w", err)
+		}
+	}
+	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "cgroup", cg.String(), "network", st.Network)
+	return pod, nil
+}
+
+// joinFirst wraps a launch so that the process first joins the cgroups of
+// extra (hierarchies the cgroups package does not manage) and then execs
+// the real command: same PID, so the recorded process stays valid.
+func joinFirst(l stage1.LaunchSpec, extra *cgroups.Cgroup) stage1.LaunchSpec {
+	const script = `while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"`
+	args := []string{"-c", script, "sh"}
+	seen := map[string]bool{}
+	for _, d := range extra.Paths {
+		if !seen[d] {
+			seen[d] = true
+			args = append(args, filepath.Join(d, "cgroup.procs"))
+		}
+	}
+	args = append(args, "--", l.Path)
+	l.Args = append(args, l.Args...)
+	l.Path = "/bin/sh"
+	return l
+}
+
+// findLeader returns the container's init: the child of systemd-nspawn.
+func findLeader(nspawnPID int) (*stage1.Process, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", nspawnPID, nspawnPID))
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 1 {
+		return nil, fmt.Errorf("systemd-nspawn pid %d has children %v, want one", nspawnPID, f)
+	}
+	var pid int
+	if _, err := fmt.Sscan(f[0], &pid); err != nil {
+		return nil, err
+	}
+	return stage1.NewProcess(pid)
+}
+
+// waitReady waits until the agent answers Info, nspawn exits, or the bound
+// passes.
+func waitReady(ctx context.Context, p *Pod) error {
+	ctx, cancel := context.WithTimeout(ctx, AgentReadyTimeout)
+	defer cancel()
+	exited := make(chan struct{})
+	go func() {
+		if p.st.NSpawn.Wait(ctx) == nil {
+			close(exited)
+		}
+	}()
+	delay := 2 * time.Millisecond
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
+		_, err := p.Info(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrDeadlineExceeded) {
+			return err
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("systemd-nspawn exited before the agent answered: %w", errdefs.ErrUnavailable)
+		case <-ctx.Done():
+			return fmt.Errorf("not answering: %v: %w", err, errdefs.ErrDeadlineExceeded)
+		case <-time.After(delay): // retry once the agent had time to listen
+		}
+		if delay < 10*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// RecoverPod implements stage1.Backend: the pod is back when its
+// systemd-nspawn process (PID and start time) still runs and the agent
+// answers Info; otherwise the error wraps stage1.ErrPodGone (a container
+// whose nspawn died is gone even if its init lingers: DestroyPod reaps it).
+func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
+	st, err := parseState(stateBytes)
+	if err != nil {
+		return nil, err
+	}
+	if st.NSpawn == nil || st.AgentDir == "" {
+		return nil, fmt.Errorf("nspawn: pod %s: no nspawn recorded: %w", spec.ID, stage1.ErrPodGone)
+	}
+	if !st.NSpawn.Alive() {
+		return nil, fmt.Errorf("nspawn: pod %s: systemd-nspawn pid %d: %w", spec.ID, st.NSpawn.PID, stage1.ErrPodGone)
+	}
+	pod := b.newPod(spec, st)
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	if _, err := pod.Info(pctx); err != nil {
+		return nil, fmt.Errorf("nspawn: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)
+	}
+	return pod, nil
+}
+
+// DestroyPod implements stage1.Backend: it kills the container's init and
+// systemd-nspawn (when the recorded PIDs still name them), every process
+// left in the pod cgroups, removes the cgroups, unmounts every mount
+// beneath the pod's shared directory and the stage1 tree, and removes them,
+// the agent's directory and nspawn's leftovers in /run/systemd/nspawn.
+// Idempotent. What the state lacks (a crash before the first persist) is
+// derived from spec.
+func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
+	st, err := parseState(stateBytes)
+	if err != nil {
+		b.log.Warn("nspawn: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
+		st = &state{}
+	}
+	if spec.ID != "" && spec.RunDir != "" {
+		def := layout(spec)
+		if st.Machine == "" {
+			st.Machine = def.Machine
+		}
+		if st.Tree == "" {
+			st.Tree = def.Tree
+		}
+		if st.Mounts == "" {
+			st.Mounts = def.Mounts
+		}
+		if st.AgentDir == "" {
+			st.AgentDir = def.AgentDir
+		}
+		if st.Cgroup == nil {
+			st.Cgroup = def.Cgroup
+		}
+		if st.SystemdCgroup == nil {
+			st.SystemdCgroup = def.SystemdCgroup
+		}
+	}
+	return b.release(st)
+}
+
+// release kills and removes everything named in st.
+func (b *Backend) release(st *state) error {
+	var errs []error
+	for _, p := range []*stage1.Process{st.Leader, st.NSpawn} {
+		if p == nil {
+			continue
+		}
+		if err := p.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
+			errs = append(errs, fmt.Errorf("nspawn: kill pid %d: %w", p.PID, err))
+		}
+	}
+	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup} {
+		if cg == nil {
+			continue
+		}
+		if err := cg.Kill(); err != nil {
+			errs = append(errs, fmt.Errorf("nspawn: %w", err))
+		}
+	}
+	if st.NSpawn != nil {
+		// nspawn was in the pod cgroup, so it is dead; make sure it is
+		// reaped (when this daemon is its parent) before going on.
+		ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
+		err := st.NSpawn.Wait(ctx)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("nspawn: systemd-nspawn pid %d did not exit", st.NSpawn.PID))
+		}
+	}
+	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup} {
+		if cg == nil {
+			continue
+		}
+		if err := cg.Delete(); err != nil {
+			errs = append(errs, fmt.Errorf("nspawn: %w", err))
+		}
+	}
+	if st.Tree != "" {
+		// nspawn's lock of the tree, left behind when it was killed:
+		// named by the device and inode of the directory it ran.
+		var fi unix.Stat_t
+		if err := unix.Stat(filepath.Join(st.Tree, "rootfs"), &fi); err == nil {
+			lock := fmt.Sprintf("/run/systemd/nspawn/locks/inode-%d:%d", fi.Dev, fi.Ino)
+			if err := os.Remove(lock); err != nil && !errors.Is(err, os.ErrNotExist) {
+				b.log.Warn("nspawn: removing a leftover lock", "file", lock, "err", err)
+			}
+		}
+	}
+	for _, dir := range []string{st.Mounts, st.Tree} {
+		if dir == "" {
+			continue
+		}
+		if err := removeUnmounted(dir); err != nil {
+			errs = append(errs, fmt.Errorf("nspawn: %w", err))
+		}
+	}
+	if st.AgentDir != "" {
+		if err := os.RemoveAll(st.AgentDir); err != nil {
+			errs = append(errs, fmt.Errorf("nspawn: %w", err))
+		}
+	}
+	if st.Machine != "" && !strings.ContainsRune(st.Machine, '/') {
+		// Left behind when nspawn was killed; nspawn made it for the
+		// machine name, which is this pod's.
+		d := filepath.Join("/run/systemd/nspawn/propagate", st.Machine)
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			b.log.Warn("nspawn: removing a leftover directory", "dir", d, "err", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Pod is a running nspawn pod.
+type Pod struct {
+	stage1.AgentPod
+	id  string
+	st  *state
+	log *slog.Logger
+}
+
+var _ stage1.Pod = (*Pod)(nil)
+
+func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
+	c := agent.NewClient(agent.UnixDialer(st.socket()))
+	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
+	p.AgentPod = stage1.NewAgentPod(c, p.podPath)
+	return p
+}
+
+// State implements stage1.Pod.
+func (p *Pod) State() []byte { return p.st.marshal() }
+
+// Details implements stage1.Pod.
+func (p *Pod) Details() map[string]string {
+	return map[string]string{"stage1": Name, "machine": p.st.Machine, "network": p.st.Network}
+}
+
+// Stop implements stage1.Pod: it asks the agent to stop every app
+// (SIGTERM, timeout, SIGKILL) and exit, which ends the container; waits
+// for systemd-nspawn to exit (at most timeout plus ExitGrace, or ctx);
+// then kills whatever remains in the pod cgroups (systemd-nspawn leaves
+// its container running when it is killed itself, so the cgroup is what
+// ends it). Mounts, cgroups and the tree stay until DestroyPod.
+// Idempotent: a gone pod is fine.
+func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
+	if p.st.NSpawn.Alive() {
+		err := p.Shutdown(ctx, timeout)
+		if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+			p.log.Warn("nspawn: agent shutdown", "err", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
+		err = p.st.NSpawn.Wait(wctx)
+		cancel()
+		if err != nil {
+			p.log.Warn("nspawn: systemd-nspawn did not exit after the agent's shutdown; killing the pod", "pid", p.st.NSpawn.PID)
+		}
+	}
+	for _, cg := range []*cgroups.Cgroup{p.st.Cgroup, p.st.SystemdCgroup} {
+		if cg == nil {
+			continue
+		}
+		if err := cg.Kill(); err != nil {
+			return fmt.Errorf("nspawn: %w", err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
+	defer cancel()
+	if err := p.st.NSpawn.Wait(wctx); err != nil {
+		return fmt.Errorf("nspawn: systemd-nspawn pid %d did not exit: %w", p.st.NSpawn.PID, errdefs.ErrDeadlineExceeded)
+	}
+	return nil
+}
