@@ -26,6 +26,7 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -49,13 +50,16 @@ type Options struct {
 	RunDir string
 	// CgroupParent is passed to backends for pod cgroups.
 	CgroupParent string
-	// DefaultStage1 is the backend for pods nothing else decides.
-	DefaultStage1 string
+	// Policy decides each new pod's stage1; SetPolicy replaces it.
+	Policy *policy.Policy
 	// AgentBinary is the stagelet binary backends run as the pod agent.
 	AgentBinary string
 	Backends    stage1.Registry
 	Images      Images
-	Log         *slog.Logger
+	// Network gives pods their own network namespace; nil means only
+	// pods in the host network can be created.
+	Network Network
+	Log     *slog.Logger
 }
 
 // Broker is the node's pod and container manager. Create it with New, then
@@ -65,7 +69,13 @@ type Broker struct {
 	log  *slog.Logger
 	rec  records
 
-	ready atomic.Bool
+	ready  atomic.Bool
+	policy atomic.Pointer[policy.Policy]
+	caps   map[string]stage1.Capabilities
+
+	// decisions counts pods per chosen stage1 and refusals, since start.
+	statsMu   sync.Mutex
+	decisions map[string]int
 
 	mu       sync.Mutex
 	pods     map[string]*pod
@@ -100,18 +110,27 @@ func New(opts Options) (*Broker, error) {
 	if opts.Backends == nil {
 		opts.Backends = stage1.Default()
 	}
-	if _, ok := opts.Backends[opts.DefaultStage1]; !ok {
-		return nil, fmt.Errorf("default stage1 %q is not a registered backend (have %v)", opts.DefaultStage1, backendNames(opts.Backends))
+	if opts.Policy == nil {
+		return nil, fmt.Errorf("broker: no policy")
+	}
+	if len(opts.Backends) == 0 {
+		return nil, fmt.Errorf("broker: no stage1 backends")
 	}
 	b := &Broker{
-		opts:     opts,
-		log:      opts.Log,
-		rec:      records{dir: opts.StateDir},
-		pods:     map[string]*pod{},
-		podNames: map[string]*pod{},
-		ctrs:     map[string]*container{},
-		ctrNames: map[string]*container{},
+		opts:      opts,
+		log:       opts.Log,
+		rec:       records{dir: opts.StateDir},
+		pods:      map[string]*pod{},
+		podNames:  map[string]*pod{},
+		ctrs:      map[string]*container{},
+		ctrNames:  map[string]*container{},
+		caps:      map[string]stage1.Capabilities{},
+		decisions: map[string]int{},
 	}
+	for n, be := range opts.Backends {
+		b.caps[n] = be.Capabilities()
+	}
+	b.policy.Store(opts.Policy)
 	if err := b.rec.init(); err != nil {
 		return nil, err
 	}
@@ -136,8 +155,49 @@ func backendNames(r stage1.Registry) []string {
 // refused with Unavailable.
 func (b *Broker) Ready() bool { return b.ready.Load() }
 
-// Handlers lists the runtime handlers pods may name.
-func (b *Broker) Handlers() []string { return backendNames(b.opts.Backends) }
+// Handlers lists the runtime handlers pods may name: the policy's handlers
+// whose stage1 this node has.
+func (b *Broker) Handlers() []string {
+	p := b.policy.Load()
+	var out []string
+	for _, h := range p.Handlers() {
+		if _, ok := b.opts.Backends[p.RuntimeHandlers[h].Stage1]; ok {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// Stage1s lists the registered backends.
+func (b *Broker) Stage1s() []string { return backendNames(b.opts.Backends) }
+
+// Policy returns the policy in force.
+func (b *Broker) Policy() *policy.Policy { return b.policy.Load() }
+
+// SetPolicy replaces the policy for pods created from now on; running pods
+// keep their recorded decision.
+func (b *Broker) SetPolicy(p *policy.Policy) { b.policy.Store(p) }
+
+// Capabilities returns every registered backend's capability facts.
+func (b *Broker) Capabilities() map[string]stage1.Capabilities { return b.caps }
+
+// DecisionCounts returns how many pods each stage1 got, and refusals
+// (key "refused"), since the daemon started.
+func (b *Broker) DecisionCounts() map[string]int {
+	b.statsMu.Lock()
+	defer b.statsMu.Unlock()
+	out := make(map[string]int, len(b.decisions))
+	for k, v := range b.decisions {
+		out[k] = v
+	}
+	return out
+}
+
+func (b *Broker) count(key string) {
+	b.statsMu.Lock()
+	b.decisions[key]++
+	b.statsMu.Unlock()
+}
 
 // Backend returns a registered backend's capabilities.
 func (b *Broker) Backend(name string) (stage1.Backend, bool) {

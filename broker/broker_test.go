@@ -13,11 +13,14 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 )
 
 type env struct {
+	net    *fakeNetwork
 	be     *fakeBackend
+	vm     *fakeBackend
 	images *fakeImages
 	state  string
 	run    string
@@ -26,7 +29,44 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	dir := t.TempDir()
-	return &env{be: newFakeBackend(), images: &fakeImages{}, state: filepath.Join(dir, "state"), run: filepath.Join(dir, "run")}
+	vm := newFakeBackend()
+	vm.name = "vm"
+	vm.caps = stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"}
+	return &env{be: newFakeBackend(), vm: vm, images: &fakeImages{}, state: filepath.Join(dir, "state"), run: filepath.Join(dir, "run")}
+}
+
+const testPolicy = `version: 1
+default_stage1: fake
+handlers:
+  fake: {stage1: fake}
+  vm: {stage1: vm}
+rules:
+  - name: no-privileged-in-locked
+    match: {namespaces: [locked], privileged: true}
+    refuse: "no privileged pods in locked"
+  - name: privileged-to-vm
+    match: {privileged: true}
+    stage1: vm
+annotations:
+  allow: [vm]
+`
+
+// network returns the env's network, or nil (an untyped nil, so the broker
+// sees no network) when the test gave none.
+func (e *env) network() Network {
+	if e.net == nil {
+		return nil
+	}
+	return e.net
+}
+
+func (e *env) policy(t *testing.T) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse("test-policy.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // broker starts a broker over the env's directories and recovers it, as
@@ -34,8 +74,8 @@ func newEnv(t *testing.T) *env {
 func (e *env) broker(t *testing.T) *Broker {
 	t.Helper()
 	b, err := New(Options{
-		StateDir: e.state, RunDir: e.run, CgroupParent: "test", DefaultStage1: "fake",
-		AgentBinary: "/nonexistent", Backends: stage1.Registry{"fake": e.be}, Images: e.images,
+		StateDir: e.state, RunDir: e.run, CgroupParent: "test", Policy: e.policy(t),
+		AgentBinary: "/nonexistent", Backends: stage1.Registry{"fake": e.be, "vm": e.vm}, Images: e.images, Network: e.network(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +97,7 @@ func podCfg(name string) *PodConfig {
 		Metadata:    PodMetadata{Name: name, Namespace: "default", UID: "uid-" + name},
 		Labels:      map[string]string{"app": name, "tier": "web"},
 		Annotations: map[string]string{"note": "kept exactly"},
+		HostNetwork: true,
 	}
 }
 
@@ -82,7 +123,8 @@ func TestRunPodValidation(t *testing.T) {
 		{func(c *PodConfig) { c.Metadata.Namespace = "" }, "config.metadata.namespace"},
 		{func(c *PodConfig) { c.Metadata.UID = "" }, "config.metadata.uid"},
 		{func(c *PodConfig) { c.LogDirectory = "relative" }, "config.log_directory"},
-		{func(c *PodConfig) { c.RuntimeHandler = "nosuch" }, "runtime_handler"},
+		{func(c *PodConfig) { c.CgroupParent = "/kubepods/../x" }, "config.linux.cgroup_parent"},
+		{func(c *PodConfig) { c.RuntimeHandler = "nosuch" }, "runtime handler \"nosuch\""},
 	} {
 		c := podCfg("v")
 		tc.mutate(c)
@@ -350,4 +392,219 @@ func TestImageInUseCannotBeRemoved(t *testing.T) {
 	if err := b.RemoveImage("absent.test/none:latest"); err != nil {
 		t.Fatalf("removing an absent image: %v", err)
 	}
+}
+
+// podNet is a pod config in its own network (the vm stage1 has no host
+// network).
+func podNet(name string) *PodConfig {
+	c := podCfg(name)
+	c.HostNetwork = false
+	return c
+}
+
+func TestPolicyDecidesAndIsRecorded(t *testing.T) {
+	e := newEnv(t)
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	b := e.broker(t)
+	ctx := context.Background()
+	plain, err := b.RunPod(ctx, podNet("plain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raised := podNet("raised")
+	raised.Annotations = map[string]string{"stagelet.io/stage1": "vm"}
+	vmPod, err := b.RunPod(ctx, raised)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st1, _ := b.PodStatus(ctx, plain, true)
+	st2, _ := b.PodStatus(ctx, vmPod, true)
+	if st1.Record.Stage1 != "fake" || st2.Record.Stage1 != "vm" {
+		t.Fatalf("stage1s: %s, %s", st1.Record.Stage1, st2.Record.Stage1)
+	}
+	if !strings.Contains(st2.Info["reasons"], "stagelet.io/stage1") {
+		t.Fatalf("reasons do not name the annotation: %q", st2.Info["reasons"])
+	}
+	if len(e.vm.pods) != 1 || len(e.be.pods) != 1 {
+		t.Fatalf("pods per backend: fake %d, vm %d", len(e.be.pods), len(e.vm.pods))
+	}
+	// A new policy applies to new pods only; the recorded decision stays.
+	p, _ := policy.Parse("p2", []byte("version: 1\ndefault_stage1: vm\nhandlers: {fake: {stage1: fake}}\n"))
+	b.SetPolicy(p)
+	if st, _ := b.PodStatus(ctx, plain, false); st.Record.Stage1 != "fake" {
+		t.Fatal("a running pod's stage1 changed with the policy")
+	}
+	later, _ := b.RunPod(ctx, podNet("later"))
+	if st, _ := b.PodStatus(ctx, later, false); st.Record.Stage1 != "vm" {
+		t.Fatalf("new pod got %s under the new policy", st.Record.Stage1)
+	}
+	// After a restart the recorded decision routes the pod, whatever the
+	// policy says now.
+	b2 := e.broker(t)
+	if st, err := b2.PodStatus(ctx, plain, false); err != nil || !st.Ready || st.Record.Stage1 != "fake" {
+		t.Fatalf("after restart: %+v %v", st, err)
+	}
+	if c := b.DecisionCounts(); c["fake"] != 1 || c["vm"] != 2 {
+		t.Fatalf("counts = %v", c)
+	}
+}
+
+func TestPolicyRefusals(t *testing.T) {
+	b := newEnv(t).broker(t)
+	ctx := context.Background()
+	unknown := podCfg("u")
+	unknown.RuntimeHandler = "nosuch"
+	_, err := b.RunPod(ctx, unknown)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+
+	locked := podCfg("l")
+	locked.Metadata.Namespace = "locked"
+	locked.Privileged = true
+	_, err = b.RunPod(ctx, locked)
+	wantClass(t, err, errdefs.ErrPermissionDenied)
+	if !strings.Contains(err.Error(), "no privileged pods in locked") {
+		t.Fatalf("refusal does not carry the operator's message: %v", err)
+	}
+	if b.DecisionCounts()["refused"] != 2 {
+		t.Fatalf("counts = %v", b.DecisionCounts())
+	}
+}
+
+func TestPrivilegedContainerRechecksPolicy(t *testing.T) {
+	e := newEnv(t)
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, _ := b.RunPod(ctx, podNet("p"))
+	c := ctrCfg("priv")
+	c.Security.Privileged = true
+	_, err := b.CreateContainer(ctx, pid, c)
+	wantClass(t, err, errdefs.ErrPermissionDenied)
+	if !strings.Contains(err.Error(), `stage1 "vm"`) {
+		t.Fatalf("message: %v", err)
+	}
+	// Declared at sandbox level, the same container is fine.
+	pc := podNet("q")
+	pc.Privileged = true
+	pid2, err := b.RunPod(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CreateContainer(ctx, pid2, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKubeletCgroupParentIsUsed(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	ctx := context.Background()
+	c := podCfg("k")
+	c.CgroupParent = "/kubepods/burstable/poduid-k"
+	id, err := b.RunPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := b.RunPod(ctx, podCfg("plain"))
+	if got := e.be.specs[id].CgroupParent; got != c.CgroupParent {
+		t.Errorf("cgroup parent = %q, want the kubelet's %q", got, c.CgroupParent)
+	}
+	if got := e.be.specs[plain].CgroupParent; got != "test" {
+		t.Errorf("cgroup parent = %q, want the node's", got)
+	}
+}
+
+func TestPodNetworkLifecycle(t *testing.T) {
+	e := newEnv(t)
+	net := newFakeNetwork(filepath.Join(e.run, "netns"))
+	e.net = net
+	b := e.broker(t)
+	ctx := context.Background()
+	c := podCfg("n")
+	c.HostNetwork = false
+	c.Hostname = "n-host"
+	c.DNS = &DNSConfig{Servers: []string{"10.0.0.10"}, Searches: []string{"svc.local"}, Options: []string{"ndots:5"}}
+	c.PortMappings = []PortMapping{{Protocol: "TCP", ContainerPort: 80, HostPort: 8080}, {Protocol: "TCP", ContainerPort: 81}}
+	c.Sysctls = map[string]string{"net.core.somaxconn": "1024"}
+	id, err := b.RunPod(ctx, c)
+	if err == nil {
+		// The fake netns is a plain file: applying the sysctl must fail and
+		// release everything.
+		t.Fatalf("sysctl on a fake netns: id %q err %v", id, err)
+	}
+	if len(net.attached) != 0 || len(net.netns) != 0 {
+		t.Fatalf("a failed start left network resources: %v %v", net.attached, net.netns)
+	}
+	c.Sysctls = nil
+	id, err = b.RunPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := b.PodStatus(ctx, id, false)
+	if st.Record.NetNS == "" || !slices.Equal(st.Record.IPs, []string{"10.213.0.2"}) {
+		t.Fatalf("record: netns %q ips %v", st.Record.NetNS, st.Record.IPs)
+	}
+	if got := e.be.specs[id].NetNSPath; got != st.Record.NetNS {
+		t.Fatalf("backend got netns %q", got)
+	}
+	if pm := net.attached[id].PortMappings; len(pm) != 1 || pm[0].HostPort != 8080 {
+		t.Fatalf("port mappings sent to CNI: %+v", pm)
+	}
+	resolv, _ := os.ReadFile(filepath.Join(st.Record.RunDir, "etc", "resolv.conf"))
+	if !strings.Contains(string(resolv), "nameserver 10.0.0.10") || !strings.Contains(string(resolv), "ndots:5") {
+		t.Fatalf("resolv.conf:\n%s", resolv)
+	}
+	cid, err := b.CreateContainer(ctx, id, ctrCfg("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := b.ContainerStatus(ctx, cid)
+	var dests []string
+	for _, m := range rec.App.Mounts {
+		dests = append(dests, m.Destination)
+	}
+	if !slices.Contains(dests, "/etc/resolv.conf") || !slices.Contains(dests, "/etc/hostname") || !slices.Contains(dests, "/etc/hosts") {
+		t.Fatalf("pod files not mounted: %v", dests)
+	}
+	// Stop releases the attachment; remove the netns. Both idempotent.
+	for range 2 {
+		if err := b.StopPod(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := net.attached[id]; ok {
+		t.Fatal("CNI attachment left after stop")
+	}
+	if _, ok := net.netns[id]; !ok {
+		t.Fatal("netns removed at stop; it goes at remove")
+	}
+	if err := b.RemovePod(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if len(net.netns) != 0 {
+		t.Fatal("netns left after remove")
+	}
+}
+
+func TestOrphanNetNSCollectedOnRecovery(t *testing.T) {
+	e := newEnv(t)
+	net := newFakeNetwork(filepath.Join(e.run, "netns"))
+	e.net = net
+	net.NewNetNS("orphan")
+	net.attached["orphan"] = nil
+	e.broker(t)
+	if len(net.netns) != 0 || len(net.attached) != 0 {
+		t.Fatalf("orphan not released: %v %v", net.netns, net.attached)
+	}
+}
+
+func TestHostSysctlsRefused(t *testing.T) {
+	b := newEnv(t).broker(t)
+	c := podCfg("s")
+	c.Sysctls = map[string]string{"kernel.panic": "1"}
+	_, err := b.RunPod(context.Background(), c)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	c.Sysctls = map[string]string{"net.core.somaxconn": "1"}
+	_, err = b.RunPod(context.Background(), c)
+	wantClass(t, err, errdefs.ErrInvalidArgument) // the pod is in the host network
 }

@@ -71,6 +71,9 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 		return "", errdefs.NotFound("pod sandbox %q not found", podID)
 	}
 	podID = p.rec.ID
+	if err := b.checkPrivileged(p, cfg); err != nil {
+		return "", err
+	}
 	key := ctrNameKey(podID, cfg.Metadata)
 	hash := hashOf(cfg)
 
@@ -136,6 +139,34 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 	return id, nil
 }
 
+// checkPrivileged rechecks the policy when a container is privileged but
+// its pod's sandbox was not: the pod's stage1 was chosen for an
+// unprivileged pod, and the policy may place (or refuse) privileged pods
+// differently. The pod's stage1 is never changed.
+func (b *Broker) checkPrivileged(p *pod, cfg *ContainerConfig) error {
+	if !cfg.Security.Privileged {
+		return nil
+	}
+	b.mu.Lock()
+	pc := p.rec.Config
+	stage1 := p.rec.Stage1
+	b.mu.Unlock()
+	if pc.Privileged {
+		return nil
+	}
+	pc.Privileged = true
+	d, err := b.policy.Load().Decide(policyPod(&pc), b.caps)
+	if err != nil {
+		return fmt.Errorf("privileged container %q: %w", cfg.Metadata.Name, err)
+	}
+	if d.Stage1 != stage1 {
+		return errdefs.New(errdefs.ErrPermissionDenied,
+			"privileged container %q: the policy puts privileged pods on stage1 %q, but this pod runs on %q (chosen for an unprivileged sandbox); mark the pod sandbox privileged",
+			cfg.Metadata.Name, d.Stage1, stage1)
+	}
+	return nil
+}
+
 func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err error) {
 	h, err := b.podHandle(p)
 	if err != nil {
@@ -175,6 +206,10 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	if err != nil {
 		return err
 	}
+	b.mu.Lock()
+	podRec := *p.rec
+	b.mu.Unlock()
+	app.Mounts = append(app.Mounts, podFileMounts(&podRec, app.Mounts, rec.Config.Security.ReadonlyRootfs)...)
 	b.mu.Lock()
 	rec.Rootfs = rootfs
 	rec.LogPath = app.LogPath

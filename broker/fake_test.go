@@ -12,23 +12,28 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
 )
 
 // fakeBackend keeps pods in memory; "alive" pods survive a broker restart
 // as long as the same fakeBackend value is reused.
 type fakeBackend struct {
+	name      string
 	mu        sync.Mutex
 	pods      map[string]*fakePod
 	destroyed map[string]int
+	specs     map[string]*stage1.PodSpec
 	failStart bool
 	caps      stage1.Capabilities
 }
 
 func newFakeBackend() *fakeBackend {
 	return &fakeBackend{
+		name:      "fake",
 		pods:      map[string]*fakePod{},
 		destroyed: map[string]int{},
+		specs:     map[string]*stage1.PodSpec{},
 		caps:      stage1.Capabilities{HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
 	}
 }
@@ -52,6 +57,7 @@ func (f *fakeBackend) StartPod(ctx context.Context, spec *stage1.PodSpec, persis
 	p := &fakePod{id: spec.ID, apps: map[string]*api.AppStatus{}, specs: map[string]*api.AppSpec{}, alive: true}
 	f.mu.Lock()
 	f.pods[spec.ID] = p
+	f.specs[spec.ID] = spec
 	f.mu.Unlock()
 	return p, nil
 }
@@ -249,4 +255,55 @@ func (f *fakeImages) UnmountRootfs(dir string) error {
 	delete(f.mounted, dir)
 	f.mu.Unlock()
 	return os.RemoveAll(dir)
+}
+
+// fakeNetwork hands out one IP per pod and tracks attachments; a netns is
+// a plain file.
+type fakeNetwork struct {
+	mu       sync.Mutex
+	dir      string
+	netns    map[string]string
+	attached map[string]*network.PodNetwork
+}
+
+func newFakeNetwork(dir string) *fakeNetwork {
+	os.MkdirAll(dir, 0o700)
+	return &fakeNetwork{dir: dir, netns: map[string]string{}, attached: map[string]*network.PodNetwork{}}
+}
+
+func (n *fakeNetwork) Status() (bool, string)     { return true, "" }
+func (n *fakeNetwork) NetNSPath(id string) string { return filepath.Join(n.dir, id) }
+func (n *fakeNetwork) NewNetNS(id string) (string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.NetNSPath(id)
+	n.netns[id] = p
+	return p, os.WriteFile(p, nil, 0o600)
+}
+func (n *fakeNetwork) RemoveNetNS(p string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.netns, filepath.Base(p))
+	return removeIfExists(p)
+}
+func (n *fakeNetwork) NetNSPods() ([]string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var ids []string
+	for id := range n.netns {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+func (n *fakeNetwork) Setup(ctx context.Context, pn network.PodNetwork) (*network.Result, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.attached[pn.PodID] = &pn
+	return &network.Result{IPs: []string{"10.213.0.2"}, Interface: "eth0"}, nil
+}
+func (n *fakeNetwork) Teardown(ctx context.Context, pn network.PodNetwork) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.attached, pn.PodID)
+	return nil
 }

@@ -5,20 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 )
-
-// Decision is the stage1 chosen for a pod and why.
-type Decision struct {
-	Stage1  string
-	Reasons []string
-}
 
 func podNameKey(m PodMetadata) string {
 	return fmt.Sprintf("%s_%s_%s_%d", m.Name, m.Namespace, m.UID, m.Attempt)
@@ -33,8 +29,14 @@ func validatePodConfig(c *PodConfig) error {
 	case c.Metadata.UID == "":
 		return errdefs.InvalidArgument("config.metadata.uid: must not be empty")
 	}
+	if c.CgroupParent != "" && (path.Clean(c.CgroupParent) != c.CgroupParent || strings.Contains(c.CgroupParent, "..")) {
+		return errdefs.InvalidArgument("config.linux.cgroup_parent: %q must be a clean path without ..", c.CgroupParent)
+	}
 	if c.LogDirectory != "" && !filepath.IsAbs(c.LogDirectory) {
 		return errdefs.InvalidArgument("config.log_directory: %q must be an absolute path", c.LogDirectory)
+	}
+	if err := checkSysctls(c); err != nil {
+		return err
 	}
 	for _, p := range c.PortMappings {
 		if p.ContainerPort <= 0 || p.ContainerPort > 65535 || p.HostPort < 0 || p.HostPort > 65535 {
@@ -44,32 +46,38 @@ func validatePodConfig(c *PodConfig) error {
 	return nil
 }
 
-// decide picks the pod's stage1. The policy engine will take this over;
-// until then the runtime handler names a backend, and the empty handler
-// means the node default.
-func (b *Broker) decide(c *PodConfig) (Decision, error) {
-	if c.RuntimeHandler != "" {
-		if _, ok := b.opts.Backends[c.RuntimeHandler]; !ok {
-			return Decision{}, errdefs.InvalidArgument("runtime_handler: %q is not a known handler (known: %s)", c.RuntimeHandler, strings.Join(b.Handlers(), ", "))
-		}
-		return Decision{Stage1: c.RuntimeHandler, Reasons: []string{fmt.Sprintf("runtime handler %q", c.RuntimeHandler)}}, nil
+// policyPod is what the policy reads of a pod.
+func policyPod(c *PodConfig) policy.Pod {
+	return policy.Pod{
+		Handler:     c.RuntimeHandler,
+		Namespace:   c.Metadata.Namespace,
+		Labels:      c.Labels,
+		Annotations: c.Annotations,
+		Privileged:  c.Privileged,
+		HostNetwork: c.HostNetwork,
+		HostPID:     c.HostPID,
+		HostIPC:     c.HostIPC,
 	}
-	return Decision{Stage1: b.opts.DefaultStage1, Reasons: []string{"node default stage1"}}, nil
 }
 
-func checkCapabilities(c *PodConfig, be stage1.Backend) error {
-	caps := be.Capabilities()
-	switch {
-	case c.HostNetwork && !caps.HostNetwork:
-		return errdefs.InvalidArgument("stage1 %s cannot run a pod in the host network namespace", be.Name())
-	case !c.HostNetwork && !caps.PodNetwork && !caps.HostNetwork:
-		return errdefs.InvalidArgument("stage1 %s has no network mode for this pod", be.Name())
-	case c.HostPID && !caps.HostPID:
-		return errdefs.InvalidArgument("stage1 %s cannot share the host PID namespace", be.Name())
-	case c.HostIPC && !caps.HostIPC:
-		return errdefs.InvalidArgument("stage1 %s cannot share the host IPC namespace", be.Name())
+// decide asks the policy for the pod's stage1. A refusal carries its
+// errdefs class (PermissionDenied, InvalidArgument, FailedPrecondition)
+// and names the rule, handler or allow-list that refused.
+func (b *Broker) decide(c *PodConfig) (policy.Decision, error) {
+	d, err := b.policy.Load().Decide(policyPod(c), b.caps)
+	if err != nil {
+		b.count("refused")
+		b.log.Warn("pod refused by policy", "name", podNameKey(c.Metadata), "err", err)
+		return d, err
 	}
-	return nil
+	if _, ok := b.opts.Backends[d.Stage1]; !ok {
+		// The policy checks this too; never start a pod on a stage1 the
+		// node lacks.
+		b.count("refused")
+		return d, errdefs.FailedPrecondition("stage1 %q is not available on this node", d.Stage1)
+	}
+	b.count(d.Stage1)
+	return d, nil
 }
 
 // RunPod creates and starts a pod and returns its ID. A retry of a request
@@ -106,10 +114,6 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		return "", err
 	}
 	be := b.opts.Backends[dec.Stage1]
-	if err := checkCapabilities(cfg, be); err != nil {
-		b.mu.Unlock()
-		return "", err
-	}
 	id := newID()
 	p := &pod{
 		rec: &PodRecord{
@@ -118,6 +122,8 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 			Config:     *cfg,
 			ConfigHash: hash,
 			Stage1:     dec.Stage1,
+			Rule:       dec.Rule,
+			Options:    dec.Options,
 			Reasons:    dec.Reasons,
 			RunDir:     filepath.Join(b.podsRunDir(), id),
 			CreatedAt:  time.Now(),
@@ -163,7 +169,13 @@ const createTimeout = 4 * time.Minute
 
 func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 	c := rec.Config
+	// The kubelet's pod cgroup (cgroupfs driver: /kubepods/<qos>/pod<uid>)
+	// when it gives one, so its QoS limits and accounting cover the pod;
+	// the node's configured parent otherwise.
 	parent := b.opts.CgroupParent
+	if c.CgroupParent != "" {
+		parent = c.CgroupParent
+	}
 	return &stage1.PodSpec{
 		ID:           rec.ID,
 		Name:         c.Metadata.Name,
@@ -175,6 +187,7 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		HostNetwork:  c.HostNetwork,
 		HostPID:      c.HostPID,
 		HostIPC:      c.HostIPC,
+		Options:      rec.Options,
 		AgentBinary:  b.opts.AgentBinary,
 	}
 }
@@ -197,12 +210,22 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 		if derr := be.DestroyPod(context.WithoutCancel(ctx), spec, state); derr != nil {
 			b.log.Error("releasing a pod that failed to start", "pod", rec.ID, "err", derr)
 		}
+		if nerr := b.teardownNetwork(context.WithoutCancel(ctx), rec, true); nerr != nil {
+			b.log.Error("releasing the network of a pod that failed to start", "pod", rec.ID, "err", nerr)
+		}
 		os.RemoveAll(rec.RunDir)
 		b.rec.deletePod(rec.ID)
 	}()
 	if err := os.MkdirAll(rec.RunDir, 0o700); err != nil {
 		return err
 	}
+	if err := b.setupNetwork(ctx, rec); err != nil {
+		return err
+	}
+	if err := b.writePodFiles(rec); err != nil {
+		return fmt.Errorf("pod files: %w", err)
+	}
+	spec.NetNSPath = rec.NetNS
 	persist := func(state []byte) error {
 		b.mu.Lock()
 		rec.BackendState = state
@@ -274,6 +297,12 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 		}
 	}
 	b.mu.Lock()
+	netRec := *p.rec
+	b.mu.Unlock()
+	if err := b.teardownNetwork(ctx, &netRec, false); err != nil {
+		return fmt.Errorf("stop pod %s: %w", podID, err)
+	}
+	b.mu.Lock()
 	p.handle = nil
 	p.rec.State = PodNotReady
 	cp := *p.rec
@@ -316,6 +345,9 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 		if err := be.DestroyPod(ctx, b.podSpec(&rec), rec.BackendState); err != nil {
 			return fmt.Errorf("remove pod %s: %w", rec.ID, err)
 		}
+	}
+	if err := b.teardownNetwork(ctx, &rec, true); err != nil {
+		return fmt.Errorf("remove pod %s: %w", rec.ID, err)
 	}
 	if err := os.RemoveAll(rec.RunDir); err != nil {
 		return err
@@ -360,6 +392,12 @@ func (b *Broker) PodStatus(ctx context.Context, id string, verbose bool) (*PodSt
 			"stage1":  st.Record.Stage1,
 			"reasons": strings.Join(st.Record.Reasons, "; "),
 			"runDir":  st.Record.RunDir,
+		}
+		if st.Record.Rule != "" {
+			st.Info["rule"] = st.Record.Rule
+		}
+		for k, v := range st.Record.Options {
+			st.Info["option."+k] = v
 		}
 		if h != nil {
 			for k, v := range h.Details() {

@@ -49,6 +49,7 @@ func (b *Broker) Recover(ctx context.Context) error {
 		}
 	}
 	b.collectOrphans()
+	b.collectNetNS(ctx)
 	b.ready.Store(true)
 	b.log.Info("recovery done", "pods", len(pods), "running", recovered, "dead", dead, "discarded", discarded, "badRecords", len(bad), "took", time.Since(start))
 	return nil
@@ -77,6 +78,10 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 		}
 		for _, c := range ctrs {
 			b.discardContainer(c)
+		}
+		if err := b.teardownNetwork(ctx, rec, true); err != nil {
+			log.Error("releasing the pod's network", "err", err)
+			return "discarded"
 		}
 		os.RemoveAll(rec.RunDir)
 		b.rec.deletePod(rec.ID)

@@ -131,16 +131,23 @@ const recordVersion = 1
 
 // PodRecord is what the broker persists for a pod.
 type PodRecord struct {
-	Version      int       `json:"version"`
-	ID           string    `json:"id"`
-	State        string    `json:"state"`
-	Config       PodConfig `json:"config"`
-	ConfigHash   string    `json:"configHash"`
-	Stage1       string    `json:"stage1"`
-	Reasons      []string  `json:"reasons,omitempty"`
-	BackendState []byte    `json:"backendState,omitempty"`
-	RunDir       string    `json:"runDir"`
-	CreatedAt    time.Time `json:"createdAt"`
+	Version    int       `json:"version"`
+	ID         string    `json:"id"`
+	State      string    `json:"state"`
+	Config     PodConfig `json:"config"`
+	ConfigHash string    `json:"configHash"`
+	Stage1     string    `json:"stage1"`
+	// Rule and Options come from the policy decision; Reasons say why.
+	Rule         string            `json:"rule,omitempty"`
+	Options      map[string]string `json:"options,omitempty"`
+	Reasons      []string          `json:"reasons,omitempty"`
+	BackendState []byte            `json:"backendState,omitempty"`
+	RunDir       string            `json:"runDir"`
+	// NetNS is the pod's network namespace (recorded before it is made);
+	// empty for pods in the host network. IPs are from CNI.
+	NetNS     string    `json:"netns,omitempty"`
+	IPs       []string  `json:"ips,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
 	// Gone is set when the pod's agent was found dead.
 	Gone bool `json:"gone,omitempty"`
 }

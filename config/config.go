@@ -12,9 +12,13 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/stagelet/stagelet/policy"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // CurrentVersion is the config format version this build reads.
@@ -35,6 +39,15 @@ type Registry struct {
 	Insecure bool `yaml:"insecure"`
 }
 
+// CNI configures pod networking.
+type CNI struct {
+	// ConfDir holds CNI configurations; the first valid one (by name) is
+	// used.
+	ConfDir string `yaml:"conf_dir"`
+	// PluginDirs are searched for plugin binaries, in order.
+	PluginDirs []string `yaml:"plugin_dirs"`
+}
+
 // Config is the node configuration.
 type Config struct {
 	Version int `yaml:"version"`
@@ -44,9 +57,15 @@ type Config struct {
 	StateDir string `yaml:"state_dir"`
 	RunDir   string `yaml:"run_dir"`
 	// CgroupParent: absolute, or relative to the daemon's own cgroup.
-	CgroupParent  string              `yaml:"cgroup_parent"`
-	DefaultStage1 string              `yaml:"default_stage1"`
-	Registries    map[string]Registry `yaml:"registries"`
+	CgroupParent string              `yaml:"cgroup_parent"`
+	Registries   map[string]Registry `yaml:"registries"`
+	// CNI locates the pod network configuration and plugins.
+	CNI CNI `yaml:"cni"`
+	// Policy decides each pod's stage1. Absent: the embedded default
+	// policy. PolicyFile names a policy file instead (relative to this
+	// file's directory); the two are exclusive.
+	Policy     *policy.Policy `yaml:"policy"`
+	PolicyFile string         `yaml:"policy_file"`
 
 	// Source names where the config came from ("embedded default" or a path).
 	Source string `yaml:"-"`
@@ -95,8 +114,8 @@ func (c *Config) Validate() error {
 	if c.Version != CurrentVersion {
 		errs = append(errs, fmt.Errorf("version: %d is not supported (want %d)", c.Version, CurrentVersion))
 	}
-	if c.DefaultStage1 == "" {
-		errs = append(errs, fmt.Errorf("default_stage1: must be set"))
+	if c.Policy != nil && c.PolicyFile != "" {
+		errs = append(errs, fmt.Errorf("policy and policy_file: give one of them, not both"))
 	}
 	if c.CgroupParent == "" {
 		errs = append(errs, fmt.Errorf("cgroup_parent: must be set"))
@@ -114,6 +133,64 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// LoadPolicy returns the policy the configuration names: policy_file (read
+// now), the inline policy section, or the embedded default. Problems that
+// only name stage1s this node lacks are not errors here: the same policy
+// may serve nodes with and without them, and pods routed to a missing
+// stage1 are refused when they come.
+func (c *Config) LoadPolicy() (*policy.Policy, error) {
+	var p *policy.Policy
+	switch {
+	case c.PolicyFile != "":
+		f := c.PolicyFile
+		if !filepath.IsAbs(f) && c.Source != "" && c.Source != "embedded default" {
+			f = filepath.Join(filepath.Dir(c.Source), f)
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("policy_file: %w", err)
+		}
+		if p, err = policy.Parse(f, data); err != nil {
+			return nil, err
+		}
+		p.Source = f
+	case c.Policy != nil:
+		cp := *c.Policy
+		p = &cp
+		p.Source = c.Source
+	default:
+		p = policy.Default()
+		p.Source = "embedded default policy"
+	}
+	return p, nil
+}
+
+// CheckPolicy validates p against the node's stage1s and returns the
+// problems that are errors and, separately, those that only name stage1s
+// the node lacks.
+func CheckPolicy(p *policy.Policy, known map[string]stage1.Capabilities) (errs error, missing []string) {
+	err := p.Validate(known)
+	if err == nil {
+		return nil, nil
+	}
+	var ps policy.Problems
+	if !errors.As(err, &ps) {
+		return err, nil
+	}
+	var real policy.Problems
+	for _, pr := range ps {
+		if errors.Is(pr, policy.ErrUnknownStage1) {
+			missing = append(missing, pr.Error())
+		} else {
+			real = append(real, pr)
+		}
+	}
+	if len(real) > 0 {
+		return real, missing
+	}
+	return nil, missing
 }
 
 func checkMirror(m string) error {

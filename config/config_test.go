@@ -7,7 +7,7 @@ import (
 
 func TestDefaultIsValid(t *testing.T) {
 	c := Default()
-	if c.DefaultStage1 != "fly" || c.CgroupParent != "stagelet" || c.Version != 1 {
+	if c.Policy != nil || c.CgroupParent != "stagelet" || c.Version != 1 {
 		t.Fatalf("unexpected default: %+v", c)
 	}
 }
@@ -18,10 +18,18 @@ func TestParse(t *testing.T) {
 		check               func(*testing.T, *Config)
 	}{
 		{name: "empty keeps defaults", yaml: "", check: func(t *testing.T, c *Config) {
-			if c.DefaultStage1 != "fly" {
-				t.Errorf("default_stage1 = %q", c.DefaultStage1)
+			if c.CgroupParent != "stagelet" {
+				t.Errorf("cgroup_parent = %q", c.CgroupParent)
 			}
 		}},
+		{name: "inline policy", yaml: "policy:\n  version: 1\n  default_stage1: fly\n", check: func(t *testing.T, c *Config) {
+			p, err := c.LoadPolicy()
+			if err != nil || p.DefaultStage1 != "fly" || p.Source != "test.yaml" {
+				t.Errorf("policy = %+v, %v", p, err)
+			}
+		}},
+		{name: "policy problems name the line", yaml: "version: 1\npolicy:\n  version: 1\n  default_stage1: fly\n  rulez: []\n", wantErr: "line 5"},
+		{name: "policy and policy_file", yaml: "policy: {version: 1, default_stage1: fly}\npolicy_file: p.yaml\n", wantErr: "not both"},
 		{name: "registries", yaml: "version: 1\nregistries:\n  registry.k8s.io:\n    mirrors: [\"http://127.0.0.1:5055\"]\n  127.0.0.1:5055:\n    insecure: true\n",
 			check: func(t *testing.T, c *Config) {
 				if got := c.Registries["registry.k8s.io"].Mirrors; len(got) != 1 || got[0] != "http://127.0.0.1:5055" {

@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -25,12 +26,18 @@ func (s *Server) Version(ctx context.Context, r *runtimeapi.VersionRequest) (*ru
 }
 
 // Status reports runtime and network readiness and the runtime handlers.
-// Networking is the host's for every stage1 this build has, so the network
-// is ready when the runtime is.
+// The network is ready when a valid CNI configuration is there; pods in the
+// host network do not need it.
 func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	netReady, netReason := s.b.NetworkStatus()
+	netCond := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: netReady}
+	if !netReady {
+		netCond.Reason = "NetworkPluginNotReady"
+		netCond.Message = netReason
+	}
 	conds := []*runtimeapi.RuntimeCondition{
 		{Type: runtimeapi.RuntimeReady, Status: true},
-		{Type: runtimeapi.NetworkReady, Status: true, Reason: "", Message: "pods use the host network"},
+		netCond,
 	}
 	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: conds}}
 	for _, h := range s.b.Handlers() {
@@ -39,10 +46,16 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 	// The empty handler: the node default, as the kubelet expects.
 	resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: "", Features: &runtimeapi.RuntimeHandlerFeatures{}})
 	if r.GetVerbose() {
+		counts, _ := json.Marshal(s.b.DecisionCounts())
+		pol := s.b.Policy()
 		resp.Info = map[string]string{
-			"handlers":  strings.Join(s.b.Handlers(), ","),
-			"startedAt": s.startedAt.UTC().Format("2006-01-02T15:04:05Z"),
-			"pods":      fmt.Sprint(len(s.b.ListPods(podFilterAll))),
+			"handlers":      strings.Join(s.b.Handlers(), ","),
+			"stage1s":       strings.Join(s.b.Stage1s(), ","),
+			"policy":        pol.Source,
+			"defaultStage1": pol.DefaultStage1,
+			"decisions":     string(counts),
+			"startedAt":     s.startedAt.UTC().Format("2006-01-02T15:04:05Z"),
+			"pods":          fmt.Sprint(len(s.b.ListPods(podFilterAll))),
 		}
 	}
 	return resp, nil

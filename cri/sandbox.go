@@ -125,7 +125,7 @@ func (s *Server) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandboxS
 			Metadata:    podMeta(c.Metadata),
 			State:       podState(st),
 			CreatedAt:   rec.CreatedAt.UnixNano(),
-			Network:     &runtimeapi.PodSandboxNetworkStatus{},
+			Network:     podNetworkStatus(rec.IPs),
 			Labels:      c.Labels,
 			Annotations: c.Annotations,
 			Linux: &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: &runtimeapi.NamespaceOption{
@@ -165,4 +165,16 @@ func (s *Server) ListPodSandbox(ctx context.Context, r *runtimeapi.ListPodSandbo
 		})
 	}
 	return resp, nil
+}
+
+func podNetworkStatus(ips []string) *runtimeapi.PodSandboxNetworkStatus {
+	st := &runtimeapi.PodSandboxNetworkStatus{}
+	for i, ip := range ips {
+		if i == 0 {
+			st.Ip = ip
+			continue
+		}
+		st.AdditionalIps = append(st.AdditionalIps, &runtimeapi.PodIP{Ip: ip})
+	}
+	return st
 }

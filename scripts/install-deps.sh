@@ -4,8 +4,14 @@
 set -eu
 
 need=""
+# Test images are built from Debian's static busybox.
 command -v busybox >/dev/null 2>&1 || [ -x /bin/busybox ] || need="$need busybox-static"
-# Used by pods and tests: mount tools, iproute2 for network namespaces.
+# The nspawn stage1.
+command -v systemd-nspawn >/dev/null 2>&1 || need="$need systemd-container"
+# Pod networking: the CNI plugins, and the tools they call.
+[ -x /usr/lib/cni/bridge ] || [ -x /opt/cni/bin/bridge ] || need="$need containernetworking-plugins"
+command -v iptables >/dev/null 2>&1 || need="$need iptables"
+command -v ip >/dev/null 2>&1 || need="$need iproute2"
 command -v mount >/dev/null 2>&1 || need="$need mount"
 
 if [ -n "$need" ]; then

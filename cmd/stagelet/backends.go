@@ -5,6 +5,7 @@ import (
 
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/fly"
+	"github.com/stagelet/stagelet/stage1/nspawn"
 )
 
 // builtinBackends are the stage1s this binary carries.
@@ -12,6 +13,7 @@ func builtinBackends(log *slog.Logger) stage1.Registry {
 	r := stage1.Registry{}
 	for _, be := range []stage1.Backend{
 		fly.New(log.With("stage1", "fly")),
+		nspawn.New(log.With("stage1", "nspawn")),
 	} {
 		r[be.Name()] = be
 	}

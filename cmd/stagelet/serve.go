@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/cri"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/network"
 )
 
 const (
@@ -70,14 +72,14 @@ func serveMain(args []string) int {
 	state := pick(*stateDir, cfg.StateDir, defaultStateDir)
 	run := pick(*runDir, cfg.RunDir, defaultRunDir)
 
-	if err := serve(log, cfg, sock, state, run); err != nil {
+	if err := serve(log, cfg, *configPath, sock, state, run); err != nil {
 		log.Error("stagelet serve failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(log *slog.Logger, cfg *config.Config, sock, state, run string) error {
+func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run string) error {
 	for _, d := range []string{state, run} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
@@ -96,15 +98,32 @@ func serve(log *slog.Logger, cfg *config.Config, sock, state, run string) error 
 		return fmt.Errorf("image store: %w", err)
 	}
 	backends := builtinBackends(log)
+	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
+	if err != nil {
+		return fmt.Errorf("policy: %w", err)
+	}
+	netm, err := network.New(network.Config{
+		ConfDir:    cfg.CNI.ConfDir,
+		PluginDirs: cfg.CNI.PluginDirs,
+		RunDir:     run,
+		CacheDir:   filepath.Join(state, "cni"),
+	}, log.With("component", "network"))
+	if err != nil {
+		return fmt.Errorf("pod network: %w", err)
+	}
+	if ok, reason := netm.Status(); !ok {
+		log.Warn("pod network not ready: only pods in the host network can run", "reason", reason)
+	}
 	b, err := broker.New(broker.Options{
-		StateDir:      state,
-		RunDir:        run,
-		CgroupParent:  cfg.CgroupParent,
-		DefaultStage1: cfg.DefaultStage1,
-		AgentBinary:   self,
-		Backends:      backends,
-		Images:        images,
-		Log:           log,
+		Network:      netm,
+		StateDir:     state,
+		RunDir:       run,
+		CgroupParent: cfg.CgroupParent,
+		Policy:       pol,
+		AgentBinary:  self,
+		Backends:     backends,
+		Images:       images,
+		Log:          log,
 	})
 	if err != nil {
 		return err
@@ -134,7 +153,8 @@ func serve(log *slog.Logger, cfg *config.Config, sock, state, run string) error 
 
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
-	log.Info("stagelet serving", "socket", sock, "stateDir", state, "runDir", run, "config", cfg.Source, "stage1s", b.Handlers(), "default", cfg.DefaultStage1, "version", version)
+	log.Info("stagelet serving", "socket", sock, "stateDir", state, "runDir", run, "config", cfg.Source,
+		"stage1s", b.Stage1s(), "policy", pol.Source, "default", pol.DefaultStage1, "handlers", b.Handlers(), "version", version)
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
@@ -142,6 +162,7 @@ func serve(log *slog.Logger, cfg *config.Config, sock, state, run string) error 
 		g.Stop()
 		return fmt.Errorf("recovery: %w", err)
 	}
+	go reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, 2*time.Second)
 	select {
 	case err := <-errc:
 		return err

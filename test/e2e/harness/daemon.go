@@ -81,8 +81,13 @@ type Options struct {
 	// InsecureRegistries are registry hosts ("127.0.0.1:PORT") reached over
 	// plain HTTP.
 	InsecureRegistries []string
-	// DefaultStage1 is the configured default stage1; "fly" when empty.
+	// DefaultStage1 is the default stage1 of the policy the harness writes
+	// when Policy is empty; "fly" when empty. Every stage1 is also a
+	// handler of that name.
 	DefaultStage1 string
+	// Policy, when set, is the node policy as YAML (the body of the
+	// config's policy: section, unindented).
+	Policy string
 	// LogLevel is the daemon's --log-level; "debug" when empty.
 	LogLevel string
 	// Logger receives the harness's own messages; discarded when nil.
@@ -103,6 +108,12 @@ type Daemon struct {
 	ConfigPath   string
 	LogPath      string
 	CgroupParent string
+	// CNIConfDir holds this daemon's own CNI configuration: a bridge named
+	// Bridge on Subnet, with host-local addresses kept under Root, so that
+	// tests never touch the host's networks.
+	CNIConfDir string
+	Bridge     string
+	Subnet     string
 
 	opts Options
 	log  *slog.Logger
@@ -156,6 +167,9 @@ func New(opts Options) (*Daemon, error) {
 		ConfigPath:   filepath.Join(root, "config.yaml"),
 		LogPath:      filepath.Join(root, "daemon.log"),
 		CgroupParent: "stagelet-e2e-" + hex.EncodeToString(suffix[:]),
+		CNIConfDir:   filepath.Join(root, "cni"),
+		Bridge:       "se2e" + hex.EncodeToString(suffix[:]),
+		Subnet:       fmt.Sprintf("10.213.%d.0/24", suffix[0]),
 		opts:         opts,
 		log:          lg.With("daemon", filepath.Base(root)),
 		cgroupDirs:   map[string]bool{},
@@ -165,6 +179,14 @@ func New(opts Options) (*Daemon, error) {
 			os.RemoveAll(root)
 			return nil, err
 		}
+	}
+	if err := os.MkdirAll(d.CNIConfDir, 0o755); err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(d.CNIConfDir, "10-e2e.conflist"), []byte(d.cniConflist()), 0o644); err != nil {
+		os.RemoveAll(root)
+		return nil, err
 	}
 	if err := os.WriteFile(d.ConfigPath, []byte(d.configYAML()), 0o644); err != nil {
 		os.RemoveAll(root)
@@ -177,7 +199,15 @@ func (d *Daemon) configYAML() string {
 	var b strings.Builder
 	b.WriteString("version: 1\n")
 	fmt.Fprintf(&b, "cgroup_parent: %q\n", d.CgroupParent)
-	fmt.Fprintf(&b, "default_stage1: %s\n", d.opts.DefaultStage1)
+	pol := d.opts.Policy
+	if pol == "" {
+		pol = fmt.Sprintf("version: 1\ndefault_stage1: %s\nhandlers:\n  fly: {stage1: fly}\n", d.opts.DefaultStage1)
+	}
+	fmt.Fprintf(&b, "cni:\n  conf_dir: %q\n", d.CNIConfDir)
+	b.WriteString("policy:\n")
+	for _, line := range strings.Split(strings.TrimRight(pol, "\n"), "\n") {
+		b.WriteString("  " + line + "\n")
+	}
 	if len(d.opts.InsecureRegistries) > 0 {
 		b.WriteString("registries:\n")
 		for _, h := range d.opts.InsecureRegistries {
@@ -185,6 +215,21 @@ func (d *Daemon) configYAML() string {
 		}
 	}
 	return b.String()
+}
+
+// cniConflist is the daemon's network: bridge + host-local + portmap.
+func (d *Daemon) cniConflist() string {
+	return fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "stagelet-e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
+              "dataDir": %q}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`, d.Bridge, d.Subnet, filepath.Join(d.Root, "ipam"))
 }
 
 // Start launches the daemon and waits until it answers Version.

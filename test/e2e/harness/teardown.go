@@ -23,11 +23,14 @@ type Leftovers struct {
 	Processes []string
 	Mounts    []string
 	Cgroups   []string
+	// Network: veths still on the daemon's bridge, IPAM allocations, and
+	// iptables rules naming the daemon's pods.
+	Network []string
 }
 
 // Empty reports whether nothing was left over.
 func (l Leftovers) Empty() bool {
-	return len(l.Processes) == 0 && len(l.Mounts) == 0 && len(l.Cgroups) == 0
+	return len(l.Processes) == 0 && len(l.Mounts) == 0 && len(l.Cgroups) == 0 && len(l.Network) == 0
 }
 
 func (l Leftovers) String() string {
@@ -40,6 +43,9 @@ func (l Leftovers) String() string {
 	}
 	if len(l.Cgroups) > 0 {
 		parts = append(parts, "cgroups: "+strings.Join(l.Cgroups, "; "))
+	}
+	if len(l.Network) > 0 {
+		parts = append(parts, "network: "+strings.Join(l.Network, "; "))
 	}
 	if len(parts) == 0 {
 		return "nothing"
@@ -95,6 +101,7 @@ func (d *Daemon) Teardown(ctx context.Context) (Leftovers, error) {
 	}
 
 	left.Processes = d.killLeftoverProcesses()
+	left.Network = d.releaseNetwork(ctx)
 	left.Mounts = d.unmountLeftovers()
 	cg, err := d.removeCgroups()
 	left.Cgroups = cg

@@ -1,0 +1,196 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/network"
+)
+
+// Network is what the broker needs from pod networking (network.Manager).
+type Network interface {
+	Status() (ready bool, reason string)
+	NetNSPath(podID string) string
+	NewNetNS(podID string) (string, error)
+	RemoveNetNS(path string) error
+	NetNSPods() ([]string, error)
+	Setup(ctx context.Context, pn network.PodNetwork) (*network.Result, error)
+	Teardown(ctx context.Context, pn network.PodNetwork) error
+}
+
+// NetworkStatus reports whether pods that need their own network can be
+// created, and why not.
+func (b *Broker) NetworkStatus() (bool, string) {
+	if b.opts.Network == nil {
+		return false, "pod networking is not configured"
+	}
+	return b.opts.Network.Status()
+}
+
+func podNetwork(rec *PodRecord) network.PodNetwork {
+	c := rec.Config
+	pn := network.PodNetwork{
+		PodID: rec.ID, Name: c.Metadata.Name, Namespace: c.Metadata.Namespace, UID: c.Metadata.UID,
+		NetNS: rec.NetNS,
+	}
+	for _, p := range c.PortMappings {
+		if p.HostPort > 0 {
+			pn.PortMappings = append(pn.PortMappings, network.PortMapping{
+				Protocol: p.Protocol, ContainerPort: p.ContainerPort, HostPort: p.HostPort, HostIP: p.HostIP,
+			})
+		}
+	}
+	return pn
+}
+
+// checkSysctls refuses sysctls stagelet cannot apply to the pod alone.
+func checkSysctls(c *PodConfig) error {
+	for k := range c.Sysctls {
+		switch network.SysctlNamespace(k) {
+		case network.SysctlNet:
+			if c.HostNetwork {
+				return errdefs.InvalidArgument("config.linux.sysctls: %q would change the host's network settings (the pod uses the host network)", k)
+			}
+		case network.SysctlIPC:
+			return errdefs.New(errdefs.ErrUnimplemented, "config.linux.sysctls: %q: IPC sysctls are not supported yet", k)
+		default:
+			return errdefs.InvalidArgument("config.linux.sysctls: %q is not namespaced: it would change the whole node", k)
+		}
+	}
+	return nil
+}
+
+// setupNetwork gives a pod that does not use the host network its own
+// netns and a CNI attachment, recording the netns before taking it. Called
+// from startPod; failures are released by teardownNetwork.
+func (b *Broker) setupNetwork(ctx context.Context, rec *PodRecord) error {
+	if rec.Config.HostNetwork {
+		return nil
+	}
+	if b.opts.Network == nil {
+		return errdefs.FailedPrecondition("the pod needs its own network, and pod networking is not configured on this node")
+	}
+	if ok, reason := b.opts.Network.Status(); !ok {
+		return errdefs.New(errdefs.ErrUnavailable, "pod network is not ready: %s", reason)
+	}
+	b.mu.Lock()
+	rec.NetNS = b.opts.Network.NetNSPath(rec.ID)
+	cp := *rec
+	b.mu.Unlock()
+	if err := b.rec.savePod(&cp); err != nil {
+		return err
+	}
+	if _, err := b.opts.Network.NewNetNS(rec.ID); err != nil {
+		return fmt.Errorf("pod netns: %w", err)
+	}
+	if len(rec.Config.Sysctls) > 0 {
+		if err := network.ApplySysctls(rec.NetNS, rec.Config.Sysctls); err != nil {
+			return err
+		}
+	}
+	res, err := b.opts.Network.Setup(ctx, podNetwork(&cp))
+	if err != nil {
+		return fmt.Errorf("pod network: %w", err)
+	}
+	b.mu.Lock()
+	rec.IPs = res.IPs
+	b.mu.Unlock()
+	return nil
+}
+
+// teardownNetwork releases the pod's CNI attachment; with remove it also
+// removes the netns. Idempotent.
+func (b *Broker) teardownNetwork(ctx context.Context, rec *PodRecord, remove bool) error {
+	if rec.NetNS == "" || b.opts.Network == nil {
+		return nil
+	}
+	if err := b.opts.Network.Teardown(ctx, podNetwork(rec)); err != nil {
+		return fmt.Errorf("pod network teardown: %w", err)
+	}
+	if remove {
+		if err := b.opts.Network.RemoveNetNS(rec.NetNS); err != nil {
+			return fmt.Errorf("pod netns: %w", err)
+		}
+	}
+	return nil
+}
+
+// writePodFiles writes the files the pod's containers get: resolv.conf
+// from the CRI DNS config, and for pods with their own network hostname
+// and hosts. Paths are under the pod's run dir.
+func (b *Broker) writePodFiles(rec *PodRecord) error {
+	dir := filepath.Join(rec.RunDir, "etc")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	c := rec.Config
+	if c.DNS != nil && (len(c.DNS.Servers) > 0 || len(c.DNS.Searches) > 0 || len(c.DNS.Options) > 0) {
+		if err := network.WriteResolvConf(filepath.Join(dir, "resolv.conf"), c.DNS.Servers, c.DNS.Searches, c.DNS.Options); err != nil {
+			return err
+		}
+	}
+	if !c.HostNetwork && c.Hostname != "" {
+		if err := network.WriteHostname(filepath.Join(dir, "hostname"), c.Hostname); err != nil {
+			return err
+		}
+		if err := network.WriteHosts(filepath.Join(dir, "hosts"), c.Hostname, rec.IPs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// podFileMounts are the bind mounts of the pod's files into a container,
+// except where the container mounts something there itself (the kubelet
+// mounts its own /etc/hosts).
+func podFileMounts(rec *PodRecord, own []api.Mount, readonly bool) []api.Mount {
+	var out []api.Mount
+	for _, name := range []string{"resolv.conf", "hostname", "hosts"} {
+		src := filepath.Join(rec.RunDir, "etc", name)
+		dst := "/etc/" + name
+		if _, err := os.Stat(src); err != nil {
+			continue
+		}
+		if slices.ContainsFunc(own, func(m api.Mount) bool { return filepath.Clean(m.Destination) == dst }) {
+			continue
+		}
+		out = append(out, api.Mount{Source: src, Destination: dst, Readonly: readonly})
+	}
+	return out
+}
+
+// collectNetNS tears down network namespaces no record names (a crash
+// between creating one and recording the pod cannot happen, as the record
+// comes first; this catches records that were removed by hand).
+func (b *Broker) collectNetNS(ctx context.Context) {
+	if b.opts.Network == nil {
+		return
+	}
+	ids, err := b.opts.Network.NetNSPods()
+	if err != nil {
+		b.log.Error("listing pod network namespaces", "err", err)
+		return
+	}
+	b.mu.Lock()
+	known := map[string]bool{}
+	for id := range b.pods {
+		known[id] = true
+	}
+	b.mu.Unlock()
+	for _, id := range ids {
+		if known[id] {
+			continue
+		}
+		rec := &PodRecord{ID: id, NetNS: b.opts.Network.NetNSPath(id)}
+		b.log.Warn("releasing an orphaned pod network namespace", "pod", id)
+		if err := b.teardownNetwork(ctx, rec, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			b.log.Error("releasing an orphaned pod network namespace", "pod", id, "err", err)
+		}
+	}
+}
