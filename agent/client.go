@@ -14,11 +14,11 @@ import (
 // Dialer opens one stream to an agent.
 type Dialer func(ctx context.Context) (net.Conn, error)
 
-// UnixDialer dials the agent's unix socket at path.
+// UnixDialer dials the agent's unix socket at path, which may be longer
+// than a socket address holds.
 func UnixDialer(path string) Dialer {
 	return func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
+		return dialUnix(ctx, path)
 	}
 }
 

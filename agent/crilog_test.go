@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,5 +142,40 @@ func TestWithoutFlag(t *testing.T) {
 	want := []string{"--socket", "/s", "--state-dir=/d", "--log-level", "debug"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+func TestLongSocketPath(t *testing.T) {
+	dir := t.TempDir()
+	for len(dir) < 150 {
+		dir = filepath.Join(dir, "a-rather-long-directory-name")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "agent.sock")
+	l, err := listenAt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("socket not at its path: %v", err)
+	}
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+	c, err := dialUnix(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ok" {
+		t.Fatalf("read %q, %v", buf, err)
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -119,7 +120,10 @@ func listenUnix(path string) (net.Listener, error) {
 		if st.Mode()&fs.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket", path)
 		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := dialUnix(ctx, path)
+		cancel()
+		if err == nil {
 			c.Close()
 			return nil, fmt.Errorf("%s: another process serves this socket", path)
 		}
@@ -130,7 +134,7 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, err
 	}
 	old := syscall.Umask(0o177)
-	l, err := net.Listen("unix", path)
+	l, err := listenAt(path)
 	syscall.Umask(old)
 	if err != nil {
 		return nil, err
