@@ -14,8 +14,11 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-# Runs the CRI daemon with the embedded default configuration (root).
+# Runs the CRI daemon with the embedded default configuration (root),
+# after installing a default pod network if the node has none.
+POD_SUBNET ?= 10.88.0.0/16
 run: deps build
+	./$(BIN) cni init --subnet $(POD_SUBNET)
 	./$(BIN) serve
 
 # The whole suite: vet, unit tests, and as root the backend and end-to-end
@@ -31,8 +34,10 @@ e2e: deps
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command.
 bench: deps build
-	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/
-	$(GO) run ./cmd/stagelet-bench -bin $(BIN)
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/ ./network/ ./stage1/nspawn/
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -35,6 +35,8 @@ func main() {
 	n := flag.Int("n", 20, "runs of each measurement")
 	bin := flag.String("bin", "", "stagelet binary to run (default: build ./cmd/stagelet)")
 	verbose := flag.Bool("v", false, "log the harness's progress")
+	stage1 := flag.String("stage1", "fly", "stage1 (runtime handler) of the measured pods: fly or nspawn")
+	podNet := flag.Bool("podnet", false, "give each pod its own network namespace and CNI attachment (otherwise the host network)")
 	flag.Parse()
 	level := slog.LevelWarn
 	if *verbose {
@@ -51,7 +53,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *n, *bin, log); err != nil {
+	if err := run(ctx, *n, *bin, *stage1, *podNet, log); err != nil {
 		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 		os.Exit(1)
 	}
@@ -64,7 +66,7 @@ type result struct {
 	rssAfter uint64
 }
 
-func run(ctx context.Context, n int, bin string, log *slog.Logger) (err error) {
+func run(ctx context.Context, n int, bin, stage1 string, podNet bool, log *slog.Logger) (err error) {
 	tb := newFixtureTB("stagelet-bench")
 	defer func() {
 		if ferr := tb.finish(); ferr != nil {
@@ -96,6 +98,7 @@ func run(ctx context.Context, n int, bin string, log *slog.Logger) (err error) {
 	d, err := harness.New(harness.Options{
 		Bin:                bin,
 		InsecureRegistries: []string{reg.Host},
+		Policy:             "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n",
 		LogLevel:           "info",
 		Logger:             log,
 	})
@@ -126,15 +129,19 @@ func run(ctx context.Context, n int, bin string, log *slog.Logger) (err error) {
 		return fmt.Errorf("pull %s: %w", ref, err)
 	}
 
-	res, err := measure(ctx, d, ref, n)
+	res, err := measure(ctx, d, ref, n, stage1, podNet)
 	if err != nil {
 		return err
 	}
-	report(os.Stdout, n, res)
+	network := "host network"
+	if podNet {
+		network = "pod network (netns + CNI)"
+	}
+	report(os.Stdout, n, stage1+", "+network, res)
 	return nil
 }
 
-func measure(ctx context.Context, d *harness.Daemon, ref string, n int) (*result, error) {
+func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 string, podNet bool) (*result, error) {
 	res := &result{}
 	var err error
 	if res.rssIdle, err = d.RSS(); err != nil {
@@ -156,6 +163,12 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int) (*result
 			Pid:     runtimeapi.NamespaceMode_NODE,
 			Ipc:     runtimeapi.NamespaceMode_NODE,
 		}
+		if podNet {
+			hostNS.Network = runtimeapi.NamespaceMode_POD
+		}
+		if stage1 == "nspawn" { // nspawn gives every pod its own PID and IPC namespaces
+			hostNS.Pid, hostNS.Ipc = runtimeapi.NamespaceMode_POD, runtimeapi.NamespaceMode_POD
+		}
 		podCfg := &runtimeapi.PodSandboxConfig{
 			Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: fmt.Sprintf("bench-uid-%d-%d", os.Getpid(), i)},
 			Hostname:     name,
@@ -176,7 +189,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int) (*result
 		}
 
 		began := time.Now()
-		pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg})
+		pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: stage1})
 		if err != nil {
 			return nil, fmt.Errorf("run %d: RunPodSandbox: %w", i, err)
 		}
@@ -254,8 +267,8 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 
 func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
-func report(w io.Writer, n int, r *result) {
-	fmt.Fprintf(w, "stagelet-bench: stage1 fly, %d runs each\n\n", n)
+func report(w io.Writer, n int, what string, r *result) {
+	fmt.Fprintf(w, "stagelet-bench: stage1 %s, %d runs each\n\n", what, n)
 	const row = "%-72s %10s %10s\n"
 	fmt.Fprintf(w, row, "measure", "median", "p90")
 	fmt.Fprintf(w, row, "pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", ms(median(r.podStart)), ms(percentile(r.podStart, 90)))

@@ -20,6 +20,7 @@ commands:
   serve     run the CRI daemon
   agent     run a pod's agent (started by stage1 backends, not by hand)
   policy    check a policy file, or explain the stage1 a pod would get
+  cni       install the default pod network configuration (cni init)
   version   print the version
 `)
 }
@@ -34,6 +35,8 @@ func main() {
 		os.Exit(agent.Main(os.Args[2:]))
 	case "serve":
 		os.Exit(serveMain(os.Args[2:]))
+	case "cni":
+		os.Exit(cniMain(os.Args[2:]))
 	case "policy":
 		os.Exit(policyMain(os.Args[2:]))
 	case "version", "--version":

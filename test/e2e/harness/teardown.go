@@ -265,7 +265,10 @@ func (d *Daemon) unmountLeftovers() []string {
 			break
 		}
 		for _, mp := range mps {
-			if round == 0 {
+			// The netns directory is bind-mounted onto itself (shared
+			// propagation, as iproute2 does for /run/netns) for as long as
+			// the node runs pods: infrastructure, not a pod's leftover.
+			if round == 0 && mp != filepath.Join(d.RunDir, "netns") {
 				found = append(found, mp)
 			}
 			if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
