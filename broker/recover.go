@@ -106,6 +106,11 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 			rec.State = PodNotReady
 			rec.Gone = true
 			result = "gone"
+			// Nothing runs in the pod: release its address and ports now;
+			// the netns itself goes with RemovePodSandbox.
+			if err := b.teardownNetwork(ctx, rec, false); err != nil {
+				log.Error("releasing a dead pod's network", "err", err)
+			}
 		}
 		if err := b.rec.savePod(rec); err != nil {
 			log.Error("persist pod record", "err", err)

@@ -13,12 +13,13 @@ import (
 	"gopkg.in/yaml.v3"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/policy"
 )
 
 const policyUsage = `usage:
   stagelet policy check FILE...            validate policy files; exit 1 on problems
-  stagelet policy explain [--policy FILE] [--handler H] POD...
+  stagelet policy explain [--config NODECONFIG | --policy FILE] [--handler H] POD...
                                            the stage1 each pod would get, and why;
                                            POD is a Kubernetes Pod manifest (YAML or
                                            JSON) or a CRI PodSandboxConfig (JSON), or -
@@ -108,6 +109,7 @@ func splitProblems(err error) (errs, warns []string) {
 func policyExplain(args []string, out io.Writer) int {
 	fs := flag.NewFlagSet("stagelet policy explain", flag.ContinueOnError)
 	file := fs.String("policy", "", "policy file (default: the embedded default)")
+	cfgFile := fs.String("config", "", "node config whose policy to use (its policy: or policy_file:)")
 	handler := fs.String("handler", "", "RuntimeClass handler, for a CRI PodSandboxConfig")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -118,6 +120,20 @@ func policyExplain(args []string, out io.Writer) int {
 	}
 	p := policy.Default()
 	p.Source = "embedded default"
+	if *file != "" && *cfgFile != "" {
+		fmt.Fprintln(os.Stderr, "stagelet policy explain: give --policy or --config, not both")
+		return 2
+	}
+	if *cfgFile != "" {
+		cfg, err := config.Load(*cfgFile)
+		if err == nil {
+			p, err = cfg.LoadPolicy()
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	if *file != "" {
 		data, err := os.ReadFile(*file)
 		if err != nil {
