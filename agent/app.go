@@ -220,6 +220,9 @@ func (a *Agent) launch(ap *app) error {
 	if spec.Hostname != "" {
 		cloneflags |= syscall.CLONE_NEWUTS
 	}
+	if spec.PIDNamespace == api.PIDNamespaceContainer {
+		cloneflags |= syscall.CLONE_NEWPID
+	}
 	pr, err := a.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags})
 	if err != nil {
 		lg.close()

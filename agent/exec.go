@@ -78,8 +78,23 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 		return nil, errdefs.FailedPrecondition("app %s is not running", id)
 	}
 
-	c, err := a.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, extra...)
-	if err != nil {
+	spawn := func() (*child, error) { return a.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, extra...) }
+	var c *child
+	if spec.PIDNamespace == api.PIDNamespaceContainer {
+		pidns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+		if err != nil {
+			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+		}
+		defer pidns.Close()
+		err = forkInPIDNamespace(pidns, func() error {
+			var err error
+			c, err = spawn()
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	} else if c, err = spawn(); err != nil {
 		return nil, err
 	}
 	defer c.proc.Release()

@@ -608,3 +608,34 @@ func TestHostSysctlsRefused(t *testing.T) {
 	_, err = b.RunPod(context.Background(), c)
 	wantClass(t, err, errdefs.ErrInvalidArgument) // the pod is in the host network
 }
+
+func TestContainerPIDMode(t *testing.T) {
+	b := newEnv(t).broker(t)
+	ctx := context.Background()
+	pc := podCfg("pid")
+	pid, _ := b.RunPod(ctx, pc)
+	for _, tc := range []struct {
+		mode, want string
+		err        error
+	}{
+		{PIDModeContainer, api.PIDNamespaceContainer, nil},
+		{PIDModePod, "", nil},
+		{"", "", nil},
+		{PIDModeNode, "", errdefs.ErrInvalidArgument}, // the pod does not share the host's PID namespace
+	} {
+		c := ctrCfg("c-" + tc.mode)
+		c.Security.PIDMode = tc.mode
+		id, err := b.CreateContainer(ctx, pid, c)
+		if tc.err != nil {
+			wantClass(t, err, tc.err)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := b.ContainerStatus(ctx, id)
+		if rec.App.PIDNamespace != tc.want {
+			t.Errorf("mode %q: PIDNamespace %q, want %q", tc.mode, rec.App.PIDNamespace, tc.want)
+		}
+	}
+}

@@ -195,6 +195,15 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 	if !pod.HostNetwork {
 		hostname = pod.Hostname
 	}
+	pidns := ""
+	switch sec.PIDMode {
+	case PIDModeContainer:
+		pidns = api.PIDNamespaceContainer
+	case PIDModeNode:
+		if !pod.HostPID {
+			return nil, errdefs.InvalidArgument("config.linux.security_context.namespace_options.pid: NODE, but the pod sandbox does not share the host's PID namespace")
+		}
+	}
 	r := cfg.Resources
 	spec := &api.AppSpec{
 		ID:             id,
@@ -219,8 +228,9 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 			MemoryLimit: r.MemoryLimit,
 			OOMScoreAdj: int(r.OOMScoreAdj),
 		},
-		LogPath: logPath,
-		TTY:     cfg.TTY,
+		PIDNamespace: pidns,
+		LogPath:      logPath,
+		TTY:          cfg.TTY,
 	}
 	if hasEnv(spec.Env, "HOSTNAME") == "" && hostname != "" {
 		spec.Env = append(spec.Env, "HOSTNAME="+hostname)

@@ -74,15 +74,18 @@ type Resources struct {
 
 // Security is a container's security context.
 type Security struct {
-	Privileged         bool     `json:"privileged,omitempty"`
-	RunAsUser          *int64   `json:"runAsUser,omitempty"`
-	RunAsUsername      string   `json:"runAsUsername,omitempty"`
-	RunAsGroup         *int64   `json:"runAsGroup,omitempty"`
-	SupplementalGroups []int64  `json:"supplementalGroups,omitempty"`
-	ReadonlyRootfs     bool     `json:"readonlyRootfs,omitempty"`
-	NoNewPrivs         bool     `json:"noNewPrivs,omitempty"`
-	AddCapabilities    []string `json:"addCapabilities,omitempty"`
-	DropCapabilities   []string `json:"dropCapabilities,omitempty"`
+	Privileged         bool    `json:"privileged,omitempty"`
+	RunAsUser          *int64  `json:"runAsUser,omitempty"`
+	RunAsUsername      string  `json:"runAsUsername,omitempty"`
+	RunAsGroup         *int64  `json:"runAsGroup,omitempty"`
+	SupplementalGroups []int64 `json:"supplementalGroups,omitempty"`
+	ReadonlyRootfs     bool    `json:"readonlyRootfs,omitempty"`
+	NoNewPrivs         bool    `json:"noNewPrivs,omitempty"`
+	// PIDMode is the container's PID namespace: "container" (its own),
+	// "pod" (shared with the pod's containers) or "node" (the host's).
+	PIDMode          string   `json:"pidMode,omitempty"`
+	AddCapabilities  []string `json:"addCapabilities,omitempty"`
+	DropCapabilities []string `json:"dropCapabilities,omitempty"`
 }
 
 // ContainerMetadata identifies a container within its pod.
@@ -115,6 +118,13 @@ const (
 	PodCreating = "creating" // record written, resources being taken
 	PodReady    = "ready"
 	PodNotReady = "notready"
+)
+
+// Container PID modes.
+const (
+	PIDModeContainer = "container"
+	PIDModePod       = "pod"
+	PIDModeNode      = "node"
 )
 
 // Container states.

@@ -96,6 +96,18 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 			sec.SupplementalGroups = sc.GetSupplementalGroups()
 			sec.ReadonlyRootfs = sc.GetReadonlyRootfs()
 			sec.NoNewPrivs = sc.GetNoNewPrivs()
+			if ns := sc.GetNamespaceOptions(); ns != nil {
+				switch ns.GetPid() {
+				case runtimeapi.NamespaceMode_CONTAINER:
+					sec.PIDMode = broker.PIDModeContainer
+				case runtimeapi.NamespaceMode_POD:
+					sec.PIDMode = broker.PIDModePod
+				case runtimeapi.NamespaceMode_NODE:
+					sec.PIDMode = broker.PIDModeNode
+				case runtimeapi.NamespaceMode_TARGET:
+					return nil, errdefs.New(errdefs.ErrUnimplemented, "config.linux.security_context.namespace_options.pid: TARGET (sharing another container's PID namespace) is not supported yet")
+				}
+			}
 			if caps := sc.GetCapabilities(); caps != nil {
 				sec.AddCapabilities = caps.GetAddCapabilities()
 				sec.DropCapabilities = caps.GetDropCapabilities()

@@ -116,11 +116,22 @@ type AppSpec struct {
 	Mounts    []Mount   `json:"mounts,omitempty"`
 	Resources Resources `json:"resources"`
 
+	// PIDNamespace: "" or "pod" runs the app in the pod's PID namespace
+	// (the agent's); "container" gives it one of its own, where it is
+	// PID 1 and exec'd commands join it.
+	PIDNamespace string `json:"pidNamespace,omitempty"`
+
 	// LogPath is where the app's stdout/stderr go in CRI log format;
 	// empty means discard.
 	LogPath string `json:"logPath,omitempty"`
 	TTY     bool   `json:"tty,omitempty"`
 }
+
+// PID namespace modes of an app.
+const (
+	PIDNamespacePod       = "pod"
+	PIDNamespaceContainer = "container"
+)
 
 // App states.
 const (
