@@ -93,6 +93,9 @@ type pod struct {
 	// its outcome, read after created is closed.
 	created chan struct{}
 	err     error
+	// checked is when the agent last answered a liveness check (guarded
+	// by Broker.mu).
+	checked time.Time
 }
 
 type container struct {

@@ -639,3 +639,40 @@ func TestContainerPIDMode(t *testing.T) {
 		}
 	}
 }
+
+func TestPodWhoseAgentDiesBecomesNotReady(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	ctx := context.Background()
+	id, _ := b.RunPod(ctx, podCfg("dies"))
+	cid, _ := b.CreateContainer(ctx, id, ctrCfg("c"))
+	if err := b.StartContainer(ctx, cid); err != nil {
+		t.Fatal(err)
+	}
+	fp := e.be.pods[id]
+	fp.mu.Lock()
+	fp.dead = true
+	fp.mu.Unlock()
+	// The next status read after the check interval notices.
+	b.mu.Lock()
+	b.pods[id].checked = time.Time{}
+	b.mu.Unlock()
+	st, err := b.PodStatus(ctx, id, false)
+	if err != nil || st.Ready || !st.Record.Gone {
+		t.Fatalf("status after the agent died: %+v %v", st, err)
+	}
+	rec, _ := b.ContainerStatus(ctx, cid)
+	if rec.State != ContainerExited || rec.ExitCode != 255 {
+		t.Fatalf("container after the agent died: %s/%d", rec.State, rec.ExitCode)
+	}
+	// Stop kills what the pod left; remove releases the rest.
+	if err := b.StopPod(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if e.be.destroyed[id] != 1 {
+		t.Fatalf("stop of a dead pod did not release it: %d", e.be.destroyed[id])
+	}
+	if err := b.RemovePod(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}

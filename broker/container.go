@@ -497,6 +497,9 @@ func (b *Broker) refresh(ctx context.Context, p *pod, cs []*container) {
 	apps, err := h.ListContainers(actx)
 	if err != nil {
 		b.log.Warn("cannot reach the pod's agent", "pod", p.rec.ID, "err", err)
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			b.checkAlive(p)
+		}
 		return
 	}
 	byID := map[string]*api.AppStatus{}

@@ -88,6 +88,7 @@ type fakePod struct {
 	mu    sync.Mutex
 	id    string
 	alive bool
+	dead  bool // the agent died: calls fail with ErrUnavailable
 	apps  map[string]*api.AppStatus
 	specs map[string]*api.AppSpec
 }
@@ -96,6 +97,11 @@ func (p *fakePod) isAlive() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.al
 
 func (p *fakePod) State() []byte { return stage1.MarshalState(fakeState{Version: 1, ID: p.id}) }
 func (p *fakePod) Info(ctx context.Context) (*api.Info, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead {
+		return nil, fmt.Errorf("fake agent: %w", errdefs.ErrUnavailable)
+	}
 	return &api.Info{Version: api.Version, PID: 1, Kernel: "fake"}, nil
 }
 func (p *fakePod) Details() map[string]string { return map[string]string{"fake": "yes"} }
@@ -182,6 +188,9 @@ func (p *fakePod) ContainerStatus(ctx context.Context, id string) (*api.AppStatu
 func (p *fakePod) ListContainers(ctx context.Context) ([]*api.AppStatus, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dead {
+		return nil, fmt.Errorf("fake agent: %w", errdefs.ErrUnavailable)
+	}
 	var out []*api.AppStatus
 	for _, a := range p.apps {
 		cp := *a

@@ -282,8 +282,26 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 	state := p.rec.State
 	podID := p.rec.ID
 	b.mu.Unlock()
-	if state == PodNotReady && h == nil {
-		return nil
+	if h == nil {
+		// Stopped before, or its agent died: nothing to ask the agent.
+		// Whatever it left running is killed, and the network released;
+		// both are idempotent.
+		b.mu.Lock()
+		rec := *p.rec
+		b.mu.Unlock()
+		if rec.Gone {
+			if be, ok := b.opts.Backends[rec.Stage1]; ok {
+				if err := be.DestroyPod(ctx, b.podSpec(&rec), rec.BackendState); err != nil {
+					return fmt.Errorf("stop pod %s: %w", podID, err)
+				}
+			}
+		}
+		if err := b.teardownNetwork(ctx, &rec, false); err != nil {
+			return fmt.Errorf("stop pod %s: %w", podID, err)
+		}
+		if state == PodNotReady {
+			return nil
+		}
 	}
 	if h != nil {
 		// Stop the containers first so their exit statuses are kept.
@@ -418,6 +436,7 @@ func (b *Broker) podStatus(p *pod) *PodStatus {
 		if p.err != nil {
 			return nil
 		}
+		b.checkAlive(p)
 	default:
 	}
 	b.mu.Lock()
@@ -493,4 +512,52 @@ func (b *Broker) podHandle(p *pod) (stage1.Pod, error) {
 		return nil, errdefs.FailedPrecondition("pod sandbox %s is not ready", p.rec.ID)
 	}
 	return p.handle, nil
+}
+
+// aliveInterval is how often, at most, a pod's agent is asked whether it
+// still runs when its status is read.
+const aliveInterval = 2 * time.Second
+
+// checkAlive asks a ready pod's agent whether it runs (at most every
+// aliveInterval) and marks the pod gone when it does not: its isolation
+// died while the daemon ran (a crash, an OOM kill, a VM that stopped), and
+// the kubelet must see the pod NotReady to replace it.
+func (b *Broker) checkAlive(p *pod) {
+	b.mu.Lock()
+	h := p.handle
+	due := h != nil && p.rec.State == PodReady && time.Since(p.checked) >= aliveInterval
+	if due {
+		p.checked = time.Now()
+	}
+	b.mu.Unlock()
+	if !due {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), aliveInterval)
+	_, err := h.Info(ctx)
+	cancel()
+	if err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
+		return
+	}
+	b.podGone(p, h, err)
+}
+
+// podGone records that a running pod's agent is gone. The pod's resources
+// stay until StopPodSandbox/RemovePodSandbox.
+func (b *Broker) podGone(p *pod, h stage1.Pod, why error) {
+	b.mu.Lock()
+	if p.handle != h || h == nil {
+		b.mu.Unlock()
+		return
+	}
+	p.handle = nil
+	p.rec.State = PodNotReady
+	p.rec.Gone = true
+	cp := *p.rec
+	b.mu.Unlock()
+	b.log.Warn("the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
+	b.markContainersGone(cp.ID, "the pod's agent is gone")
+	if err := b.rec.savePod(&cp); err != nil {
+		b.log.Error("persist pod record", "pod", cp.ID, "err", err)
+	}
 }
