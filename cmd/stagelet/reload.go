@@ -76,10 +76,10 @@ func sameTimes(a, b []time.Time) bool {
 // problems logged, and the policy in force stays. Only the policy is
 // reloaded; other settings need a restart. Running pods keep their
 // recorded decision.
-func reloadPolicyOnChange(ctx context.Context, log *slog.Logger, cfgPath string, cfg *config.Config, b *broker.Broker, interval time.Duration) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+//
+// hup must be registered for SIGHUP (notifyHUP) before the daemon serves,
+// so that a SIGHUP arriving early does not end the daemon.
+func reloadPolicyOnChange(ctx context.Context, log *slog.Logger, cfgPath string, cfg *config.Config, b *broker.Broker, hup <-chan os.Signal, interval time.Duration) {
 	files := policyFiles(cfgPath, cfg)
 	seen := modTimes(files)
 	tick := time.NewTicker(interval)
@@ -117,4 +117,12 @@ func reloadPolicyOnChange(ctx context.Context, log *slog.Logger, cfgPath string,
 		seen = modTimes(files)
 		log.Info("policy reloaded", "trigger", why, "source", p.Source, "default", p.DefaultStage1, "handlers", b.Handlers())
 	}
+}
+
+// notifyHUP registers for SIGHUP; without it, Go's default action for the
+// signal ends the process.
+func notifyHUP() chan os.Signal {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	return hup
 }

@@ -80,6 +80,8 @@ func serveMain(args []string) int {
 }
 
 func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run string) error {
+	hup := notifyHUP()
+	defer signal.Stop(hup)
 	for _, d := range []string{state, run} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
@@ -162,7 +164,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		g.Stop()
 		return fmt.Errorf("recovery: %w", err)
 	}
-	go reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, 2*time.Second)
+	go reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)
 	select {
 	case err := <-errc:
 		return err
