@@ -90,12 +90,22 @@ func newEnv(t *testing.T) *env {
 
 // newEnvNoPull is newEnv without the pull.
 func newEnvNoPull(t *testing.T) *env {
+	return newEnvOpts(t, harness.Options{}, false)
+}
+
+// newEnvOpts is newEnv with daemon options (a policy, a default stage1);
+// Bin and InsecureRegistries are filled in. It pulls busybox when pull is
+// set.
+func newEnvOpts(t *testing.T, opts harness.Options, pull bool) *env {
 	t.Helper()
 	requireRoot(t)
 	reg := testregistry.Start(t)
 	e := &env{t: t, reg: reg}
 	e.image = reg.PushBusybox(t, "e2e/busybox", "latest")
-	e.d = startDaemon(t, reg)
+	e.d = startDaemonOpts(t, reg, opts)
+	if pull {
+		e.pull(e.image)
+	}
 	return e
 }
 
@@ -105,11 +115,17 @@ func newEnvNoPull(t *testing.T) *env {
 // fails the test.
 func startDaemon(t *testing.T, reg *testregistry.Registry) *harness.Daemon {
 	t.Helper()
-	d, err := harness.New(harness.Options{
-		Bin:                stageletBin,
-		InsecureRegistries: []string{reg.Host},
-		Logger:             slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	return startDaemonOpts(t, reg, harness.Options{})
+}
+
+// startDaemonOpts is startDaemon with options; Bin, InsecureRegistries and
+// Logger are filled in.
+func startDaemonOpts(t *testing.T, reg *testregistry.Registry, opts harness.Options) *harness.Daemon {
+	t.Helper()
+	opts.Bin = stageletBin
+	opts.InsecureRegistries = []string{reg.Host}
+	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := harness.New(opts)
 	if err != nil {
 		t.Fatalf("prepare daemon: %v", err)
 	}
@@ -216,7 +232,13 @@ func (e *env) podConfig(name string) *runtimeapi.PodSandboxConfig {
 // runPod runs a pod and registers its stop and removal through CRI.
 func (e *env) runPod(cfg *runtimeapi.PodSandboxConfig) string {
 	e.t.Helper()
-	resp, err := e.rt().RunPodSandbox(e.ctx(), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	return e.runPodHandler(cfg, "")
+}
+
+// runPodHandler is runPod with a runtime handler (RuntimeClass).
+func (e *env) runPodHandler(cfg *runtimeapi.PodSandboxConfig, handler string) string {
+	e.t.Helper()
+	resp, err := e.rt().RunPodSandbox(e.ctx(), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
 		e.t.Fatalf("RunPodSandbox %s: %v", cfg.GetMetadata().GetName(), err)
 	}

@@ -217,6 +217,23 @@ func (d *Daemon) configYAML() string {
 	return b.String()
 }
 
+// WritePolicy rewrites the daemon's config file with pol as the body of
+// its policy: section (unindented YAML, as Options.Policy), keeping every
+// other setting. A running daemon sees the change when it reloads (SIGHUP
+// or its file watch). The file is replaced by a rename, so the daemon
+// never reads half of it.
+func (d *Daemon) WritePolicy(pol string) error {
+	d.mu.Lock()
+	d.opts.Policy = pol
+	body := d.configYAML()
+	d.mu.Unlock()
+	tmp := d.ConfigPath + ".new"
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, d.ConfigPath)
+}
+
 // cniConflist is the daemon's network: bridge + host-local + portmap.
 func (d *Daemon) cniConflist() string {
 	return fmt.Sprintf(`{
