@@ -3,7 +3,7 @@ BIN     := bin/stagelet
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run deps test unit e2e bench lint clean
+.PHONY: all build run deps test unit e2e bench lint clean systemd-testbed test-systemd
 
 all: build
 
@@ -31,6 +31,17 @@ unit:
 
 e2e: deps
 	$(GO) test -count=1 -timeout 30m -v ./test/e2e/...
+
+# The Debian tree (debootstrap, a few minutes the first time) that the
+# systemd launcher's tests boot with systemd-nspawn -b; they skip without
+# it. TESTBED overrides where it goes.
+TESTBED ?= $(or $(STAGELET_TEST_SYSTEMD_ROOT),/var/tmp/stagelet-systemd-testbed)
+systemd-testbed:
+	./scripts/systemd-testbed.sh $(TESTBED)
+
+# The systemd launcher against a booted systemd (root).
+test-systemd: systemd-testbed
+	STAGELET_TEST_SYSTEMD_ROOT=$(TESTBED) $(GO) test -count=1 -v -run 'Systemd' ./stage1/ ./stage1/fly/
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command.
 bench: deps build

@@ -338,6 +338,30 @@ func Self() (*Cgroup, error) {
 	return e.self()
 }
 
+// OfProcess returns the cgroups of the process pid, read from
+// /proc/PID/cgroup and the caller's /proc/self/mountinfo: where pid runs,
+// in the hierarchies this package manages, as directories the caller can
+// reach. Meant for a process that shares the caller's cgroup namespace
+// (one a service manager started). An error wrapping fs.ErrNotExist means
+// no such process.
+func OfProcess(pid int) (*Cgroup, error) {
+	pc, err := os.Open("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	defer pc.Close()
+	mi, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	defer mi.Close()
+	e, err := parseEnv(pc, mi, hostV2())
+	if err != nil {
+		return nil, err
+	}
+	return e.self()
+}
+
 // Resolve returns the cgroup named by parent: an absolute cgroup path
 // ("/stagelet", from the root of each hierarchy) or a relative one
 // ("stagelet", beneath the caller's own cgroup in each hierarchy). It does

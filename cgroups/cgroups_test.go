@@ -256,3 +256,20 @@ func TestStartInCgroup(t *testing.T) {
 		}
 	}
 }
+
+func TestOfProcessSelf(t *testing.T) {
+	self, err := Self()
+	if err != nil {
+		t.Skipf("no cgroups: %v", err)
+	}
+	of, err := OfProcess(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self.String() != of.String() {
+		t.Errorf("OfProcess(self) = %s, Self() = %s", of, self)
+	}
+	if _, err := OfProcess(1 << 30); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("OfProcess of no process: %v, want ErrNotExist", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"github.com/stagelet/stagelet/cgroups"
@@ -15,8 +16,8 @@ import (
 // LaunchSpec describes a pod's host-side process: the fly agent, an nspawn
 // or a qemu process. It must outlive the daemon that launches it.
 type LaunchSpec struct {
-	// Name identifies the process in logs (and would name a systemd unit),
-	// e.g. "stagelet-pod-<id>".
+	// Name identifies the process in logs and names its systemd unit
+	// ("<Name>.service") under a UnitLauncher, e.g. "stagelet-pod-<id>".
 	Name string
 	// Path is the executable; Args are its arguments after argv[0].
 	Path string
@@ -28,15 +29,17 @@ type LaunchSpec struct {
 	// LogPath receives stdout and stderr (appended, created if missing).
 	LogPath string
 	// Cgroup, already created, is where the process runs from its first
-	// instruction; nil leaves it in the daemon's cgroup.
+	// instruction; nil leaves it in the daemon's cgroup. A UnitLauncher
+	// runs the process in its unit's cgroup instead (Cgroup need not
+	// exist); either way Process.Cgroup names where it runs.
 	Cgroup *cgroups.Cgroup
-	// ExtraFiles are passed as fd 3, 4, ...
+	// ExtraFiles are passed as fd 3, 4, ... (not by a UnitLauncher).
 	ExtraFiles []*os.File
 }
 
 // Launcher starts detached pod processes. Implementations: the plain
-// launcher (own session, own cgroup) and, where systemd is PID 1, one that
-// starts a transient unit.
+// launcher (own session, own cgroup) and, where systemd is PID 1, the
+// systemd launcher (a transient unit; see UnitLauncher).
 type Launcher interface {
 	// Launch starts the process and returns once it runs. The process is
 	// not tied to ctx, nor to the daemon's life.
@@ -54,16 +57,22 @@ type PlainLauncher struct {
 
 var _ Launcher = (*PlainLauncher)(nil)
 
-// DefaultLauncher returns the launcher for this host. Where systemd is PID
-// 1 (/run/systemd/system exists) the design calls for transient units
-// through D-Bus; that launcher is not implemented yet, so every host gets
-// the plain launcher, and a note says so in the log.
+// DefaultLauncher returns the launcher for this host: a SystemdLauncher
+// (slice DefaultSlice, the system bus) where systemd is PID 1
+// (/run/systemd/system exists) and answers on the system bus, otherwise
+// the plain launcher. The choice is logged.
 func DefaultLauncher(log *slog.Logger) Launcher {
 	if log == nil {
 		log = slog.Default()
 	}
 	if SystemdBooted() {
-		log.Info("systemd is PID 1 but the transient-unit launcher is not implemented; pods are started in their own session and cgroup instead")
+		sl := &SystemdLauncher{Log: log}
+		if err := systemdAnswers(sl); err != nil {
+			log.Warn("systemd is PID 1 but does not answer on the system bus; pods are started in their own session and cgroup instead", "err", err)
+		} else {
+			log.Info("pods are started as systemd transient units", "slice", sl.slice())
+			return sl
+		}
 	}
 	return &PlainLauncher{Log: log}
 }
@@ -75,9 +84,16 @@ func SystemdBooted() bool {
 	return err == nil && fi.IsDir()
 }
 
-// Launch starts spec with the host's default launcher.
+var (
+	defaultOnce     sync.Once
+	defaultLauncher Launcher
+)
+
+// Launch starts spec with the host's default launcher (chosen once per
+// process).
 func Launch(ctx context.Context, spec LaunchSpec) (*Process, error) {
-	return DefaultLauncher(nil).Launch(ctx, spec)
+	defaultOnce.Do(func() { defaultLauncher = DefaultLauncher(nil) })
+	return defaultLauncher.Launch(ctx, spec)
 }
 
 // Launch implements Launcher.
@@ -133,7 +149,7 @@ func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process, 
 		cmd.Wait()
 		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
 	}
-	p := &Process{PID: pid, StartTime: st, exited: make(chan struct{})}
+	p := &Process{PID: pid, StartTime: st, Cgroup: spec.Cgroup, exited: make(chan struct{})}
 	go func() {
 		err := cmd.Wait()
 		log.Debug("pod process exited", "name", spec.Name, "pid", pid, "status", exitString(err))

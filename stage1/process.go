@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/cgroups"
 )
 
 // ErrProcessGone says a recorded host process no longer runs: it exited, or
@@ -27,6 +29,11 @@ type Process struct {
 	// Unit is the systemd unit running the process, when it was started as
 	// a transient unit.
 	Unit string `json:"unit,omitempty"`
+	// Cgroup is where Launch put the process when LaunchSpec.Cgroup was
+	// set: that cgroup for the plain launcher, the unit's for systemd
+	// (nil when systemd placed it in no managed hierarchy). Set by Launch
+	// only; the backend records it in its own state.
+	Cgroup *cgroups.Cgroup `json:"-"`
 
 	// exited is closed once the process has been reaped, when this daemon
 	// is its parent; nil for a process found again after a restart.

@@ -53,13 +53,22 @@ type Backend struct {
 
 var _ stage1.Backend = (*Backend)(nil)
 
-// New returns the fly backend. The caller registers it
-// (stage1.Register(fly.New(log))).
+// New returns the fly backend, starting agents with the host's default
+// launcher. The caller registers it (stage1.Register(fly.New(log))).
 func New(log *slog.Logger) *Backend {
+	return NewWithLauncher(log, nil)
+}
+
+// NewWithLauncher returns the fly backend starting agents with l; nil
+// means the host's default launcher (stage1.DefaultLauncher).
+func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Backend{log: log, launcher: stage1.DefaultLauncher(log)}
+	if l == nil {
+		l = stage1.DefaultLauncher(log)
+	}
+	return &Backend{log: log, launcher: l}
 }
 
 // Name implements stage1.Backend.
@@ -120,9 +129,15 @@ func podCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 
 func socketPath(spec *stage1.PodSpec) string { return filepath.Join(spec.RunDir, "agent.sock") }
 
+// launchName names a pod's agent to the launcher (and its systemd unit).
+func launchName(id string) string { return "stagelet-pod-" + id }
+
 // StartPod implements stage1.Backend. It records the pod cgroup and creates
 // it, launches the agent in it, records the agent, and waits until the
-// agent answers Info (at most AgentReadyTimeout, or ctx). On failure it
+// agent answers Info (at most AgentReadyTimeout, or ctx). Under a
+// stage1.UnitLauncher (systemd) the pod cgroup is the agent's unit's,
+// recorded once the agent runs; the unit is named after the pod, so a crash
+// before that record is undone by DestroyPod all the same. On failure it
 // kills what it started and removes the cgroup.
 func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
 	log := b.log.With("pod", spec.ID)
@@ -136,6 +151,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, fmt.Errorf("fly: pod cgroup: %w", err)
 	}
+	_, unitLaunch := b.launcher.(stage1.UnitLauncher)
 	st := &state{Version: stateVersion, Cgroup: cg, Socket: socketPath(spec)}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("fly: persist: %w", err)
@@ -144,12 +160,14 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		if retErr == nil {
 			return
 		}
-		if err := b.release(st); err != nil {
+		if err := b.release(st, launchName(spec.ID)); err != nil {
 			log.Warn("fly: releasing a failed pod", "err", err)
 		}
 	}()
-	if err := cg.Create(); err != nil {
-		return nil, fmt.Errorf("fly: %w", err)
+	if !unitLaunch {
+		if err := cg.Create(); err != nil {
+			return nil, fmt.Errorf("fly: %w", err)
+		}
 	}
 	agentDir := filepath.Join(spec.RunDir, "agent")
 	if err := os.MkdirAll(agentDir, 0o700); err != nil {
@@ -159,7 +177,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	// recorded cgroup, so a crash before the next persist leaves it where
 	// DestroyPod's cgroup kill finds it.
 	proc, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
-		Name:    "stagelet-pod-" + spec.ID,
+		Name:    launchName(spec.ID),
 		Path:    spec.AgentBinary,
 		Args:    agentArgs(st.Socket, agentDir, spec.NetNSPath),
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
@@ -169,6 +187,9 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("fly: %w", err)
 	}
 	st.Agent = proc
+	if unitLaunch {
+		st.Cgroup = proc.Cgroup
+	}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("fly: persist: %w", err)
 	}
@@ -176,7 +197,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := waitReady(ctx, pod); err != nil {
 		return nil, fmt.Errorf("fly: agent (log %s): %w", filepath.Join(spec.RunDir, "agent.log"), err)
 	}
-	log.Debug("fly pod started", "agentPID", proc.PID, "cgroup", cg.String())
+	log.Debug("fly pod started", "agentPID", proc.PID, "unit", proc.Unit, "cgroup", cgroupString(st.Cgroup))
 	return pod, nil
 }
 
@@ -240,10 +261,10 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 }
 
 // DestroyPod implements stage1.Backend: it kills the agent (if the recorded
-// PID still names it), every process left in the pod cgroup, and removes
-// the cgroup and the agent socket. Idempotent. With no cgroup in the state
-// (a crash before the first persist completed) it derives the cgroup from
-// spec.
+// PID still names it), releases its systemd unit (under a UnitLauncher),
+// kills every process left in the pod cgroup, and removes the cgroup and
+// the agent socket. Idempotent. With no cgroup in the state (a crash before
+// the first persist completed) it derives the cgroup from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
 	st, err := parseState(stateBytes)
 	if err != nil {
@@ -258,15 +279,28 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	if st.Socket == "" && spec.RunDir != "" {
 		st.Socket = socketPath(spec)
 	}
-	return b.release(st)
+	name := ""
+	if spec.ID != "" {
+		name = launchName(spec.ID)
+	}
+	return b.release(st, name)
 }
 
-// release kills and removes everything named in st.
-func (b *Backend) release(st *state) error {
+// release kills and removes everything named in st, and the launcher's
+// record of the agent launched under name ("": none).
+func (b *Backend) release(st *state, name string) error {
 	var errs []error
 	if st.Agent != nil {
 		if err := st.Agent.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
 			errs = append(errs, fmt.Errorf("fly: kill agent: %w", err))
+		}
+	}
+	if name != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), AgentExitGrace)
+		err := stage1.ReleaseLaunched(ctx, b.launcher, name)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("fly: %w", err))
 		}
 	}
 	if st.Cgroup != nil {
@@ -364,4 +398,11 @@ func agentArgs(socket, stateDir, netns string) []string {
 		args = append(args, "--netns", netns)
 	}
 	return args
+}
+
+func cgroupString(c *cgroups.Cgroup) string {
+	if c == nil {
+		return ""
+	}
+	return c.String()
 }

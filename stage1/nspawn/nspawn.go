@@ -13,13 +13,18 @@
 // and records live in <RunDir>/agent, bound at /run/stagelet.
 //
 // systemd-nspawn runs with --register=no --keep-unit, started detached by
-// the stage1 launcher inside the pod cgroup so that pods outlive the
-// daemon. On a v1 or hybrid host nspawn also moves itself and the
-// container into payload/ and supervisor/ children of its cgroup in the
-// name=systemd and hybrid cgroup2 hierarchies, which the cgroups package
-// does not manage: the pod gets its own cgroup there too, joined by a
-// /bin/sh shim that then execs nspawn (same PID), so nothing is created
-// in the daemon's cgroups. nspawn mounts the controllers read-only inside
+// the stage1 launcher so that pods outlive the daemon. With the plain
+// launcher it runs inside the pod cgroup; on a v1 or hybrid host nspawn
+// also moves itself and the container into payload/ and supervisor/
+// children of its cgroup in the name=systemd and hybrid cgroup2
+// hierarchies, which the cgroups package does not manage: the pod gets its
+// own cgroup there too, joined by a /bin/sh shim that then execs nspawn
+// (same PID), so nothing is created in the daemon's cgroups. Where systemd
+// is PID 1 (a stage1.UnitLauncher) nspawn is the main process of the
+// pod's transient unit, which systemd supervises: --keep-unit makes nspawn
+// use that unit and its cgroup (delegated), which is the pod cgroup in
+// every hierarchy, so no shim and no cgroup of the backend's own are
+// needed; --register=no keeps machined out of it. nspawn mounts the controllers read-only inside
 // a cgroup namespace; the agent, as PID 1, remounts its own read-write to
 // create the apps' cgroups.
 //
@@ -94,11 +99,24 @@ var _ stage1.Backend = (*Backend)(nil)
 // (stage1.Register(nspawn.New(log))). Whether systemd-nspawn is installed
 // is checked by StartPod (FailedPrecondition), not here.
 func New(log *slog.Logger) *Backend {
+	return NewWithLauncher(log, nil)
+}
+
+// NewWithLauncher returns the nspawn backend starting systemd-nspawn with
+// l; nil means the host's default launcher (stage1.DefaultLauncher).
+func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Backend{log: log, launcher: stage1.DefaultLauncher(log)}
+	if l == nil {
+		l = stage1.DefaultLauncher(log)
+	}
+	return &Backend{log: log, launcher: l}
 }
+
+// launchName names a pod's systemd-nspawn to the launcher (and its systemd
+// unit).
+func launchName(id string) string { return "stagelet-pod-" + id }
 
 // Name implements stage1.Backend.
 func (b *Backend) Name() string { return Name }
@@ -320,8 +338,10 @@ func makeTree(st *state) error {
 // agent answers Info (at most AgentReadyTimeout, or ctx). Errors:
 // InvalidArgument (a spec this backend cannot run), FailedPrecondition
 // (systemd-nspawn missing), Unavailable or DeadlineExceeded (the agent did
-// not come up; the nspawn log is named). On failure it releases what it
-// took.
+// not come up; the nspawn log is named). Under a stage1.UnitLauncher the
+// pod cgroup is nspawn's unit's, recorded once nspawn runs (the unit is
+// named after the pod, so DestroyPod finds it after any crash). On failure
+// it releases what it took.
 func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
 	log := b.log.With("pod", spec.ID)
 	if err := validate(spec); err != nil {
@@ -335,9 +355,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: pod cgroup: %w", err)
 	}
+	_, unitLaunch := b.launcher.(stage1.UnitLauncher)
 	st := layout(spec)
 	st.Cgroup = cg
 	st.Network = networkMode(spec)
+	if unitLaunch {
+		st.SystemdCgroup = nil // the unit's cgroup is nspawn's
+	}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("nspawn: persist: %w", err)
 	}
@@ -345,12 +369,14 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		if retErr == nil {
 			return
 		}
-		if err := b.release(st); err != nil {
+		if err := b.release(st, launchName(spec.ID)); err != nil {
 			log.Warn("nspawn: releasing a failed pod", "err", err)
 		}
 	}()
-	if err := cg.Create(); err != nil {
-		return nil, fmt.Errorf("nspawn: %w", err)
+	if !unitLaunch {
+		if err := cg.Create(); err != nil {
+			return nil, fmt.Errorf("nspawn: %w", err)
+		}
 	}
 	if st.SystemdCgroup != nil {
 		if err := st.SystemdCgroup.Create(); err != nil {
@@ -368,7 +394,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 
 	launch := stage1.LaunchSpec{
-		Name:    "stagelet-pod-" + spec.ID,
+		Name:    launchName(spec.ID),
 		Path:    nspawnPath,
 		Args:    nspawnArgs(spec, st),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -383,6 +409,9 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
 	st.NSpawn = proc
+	if unitLaunch {
+		st.Cgroup = proc.Cgroup
+	}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("nspawn: persist: %w", err)
 	}
@@ -398,7 +427,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			return nil, fmt.Errorf("nspawn: persist: %w", err)
 		}
 	}
-	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "cgroup", cg.String(), "network", st.Network)
+	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", cgroupString(st.Cgroup), "network", st.Network)
 	return pod, nil
 }
 
@@ -498,8 +527,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 }
 
 // DestroyPod implements stage1.Backend: it kills the container's init and
-// systemd-nspawn (when the recorded PIDs still name them), every process
-// left in the pod cgroups, removes the cgroups, unmounts every mount
+// systemd-nspawn (when the recorded PIDs still name them), releases
+// nspawn's systemd unit (under a UnitLauncher), kills every process left in
+// the pod cgroups, removes the cgroups, unmounts every mount
 // beneath the pod's shared directory and the stage1 tree, and removes them,
 // the agent's directory and nspawn's leftovers in /run/systemd/nspawn.
 // Idempotent. What the state lacks (a crash before the first persist) is
@@ -531,11 +561,16 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 			st.SystemdCgroup = def.SystemdCgroup
 		}
 	}
-	return b.release(st)
+	name := ""
+	if spec.ID != "" {
+		name = launchName(spec.ID)
+	}
+	return b.release(st, name)
 }
 
-// release kills and removes everything named in st.
-func (b *Backend) release(st *state) error {
+// release kills and removes everything named in st, and the launcher's
+// record of the nspawn launched under name ("": none).
+func (b *Backend) release(st *state, name string) error {
 	var errs []error
 	for _, p := range []*stage1.Process{st.Leader, st.NSpawn} {
 		if p == nil {
@@ -543,6 +578,14 @@ func (b *Backend) release(st *state) error {
 		}
 		if err := p.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
 			errs = append(errs, fmt.Errorf("nspawn: kill pid %d: %w", p.PID, err))
+		}
+	}
+	if name != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
+		err := stage1.ReleaseLaunched(ctx, b.launcher, name)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("nspawn: %w", err))
 		}
 	}
 	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup} {
@@ -665,4 +708,11 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("nspawn: systemd-nspawn pid %d did not exit: %w", p.st.NSpawn.PID, errdefs.ErrDeadlineExceeded)
 	}
 	return nil
+}
+
+func cgroupString(c *cgroups.Cgroup) string {
+	if c == nil {
+		return ""
+	}
+	return c.String()
 }

@@ -107,8 +107,10 @@ func (s *suite) startPod(t *testing.T) *testPod {
 			Hostname:     "conformance",
 			RunDir:       s.env.RunDir(t),
 			CgroupParent: s.env.CgroupParent(t),
-			HostNetwork:  true,
-			AgentBinary:  s.env.AgentBinary,
+			// The host's network where the backend offers it (no
+			// namespace to make); else a pod with no network at all.
+			HostNetwork: s.b.Capabilities().HostNetwork,
+			AgentBinary: s.env.AgentBinary,
 		},
 	}
 	tp.cg = tp.spec.CgroupParent

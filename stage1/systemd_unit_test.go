@@ -1,0 +1,68 @@
+package stage1
+
+import (
+	"testing"
+)
+
+func TestValidUnitName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"stagelet-pod-0123abcd": true,
+		"a:b_c.d-e":             true,
+		"":                      false,
+		"bad/name":              false,
+		"with space":            false,
+		"ünicode":               false,
+	} {
+		if got := validUnitName(name); got != want {
+			t.Errorf("validUnitName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestSystemdProperties(t *testing.T) {
+	l := &SystemdLauncher{}
+	props := map[string]any{}
+	for _, p := range l.properties(LaunchSpec{
+		Name: "stagelet-pod-x", Path: "/bin/agent", Args: []string{"agent", "--socket", "s"},
+		Env: []string{"A=1"}, LogPath: "/var/log/x.log",
+	}) {
+		props[p.Name] = p.Value.Value()
+	}
+	for k, want := range map[string]any{
+		"Type":                       "exec",
+		"Slice":                      DefaultSlice,
+		"WorkingDirectory":           "/",
+		"KillMode":                   "mixed",
+		"Delegate":                   true,
+		"CollectMode":                "inactive-or-failed",
+		"StandardInput":              "null",
+		"StandardOutputFileToAppend": "/var/log/x.log",
+		"StandardErrorFileToAppend":  "/var/log/x.log",
+	} {
+		if props[k] != want {
+			t.Errorf("%s = %v, want %v", k, props[k], want)
+		}
+	}
+	if env, _ := props["Environment"].([]string); len(env) != 1 || env[0] != "A=1" {
+		t.Errorf("Environment = %v", props["Environment"])
+	}
+	if _, ok := props["ExecStart"]; !ok {
+		t.Error("no ExecStart")
+	}
+	l.Slice = "pods.slice"
+	for _, p := range l.properties(LaunchSpec{Name: "n", Path: "/p", LogPath: "/l"}) {
+		if p.Name == "Slice" && p.Value.Value() != "pods.slice" {
+			t.Errorf("Slice = %v, want pods.slice", p.Value.Value())
+		}
+	}
+}
+
+// TestReleaseLaunchedPlain: the plain launcher keeps nothing to release.
+func TestReleaseLaunchedPlain(t *testing.T) {
+	if err := ReleaseLaunched(t.Context(), &PlainLauncher{}, "stagelet-pod-x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := Launcher(&PlainLauncher{}).(UnitLauncher); ok {
+		t.Fatal("the plain launcher claims to be a unit launcher")
+	}
+}
