@@ -16,6 +16,8 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/seccomp"
 )
 
 // drainTimeout bounds how long output is still read after a process
@@ -75,6 +77,17 @@ func validateSpec(s *api.AppSpec) error {
 	}
 	if _, err := parseCaps(s.Capabilities); err != nil {
 		return errdefs.InvalidArgument("app %s: %v", s.ID, err)
+	}
+	if s.Seccomp != nil {
+		if _, err := seccomp.Compile(s.Seccomp); err != nil {
+			return errdefs.InvalidArgument("app %s: seccomp profile %s: %v", s.ID, s.SeccompProfile, err)
+		}
+		if !seccomp.Supported() {
+			return errdefs.FailedPrecondition("app %s: seccomp profile %s requested, but the kernel has no seccomp filters", s.ID, s.SeccompProfile)
+		}
+	}
+	if s.AppArmorProfile != "" && !lsm.AppArmorEnabled() {
+		return errdefs.FailedPrecondition("app %s: AppArmor profile %s requested, but AppArmor is not enabled where the pod runs", s.ID, s.AppArmorProfile)
 	}
 	for _, m := range s.Mounts {
 		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Destination) {

@@ -9,12 +9,15 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/moby/sys/capability"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/seccomp"
 )
 
 // The agent starts an app or an exec'd command through a re-executed copy
@@ -158,6 +161,25 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow fun
 	if cwd == "" {
 		cwd = "/"
 	}
+	filter, err := compileSeccomp(app, cmd == cmdInit, warn)
+	if err != nil {
+		return err
+	}
+	// Security module labels take effect at execve. They are written while
+	// the process is still root and dumpable: after the switch to the
+	// app's user its /proc files belong to root.
+	if err := lsm.SetSELinuxExec(app.SELinuxProcessLabel); err != nil {
+		return failedPrecondition(err)
+	}
+	if err := lsm.SetAppArmorExec(app.AppArmorProfile); err != nil {
+		return failedPrecondition(err)
+	}
+	early := filter != nil && seccompBeforeCreds(app)
+	if early {
+		if err := seccomp.Install(filter); err != nil {
+			return failedPrecondition(err)
+		}
+	}
 	// Change directory with the agent's credentials first (the directory
 	// may be reachable by root only), and again as the app's user.
 	cwdErr := unix.Chdir(cwd)
@@ -183,8 +205,42 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow fun
 		return failedPrecondition(err)
 	}
 	execNow()
+	// The filter comes last, after "exec" is reported: from here on only
+	// execve (and, should it fail, the error report) is left to do.
+	if filter != nil && !early {
+		if err := seccomp.Install(filter); err != nil {
+			return failedPrecondition(err)
+		}
+	}
 	err = unix.Exec(path, spec.Args, env)
 	return failedPrecondition(fmt.Errorf("exec %s: %w", spec.Args[0], err))
+}
+
+// compileSeccomp compiles the app's system call filter; nil when it has
+// none. With notes, what the compiler skipped is reported once, when the
+// app starts (not on every exec).
+func compileSeccomp(app *api.AppSpec, notes bool, warn func(string, ...any)) (*seccomp.Filter, error) {
+	if app.Seccomp == nil {
+		return nil, nil
+	}
+	f, err := seccomp.Compile(app.Seccomp)
+	if err != nil {
+		return nil, &childError{code: api.CodeInvalidArgument, err: fmt.Errorf("seccomp profile %s: %w", app.SeccompProfile, err)}
+	}
+	if notes && len(f.Notes) > 0 {
+		warn("seccomp profile %s: %s", app.SeccompProfile, strings.Join(f.Notes, "; "))
+	}
+	return f, nil
+}
+
+// seccompBeforeCreds tells whether the app's filter must be installed
+// before its credentials are applied. The kernel takes a filter only from
+// a thread with no_new_privs or CAP_SYS_ADMIN: an app with neither loses
+// the right in applyCreds, so its filter goes in first (as runc does), and
+// the profile must then allow the credential calls (setgroups, setresuid,
+// capset, prctl) besides execve.
+func seccompBeforeCreds(app *api.AppSpec) bool {
+	return !app.NoNewPrivs && !app.Privileged && !slices.Contains(app.Capabilities, "CAP_SYS_ADMIN")
 }
 
 func trimNL(b []byte) string {
@@ -336,7 +392,7 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 		}); err != nil {
 			return err
 		}
-	} else if err := setupDev(rootfs, warn); err != nil {
+	} else if err := setupDev(rootfs, app.SELinuxMountLabel, warn); err != nil {
 		return err
 	}
 	for _, m := range app.Mounts {
@@ -345,7 +401,7 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 		}
 	}
 	if !app.Privileged {
-		maskPaths(rootfs, warn)
+		maskPaths(rootfs, app.SELinuxMountLabel, warn)
 	}
 	if err := pivotRoot(rootfs); err != nil {
 		return err
@@ -359,10 +415,11 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 }
 
 // setupDev mounts a minimal /dev: a tmpfs with the usual character devices
-// bound from the agent's /dev, devpts, shm and mqueue.
-func setupDev(rootfs string, warn func(string, ...any)) error {
+// bound from the agent's /dev, devpts, shm and mqueue. The file systems it
+// makes get the SELinux mount label, where SELinux is enabled.
+func setupDev(rootfs, mountLabel string, warn func(string, ...any)) error {
 	if err := mountIn(rootfs, "/dev", true, func(t string) error {
-		return unix.Mount("tmpfs", t, "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k")
+		return unix.Mount("tmpfs", t, "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, lsm.MountData("mode=755,size=65536k", mountLabel))
 	}); err != nil {
 		return err
 	}
@@ -379,17 +436,17 @@ func setupDev(rootfs string, warn func(string, ...any)) error {
 		}
 	}
 	if err := mountIn(rootfs, "/dev/pts", true, func(t string) error {
-		return unix.Mount("devpts", t, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5")
+		return unix.Mount("devpts", t, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, lsm.MountData("newinstance,ptmxmode=0666,mode=0620,gid=5", mountLabel))
 	}); err != nil {
 		return err
 	}
 	if err := mountIn(rootfs, "/dev/shm", true, func(t string) error {
-		return unix.Mount("shm", t, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k")
+		return unix.Mount("shm", t, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, lsm.MountData("mode=1777,size=65536k", mountLabel))
 	}); err != nil {
 		return err
 	}
 	if err := mountIn(rootfs, "/dev/mqueue", true, func(t string) error {
-		return unix.Mount("mqueue", t, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		return unix.Mount("mqueue", t, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, lsm.MountData("", mountLabel))
 	}); err != nil {
 		warn("%v", err)
 	}
@@ -477,7 +534,7 @@ var (
 
 // maskPaths applies maskedPaths and readonlyPaths beneath rootfs; a path
 // the kernel does not have is skipped.
-func maskPaths(rootfs string, warn func(string, ...any)) {
+func maskPaths(rootfs, mountLabel string, warn func(string, ...any)) {
 	for _, p := range maskedPaths {
 		full := filepath.Join(rootfs, p) // inside fresh proc/sys mounts
 		st, err := os.Lstat(full)
@@ -485,7 +542,7 @@ func maskPaths(rootfs string, warn func(string, ...any)) {
 			continue
 		}
 		if st.IsDir() {
-			err = unix.Mount("tmpfs", full, "tmpfs", unix.MS_RDONLY, "size=0")
+			err = unix.Mount("tmpfs", full, "tmpfs", unix.MS_RDONLY, lsm.MountData("size=0", mountLabel))
 		} else {
 			err = unix.Mount("/dev/null", full, "", unix.MS_BIND, "")
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -206,6 +207,11 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if err != nil {
+			lsm.ReleaseSELinux(app.SELinuxProcessLabel)
+		}
+	}()
 	b.mu.Lock()
 	podRec := *p.rec
 	b.mu.Unlock()
@@ -450,6 +456,9 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	}
 	if err := b.rec.deleteContainer(rec.ID); err != nil {
 		return err
+	}
+	if rec.App != nil {
+		lsm.ReleaseSELinux(rec.App.SELinuxProcessLabel)
 	}
 	b.mu.Lock()
 	delete(b.ctrs, rec.ID)

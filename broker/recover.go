@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -137,6 +138,9 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 		}
 		c := &container{rec: cr, created: make(chan struct{})}
 		close(c.created)
+		if cr.App != nil {
+			lsm.ReserveSELinux(cr.App.SELinuxProcessLabel)
+		}
 		b.mu.Lock()
 		b.ctrs[cr.ID] = c
 		b.ctrNames[ctrNameKey(cr.PodID, cr.Config.Metadata)] = c

@@ -204,6 +204,12 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 			return nil, errdefs.InvalidArgument("config.linux.security_context.namespace_options.pid: NODE, but the pod sandbox does not share the host's PID namespace")
 		}
 	}
+	// Last: where SELinux is enabled, the labels reserve an MCS level that
+	// the container's removal gives back.
+	lsmSec, err := resolveSecurity(sec, caps)
+	if err != nil {
+		return nil, err
+	}
 	r := cfg.Resources
 	spec := &api.AppSpec{
 		ID:             id,
@@ -228,9 +234,14 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 			MemoryLimit: r.MemoryLimit,
 			OOMScoreAdj: int(r.OOMScoreAdj),
 		},
-		PIDNamespace: pidns,
-		LogPath:      logPath,
-		TTY:          cfg.TTY,
+		PIDNamespace:        pidns,
+		Seccomp:             lsmSec.seccomp,
+		SeccompProfile:      lsmSec.seccompProfile,
+		SELinuxProcessLabel: lsmSec.seLinuxProcess,
+		SELinuxMountLabel:   lsmSec.seLinuxMount,
+		AppArmorProfile:     lsmSec.appArmor,
+		LogPath:             logPath,
+		TTY:                 cfg.TTY,
 	}
 	if hasEnv(spec.Env, "HOSTNAME") == "" && hostname != "" {
 		spec.Env = append(spec.Env, "HOSTNAME="+hostname)

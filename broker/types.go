@@ -72,6 +72,31 @@ type Resources struct {
 	OOMScoreAdj int64 `json:"oomScoreAdj,omitempty"`
 }
 
+// Types of a SecurityProfile, as the CRI names them.
+const (
+	ProfileRuntimeDefault = "RuntimeDefault"
+	ProfileUnconfined     = "Unconfined"
+	ProfileLocalhost      = "Localhost"
+)
+
+// SecurityProfile is a seccomp or AppArmor profile choice. An empty Type
+// means none was asked for, which is unconfined. LocalhostRef names the
+// profile of type Localhost: an absolute path of a seccomp profile on the
+// node, the name of a loaded AppArmor profile.
+type SecurityProfile struct {
+	Type         string `json:"type,omitempty"`
+	LocalhostRef string `json:"localhostRef,omitempty"`
+}
+
+// SELinuxOptions are the parts of a SELinux context the container asks
+// for; empty parts come from the policy.
+type SELinuxOptions struct {
+	User  string `json:"user,omitempty"`
+	Role  string `json:"role,omitempty"`
+	Type  string `json:"type,omitempty"`
+	Level string `json:"level,omitempty"`
+}
+
 // Security is a container's security context.
 type Security struct {
 	Privileged         bool    `json:"privileged,omitempty"`
@@ -86,6 +111,11 @@ type Security struct {
 	PIDMode          string   `json:"pidMode,omitempty"`
 	AddCapabilities  []string `json:"addCapabilities,omitempty"`
 	DropCapabilities []string `json:"dropCapabilities,omitempty"`
+	// Seccomp and AppArmor are the profiles asked for; SELinux the parts
+	// of the SELinux context (nil: none given).
+	Seccomp  SecurityProfile `json:"seccomp,omitzero"`
+	AppArmor SecurityProfile `json:"apparmor,omitzero"`
+	SELinux  *SELinuxOptions `json:"selinux,omitempty"`
 }
 
 // ContainerMetadata identifies a container within its pod.

@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"maps"
+	"strings"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -112,9 +113,53 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 				sec.AddCapabilities = caps.GetAddCapabilities()
 				sec.DropCapabilities = caps.GetDropCapabilities()
 			}
+			var err error
+			if sec.Seccomp, err = securityProfile("seccomp", sc.GetSeccomp(), sc.GetSeccompProfilePath(), true); err != nil {
+				return nil, err
+			}
+			if sec.AppArmor, err = securityProfile("apparmor", sc.GetApparmor(), sc.GetApparmorProfile(), false); err != nil {
+				return nil, err
+			}
+			if o := sc.GetSelinuxOptions(); o != nil {
+				sec.SELinux = &broker.SELinuxOptions{User: o.GetUser(), Role: o.GetRole(), Type: o.GetType(), Level: o.GetLevel()}
+			}
 		}
 	}
 	return cc, nil
+}
+
+// securityProfile reads a seccomp or AppArmor choice: the SecurityProfile
+// field when set, else the deprecated string form ("runtime/default",
+// "docker/default" for seccomp, "unconfined", "localhost/REF"; empty means
+// nothing asked). InvalidArgument for a string form it does not know.
+func securityProfile(field string, p *runtimeapi.SecurityProfile, legacy string, dockerDefault bool) (broker.SecurityProfile, error) {
+	if p != nil {
+		switch p.GetProfileType() {
+		case runtimeapi.SecurityProfile_RuntimeDefault:
+			return broker.SecurityProfile{Type: broker.ProfileRuntimeDefault}, nil
+		case runtimeapi.SecurityProfile_Unconfined:
+			return broker.SecurityProfile{Type: broker.ProfileUnconfined}, nil
+		case runtimeapi.SecurityProfile_Localhost:
+			if p.GetLocalhostRef() == "" {
+				return broker.SecurityProfile{}, errdefs.InvalidArgument("config.linux.security_context.%s: Localhost profile without localhost_ref", field)
+			}
+			return broker.SecurityProfile{Type: broker.ProfileLocalhost, LocalhostRef: p.GetLocalhostRef()}, nil
+		default:
+			return broker.SecurityProfile{}, errdefs.InvalidArgument("config.linux.security_context.%s: unknown profile type %v", field, p.GetProfileType())
+		}
+	}
+	switch {
+	case legacy == "":
+		return broker.SecurityProfile{}, nil
+	case legacy == "unconfined":
+		return broker.SecurityProfile{Type: broker.ProfileUnconfined}, nil
+	case legacy == "runtime/default", dockerDefault && legacy == "docker/default":
+		return broker.SecurityProfile{Type: broker.ProfileRuntimeDefault}, nil
+	case strings.HasPrefix(legacy, "localhost/") && len(legacy) > len("localhost/"):
+		return broker.SecurityProfile{Type: broker.ProfileLocalhost, LocalhostRef: strings.TrimPrefix(legacy, "localhost/")}, nil
+	default:
+		return broker.SecurityProfile{}, errdefs.InvalidArgument("config.linux.security_context.%s: unknown profile %q (want runtime/default, unconfined or localhost/REF)", field, legacy)
+	}
 }
 
 // CreateContainer creates a container in a pod.
@@ -257,6 +302,18 @@ func (s *Server) ContainerStatus(ctx context.Context, r *runtimeapi.ContainerSta
 	var info map[string]string
 	if r.GetVerbose() {
 		info = map[string]string{"pid": "", "rootfs": rec.Rootfs, "podId": rec.PodID}
+		if a := rec.App; a != nil {
+			for k, v := range map[string]string{
+				"seccompProfile":      a.SeccompProfile,
+				"selinuxProcessLabel": a.SELinuxProcessLabel,
+				"selinuxMountLabel":   a.SELinuxMountLabel,
+				"apparmorProfile":     a.AppArmorProfile,
+			} {
+				if v != "" {
+					info[k] = v
+				}
+			}
+		}
 	}
 	return &runtimeapi.ContainerStatusResponse{Status: st, Info: info}, nil
 }

@@ -9,7 +9,11 @@
 // closes the stream. Paths in an AppSpec are as the agent sees them.
 package api
 
-import "time"
+import (
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
 
 // Version of the protocol; bumped on incompatible changes.
 const Version = 1
@@ -115,6 +119,22 @@ type AppSpec struct {
 
 	Mounts    []Mount   `json:"mounts,omitempty"`
 	Resources Resources `json:"resources"`
+
+	// Seccomp is the system call filter of the app and of every command
+	// exec'd in it, as an OCI profile; nil means none. The agent compiles
+	// it (package seccomp) and installs it right before execve.
+	Seccomp *specs.LinuxSeccomp `json:"seccomp,omitempty"`
+	// SeccompProfile says where Seccomp comes from ("runtime/default",
+	// "localhost/PATH"), for status and logs.
+	SeccompProfile string `json:"seccompProfile,omitempty"`
+	// SELinuxProcessLabel is the context the app's commands are executed
+	// in, SELinuxMountLabel the context of the file systems the agent
+	// mounts for it. Both are applied only where SELinux is enabled.
+	SELinuxProcessLabel string `json:"selinuxProcessLabel,omitempty"`
+	SELinuxMountLabel   string `json:"selinuxMountLabel,omitempty"`
+	// AppArmorProfile is the AppArmor profile the app's commands are
+	// executed under; empty means the agent's own.
+	AppArmorProfile string `json:"apparmorProfile,omitempty"`
 
 	// PIDNamespace: "" or "pod" runs the app in the pod's PID namespace
 	// (the agent's); "container" gives it one of its own, where it is

@@ -1,0 +1,120 @@
+package broker
+
+import (
+	"path/filepath"
+	"strings"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/seccomp"
+)
+
+// DefaultAppArmorProfile is the profile RuntimeDefault means where AppArmor
+// is enabled; the operator loads it (apparmor_parser) on the node.
+const DefaultAppArmorProfile = "stagelet-default"
+
+// Where the broker learns about AppArmor on the node; variables for tests.
+var (
+	appArmorEnabled = lsm.AppArmorEnabled
+	appArmorLoaded  = lsm.AppArmorProfileLoaded
+)
+
+// security is what a container's security context resolves to, beyond
+// users and capabilities.
+type security struct {
+	seccomp        *seccomp.Profile
+	seccompProfile string
+	seLinuxProcess string
+	seLinuxMount   string
+	appArmor       string
+}
+
+// resolveSecurity resolves a container's seccomp, SELinux and AppArmor
+// requests. caps is the container's capability set (the default seccomp
+// profile allows what they guard). InvalidArgument for a bad request,
+// FailedPrecondition for one this node cannot honour. Privileged
+// containers get no seccomp filter, no SELinux label and no default
+// AppArmor profile, as in containerd.
+func resolveSecurity(sec *Security, caps []string) (*security, error) {
+	out := &security{}
+	var err error
+	if out.seccomp, out.seccompProfile, err = seccompFor(sec, caps); err != nil {
+		return nil, err
+	}
+	if !sec.Privileged {
+		var o *lsm.SELinuxOptions
+		if s := sec.SELinux; s != nil {
+			o = &lsm.SELinuxOptions{User: s.User, Role: s.Role, Type: s.Type, Level: s.Level}
+		}
+		out.seLinuxProcess, out.seLinuxMount, err = lsm.SELinuxLabels(o)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %v", err)
+		}
+	}
+	if out.appArmor, err = appArmorFor(sec); err != nil {
+		lsm.ReleaseSELinux(out.seLinuxProcess)
+		return nil, err
+	}
+	return out, nil
+}
+
+// seccompFor returns the container's seccomp profile and where it comes
+// from; nil for unconfined (the CRI's default when nothing is asked).
+func seccompFor(sec *Security, caps []string) (*seccomp.Profile, string, error) {
+	if sec.Privileged {
+		return nil, "", nil
+	}
+	switch sec.Seccomp.Type {
+	case "", ProfileUnconfined:
+		return nil, "", nil
+	case ProfileRuntimeDefault:
+		return seccomp.RuntimeDefault(caps...), "runtime/default", nil
+	case ProfileLocalhost:
+		ref := sec.Seccomp.LocalhostRef
+		if !filepath.IsAbs(ref) {
+			return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: the Localhost profile %q must be an absolute path on the node", ref)
+		}
+		p, err := seccomp.Load(ref)
+		if err != nil {
+			return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: %v", err)
+		}
+		if _, err := seccomp.Compile(p); err != nil {
+			return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: profile %s: %v", ref, err)
+		}
+		return p, "localhost/" + ref, nil
+	default:
+		return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: unknown profile type %q", sec.Seccomp.Type)
+	}
+}
+
+// appArmorFor returns the AppArmor profile to execute the container's
+// commands under; "" for unconfined. FailedPrecondition when a profile is
+// asked for and AppArmor is not enabled on the node, or the profile is not
+// loaded.
+func appArmorFor(sec *Security) (string, error) {
+	var name, asked string
+	switch sec.AppArmor.Type {
+	case "", ProfileUnconfined:
+		return "", nil
+	case ProfileRuntimeDefault:
+		name, asked = DefaultAppArmorProfile, "runtime/default"
+	case ProfileLocalhost:
+		name = strings.TrimPrefix(sec.AppArmor.LocalhostRef, "localhost/")
+		if name == "" {
+			return "", errdefs.InvalidArgument("config.linux.security_context.apparmor: a Localhost profile needs a name")
+		}
+		asked = "localhost/" + name
+	default:
+		return "", errdefs.InvalidArgument("config.linux.security_context.apparmor: unknown profile type %q", sec.AppArmor.Type)
+	}
+	if !appArmorEnabled() {
+		return "", errdefs.FailedPrecondition("AppArmor profile %s requested, but AppArmor is not enabled on this node", asked)
+	}
+	if sec.Privileged && sec.AppArmor.Type == ProfileRuntimeDefault {
+		return "", nil
+	}
+	if !appArmorLoaded(name) {
+		return "", errdefs.FailedPrecondition("AppArmor profile %s requested, but no profile %q is loaded on this node", asked, name)
+	}
+	return name, nil
+}

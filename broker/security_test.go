@@ -1,0 +1,140 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
+)
+
+func TestResolveSecurity(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "deny-mkdir.json")
+	os.WriteFile(good, []byte(`{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO"}]}`), 0o644)
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"defaultAction": "SCMP_ACT_SOMETIMES"}`), 0o644)
+
+	defer func(e func() bool, l func(string) bool) { appArmorEnabled, appArmorLoaded = e, l }(appArmorEnabled, appArmorLoaded)
+	appArmorLoaded = func(name string) bool { return name == DefaultAppArmorProfile || name == "mine" }
+
+	tests := []struct {
+		name     string
+		sec      Security
+		caps     []string
+		appArmor bool
+		err      error
+		seccomp  string // SeccompProfile; "" for none
+		app      string
+	}{
+		{name: "nothing asked: unconfined", sec: Security{}},
+		{name: "unconfined", sec: Security{Seccomp: SecurityProfile{Type: ProfileUnconfined}}},
+		{name: "runtime default", sec: Security{Seccomp: SecurityProfile{Type: ProfileRuntimeDefault}}, seccomp: "runtime/default"},
+		{name: "privileged: no filter", sec: Security{Privileged: true, Seccomp: SecurityProfile{Type: ProfileRuntimeDefault}}},
+		{name: "localhost", sec: Security{Seccomp: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: good}}, seccomp: "localhost/" + good},
+		{name: "localhost relative", sec: Security{Seccomp: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "deny-mkdir.json"}}, err: errdefs.ErrInvalidArgument},
+		{name: "localhost missing", sec: Security{Seccomp: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: filepath.Join(dir, "nope.json")}}, err: errdefs.ErrInvalidArgument},
+		{name: "localhost invalid", sec: Security{Seccomp: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: bad}}, err: errdefs.ErrInvalidArgument},
+		{name: "unknown seccomp type", sec: Security{Seccomp: SecurityProfile{Type: "Sometimes"}}, err: errdefs.ErrInvalidArgument},
+		{name: "apparmor unconfined without apparmor", sec: Security{AppArmor: SecurityProfile{Type: ProfileUnconfined}}},
+		{name: "apparmor default without apparmor", sec: Security{AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, err: errdefs.ErrFailedPrecondition},
+		{name: "apparmor localhost without apparmor", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "mine"}}, err: errdefs.ErrFailedPrecondition},
+		{name: "apparmor default", sec: Security{AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, appArmor: true, app: DefaultAppArmorProfile},
+		{name: "apparmor localhost", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "localhost/mine"}}, appArmor: true, app: "mine"},
+		{name: "apparmor not loaded", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "other"}}, appArmor: true, err: errdefs.ErrFailedPrecondition},
+		{name: "apparmor privileged default", sec: Security{Privileged: true, AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, appArmor: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			appArmorEnabled = func() bool { return tc.appArmor }
+			got, err := resolveSecurity(&tc.sec, tc.caps)
+			if tc.err != nil {
+				if !errors.Is(err, tc.err) {
+					t.Fatalf("got %v, want class %v", err, tc.err)
+				}
+				t.Log(err)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.seccompProfile != tc.seccomp || (got.seccomp != nil) != (tc.seccomp != "") {
+				t.Errorf("seccomp %q (%v), want %q", got.seccompProfile, got.seccomp != nil, tc.seccomp)
+			}
+			if got.appArmor != tc.app {
+				t.Errorf("apparmor %q, want %q", got.appArmor, tc.app)
+			}
+		})
+	}
+}
+
+func TestAppArmorMessage(t *testing.T) {
+	defer func(e func() bool) { appArmorEnabled = e }(appArmorEnabled)
+	appArmorEnabled = func() bool { return false }
+	_, err := resolveSecurity(&Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "k8s-nginx"}}, nil)
+	want := "AppArmor profile localhost/k8s-nginx requested, but AppArmor is not enabled on this node"
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v, want %q", err, want)
+	}
+}
+
+func TestSELinuxLabels(t *testing.T) {
+	if lsm.SELinuxEnabled() {
+		t.Skip("SELinux is enabled: the policy decides the labels")
+	}
+	for _, tc := range []struct {
+		opts          *SELinuxOptions
+		priv          bool
+		process, moun string
+	}{
+		{nil, false, "", ""},
+		{&SELinuxOptions{}, false, lsm.DefaultSELinuxProcessLabel, lsm.DefaultSELinuxMountLabel},
+		{&SELinuxOptions{Level: "s0:c1,c2"}, false, "system_u:system_r:container_t:s0:c1,c2", "system_u:object_r:container_file_t:s0:c1,c2"},
+		{&SELinuxOptions{User: "u", Role: "r", Type: "spc_t", Level: "s0"}, false, "u:r:spc_t:s0", "u:object_r:container_file_t:s0"},
+		{&SELinuxOptions{Level: "s0:c1"}, true, "", ""},
+	} {
+		got, err := resolveSecurity(&Security{SELinux: tc.opts, Privileged: tc.priv}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.seLinuxProcess != tc.process || got.seLinuxMount != tc.moun {
+			t.Errorf("%+v: got %q %q, want %q %q", tc.opts, got.seLinuxProcess, got.seLinuxMount, tc.process, tc.moun)
+		}
+	}
+	if _, err := resolveSecurity(&Security{SELinux: &SELinuxOptions{Type: "a:b"}}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("type with ':': %v", err)
+	}
+}
+
+// The container record carries what was resolved, for the agent and for
+// status.
+func TestContainerSecurityRecorded(t *testing.T) {
+	b := newEnv(t).broker(t)
+	ctx := context.Background()
+	pid, _ := b.RunPod(ctx, podCfg("sec"))
+	c := ctrCfg("c")
+	c.Security.Seccomp = SecurityProfile{Type: ProfileRuntimeDefault}
+	c.Security.SELinux = &SELinuxOptions{Level: "s0:c7,c8"}
+	id, err := b.CreateContainer(ctx, pid, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := b.ContainerStatus(ctx, id)
+	if rec.App.Seccomp == nil || rec.App.SeccompProfile != "runtime/default" {
+		t.Errorf("seccomp not recorded: %q", rec.App.SeccompProfile)
+	}
+	if rec.App.SELinuxProcessLabel == "" || rec.App.SELinuxMountLabel == "" {
+		t.Errorf("SELinux labels not recorded: %q %q", rec.App.SELinuxProcessLabel, rec.App.SELinuxMountLabel)
+	}
+	if rec.Config.Security.Seccomp.Type != ProfileRuntimeDefault {
+		t.Errorf("config not recorded: %+v", rec.Config.Security)
+	}
+	c2 := ctrCfg("c2")
+	c2.Security.Seccomp = SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "relative.json"}
+	if _, err := b.CreateContainer(ctx, pid, c2); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("relative localhost profile: %v", err)
+	}
+}

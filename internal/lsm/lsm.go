@@ -1,0 +1,203 @@
+// Package lsm holds what stagelet does with Linux security modules besides
+// seccomp: it computes a container's SELinux labels (in the daemon) and
+// applies them and an AppArmor profile to the command about to be
+// executed (in the agent). Both the daemon and the agent ask it whether a
+// module is enabled, each on its own side of the pod boundary.
+package lsm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/opencontainers/selinux/go-selinux"
+	"github.com/opencontainers/selinux/go-selinux/label"
+)
+
+// Contexts a container gets where SELinux policy does not say: the usual
+// container types of the targeted policy, at the lowest level.
+const (
+	DefaultSELinuxProcessLabel = "system_u:system_r:container_t:s0"
+	DefaultSELinuxMountLabel   = "system_u:object_r:container_file_t:s0"
+)
+
+// SELinuxOptions are the parts of a context a container asks for; empty
+// parts come from the policy (or the defaults above).
+type SELinuxOptions struct {
+	User, Role, Type, Level string
+}
+
+func (o *SELinuxOptions) labelOptions() []string {
+	var opts []string
+	for _, kv := range [][2]string{{"user", o.User}, {"role", o.Role}, {"type", o.Type}, {"level", o.Level}} {
+		if kv[1] != "" {
+			opts = append(opts, kv[0]+":"+kv[1])
+		}
+	}
+	return opts
+}
+
+// SELinuxEnabled tells whether SELinux is enabled on this side (host or
+// pod) of the caller.
+func SELinuxEnabled() bool { return selinux.GetEnabled() }
+
+// SELinuxLabels computes a container's process and mount labels.
+//
+// Where SELinux is enabled, label.InitLabels computes them from the
+// policy's container contexts and the options, and reserves their MCS
+// level (a unique one is picked unless o.Level gives it); ReleaseSELinux
+// gives it back. Where SELinux is disabled and o is not nil, the labels are
+// still computed, from the defaults above with the options applied, so
+// that records and status show what the container would run as; nothing
+// applies them there. With neither, both are empty.
+func SELinuxLabels(o *SELinuxOptions) (process, mount string, err error) {
+	if selinux.GetEnabled() {
+		var opts []string
+		if o != nil {
+			opts = o.labelOptions()
+		}
+		process, mount, err = label.InitLabels(opts)
+		if err != nil {
+			return "", "", fmt.Errorf("selinux labels: %w", err)
+		}
+		return process, mount, nil
+	}
+	if o == nil {
+		return "", "", nil
+	}
+	for _, part := range []string{o.User, o.Role, o.Type, o.Level} {
+		if strings.ContainsAny(part, " \t\n\"") {
+			return "", "", fmt.Errorf("selinux option %q: blanks and quotes are not allowed", part)
+		}
+	}
+	for _, part := range []string{o.User, o.Role, o.Type} {
+		if strings.Contains(part, ":") {
+			return "", "", fmt.Errorf("selinux option %q: only the level may contain ':'", part)
+		}
+	}
+	pcon, err := selinux.NewContext(DefaultSELinuxProcessLabel)
+	if err != nil {
+		return "", "", err
+	}
+	mcon, err := selinux.NewContext(DefaultSELinuxMountLabel)
+	if err != nil {
+		return "", "", err
+	}
+	// As label.InitLabels: user, role, type and level set the process
+	// context; user and level the mount context.
+	set := func(c selinux.Context, k, v string) {
+		if v != "" {
+			c[k] = v
+		}
+	}
+	set(pcon, "user", o.User)
+	set(pcon, "role", o.Role)
+	set(pcon, "type", o.Type)
+	set(pcon, "level", o.Level)
+	set(mcon, "user", o.User)
+	set(mcon, "level", o.Level)
+	return pcon.Get(), mcon.Get(), nil
+}
+
+// ReserveSELinux marks a recovered container's label as in use, so that
+// no new container gets its MCS level. A no-op without SELinux.
+func ReserveSELinux(process string) {
+	if process != "" && selinux.GetEnabled() {
+		selinux.ReserveLabel(process)
+	}
+}
+
+// ReleaseSELinux gives back a removed container's MCS level. A no-op
+// without SELinux.
+func ReleaseSELinux(process string) {
+	if process != "" && selinux.GetEnabled() {
+		selinux.ReleaseLabel(process)
+	}
+}
+
+// SetSELinuxExec makes the next execve of the calling thread run in the
+// process label. A no-op without SELinux or without a label. The caller
+// must be locked to the thread that executes.
+func SetSELinuxExec(process string) error {
+	if process == "" || !selinux.GetEnabled() {
+		return nil
+	}
+	if err := selinux.SetExecLabel(process); err != nil {
+		return fmt.Errorf("selinux exec label %s: %w", process, err)
+	}
+	return nil
+}
+
+// MountData adds the mount label (context=) to the data of a mount the
+// agent makes for an app. Unchanged without SELinux or without a label.
+func MountData(data, mountLabel string) string {
+	if mountLabel == "" || !selinux.GetEnabled() {
+		return data
+	}
+	return label.FormatMountLabel(data, mountLabel)
+}
+
+// Paths AppArmor is read from; variables for tests.
+var (
+	appArmorEnabledPath = "/sys/module/apparmor/parameters/enabled"
+	appArmorFSPath      = "/sys/kernel/security/apparmor"
+)
+
+// AppArmorEnabled tells whether AppArmor is enabled and its interface
+// mounted, as the caller sees the machine.
+func AppArmorEnabled() bool {
+	b, err := os.ReadFile(appArmorEnabledPath)
+	if err != nil || !strings.HasPrefix(string(b), "Y") {
+		return false
+	}
+	_, err = os.Stat(appArmorFSPath)
+	return err == nil
+}
+
+// AppArmorProfileLoaded tells whether the kernel holds a profile named
+// name.
+func AppArmorProfileLoaded(name string) bool {
+	b, err := os.ReadFile(appArmorFSPath + "/profiles")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// "name (mode)"
+		if n, _, ok := strings.Cut(line, " ("); ok && n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrAppArmorDisabled says a profile was asked for where AppArmor is not
+// enabled.
+var ErrAppArmorDisabled = errors.New("AppArmor is not enabled on this node")
+
+// SetAppArmorExec makes the next execve of the calling thread change to
+// the AppArmor profile. The caller must be locked to the thread that
+// executes.
+func SetAppArmorExec(profile string) error {
+	if profile == "" {
+		return nil
+	}
+	if !AppArmorEnabled() {
+		return fmt.Errorf("AppArmor profile %s requested: %w", profile, ErrAppArmorDisabled)
+	}
+	data := []byte("exec " + profile)
+	var err error
+	// The per-module interface first (Linux 5.8+), then the shared one.
+	for _, p := range []string{"/proc/thread-self/attr/apparmor/exec", "/proc/thread-self/attr/exec"} {
+		var f *os.File
+		if f, err = os.OpenFile(p, os.O_WRONLY, 0); err != nil {
+			continue
+		}
+		_, err = f.Write(data)
+		f.Close()
+		if err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("AppArmor profile %s: %w", profile, err)
+}
