@@ -40,8 +40,6 @@ var (
 	// AgentExitGrace is how long Stop waits for the agent to exit beyond
 	// the apps' stop timeout.
 	AgentExitGrace = 10 * time.Second
-	// probeTimeout bounds one Info call.
-	probeTimeout = 2 * time.Second
 )
 
 // Backend is the fly stage1. It is stateless: everything about a pod is in
@@ -201,40 +199,10 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	return pod, nil
 }
 
-// waitReady waits until the agent answers Info, it exits, or the bound
-// passes.
+// waitReady waits until the agent answers Info, the pod's process exits,
+// or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	ctx, cancel := context.WithTimeout(ctx, AgentReadyTimeout)
-	defer cancel()
-	exited := make(chan struct{})
-	go func() {
-		if p.st.Agent.Wait(ctx) == nil {
-			close(exited)
-		}
-	}()
-	delay := 2 * time.Millisecond
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
-		_, err := p.Info(pctx)
-		pcancel()
-		if err == nil {
-			return nil
-		}
-		// Until it listens the socket is missing or refuses: Unavailable.
-		if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrDeadlineExceeded) {
-			return err
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("exited before answering: %w", errdefs.ErrUnavailable)
-		case <-ctx.Done():
-			return fmt.Errorf("not answering: %v: %w", err, errdefs.ErrDeadlineExceeded)
-		case <-time.After(delay): // retry after the agent had time to listen
-		}
-		if delay < 100*time.Millisecond {
-			delay *= 2
-		}
-	}
+	return stage1.WaitAgentReady(ctx, p.Info, p.st.Agent, AgentReadyTimeout, "the agent")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its agent
@@ -252,7 +220,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, fmt.Errorf("fly: pod %s: agent pid %d: %w", spec.ID, st.Agent.PID, stage1.ErrPodGone)
 	}
 	pod := b.newPod(spec, st)
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	pctx, cancel := context.WithTimeout(ctx, stage1.ProbeTimeout)
 	defer cancel()
 	if _, err := pod.Info(pctx); err != nil {
 		return nil, fmt.Errorf("fly: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)

@@ -82,8 +82,6 @@ var (
 	// the apps' stop timeout, and how long teardown waits for killed
 	// processes to go.
 	ExitGrace = 10 * time.Second
-	// probeTimeout bounds one Info call.
-	probeTimeout = 2 * time.Second
 )
 
 // Backend is the nspawn stage1. It is stateless: everything about a pod is
@@ -389,7 +387,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := os.MkdirAll(filepath.Join(st.AgentDir, "state"), 0o700); err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
-	if err := makeShared(st.Mounts); err != nil {
+	if err := st.shared().Prepare(); err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
 
@@ -467,39 +465,10 @@ func findLeader(nspawnPID int) (*stage1.Process, error) {
 	return stage1.NewProcess(pid)
 }
 
-// waitReady waits until the agent answers Info, nspawn exits, or the bound
-// passes.
+// waitReady waits until the agent answers Info, the pod's process exits,
+// or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	ctx, cancel := context.WithTimeout(ctx, AgentReadyTimeout)
-	defer cancel()
-	exited := make(chan struct{})
-	go func() {
-		if p.st.NSpawn.Wait(ctx) == nil {
-			close(exited)
-		}
-	}()
-	delay := 2 * time.Millisecond
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
-		_, err := p.Info(pctx)
-		pcancel()
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrDeadlineExceeded) {
-			return err
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("systemd-nspawn exited before the agent answered: %w", errdefs.ErrUnavailable)
-		case <-ctx.Done():
-			return fmt.Errorf("not answering: %v: %w", err, errdefs.ErrDeadlineExceeded)
-		case <-time.After(delay): // retry once the agent had time to listen
-		}
-		if delay < 10*time.Millisecond {
-			delay *= 2
-		}
-	}
+	return stage1.WaitAgentReady(ctx, p.Info, p.st.NSpawn, AgentReadyTimeout, "systemd-nspawn")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its
@@ -518,7 +487,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, fmt.Errorf("nspawn: pod %s: systemd-nspawn pid %d: %w", spec.ID, st.NSpawn.PID, stage1.ErrPodGone)
 	}
 	pod := b.newPod(spec, st)
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	pctx, cancel := context.WithTimeout(ctx, stage1.ProbeTimeout)
 	defer cancel()
 	if _, err := pod.Info(pctx); err != nil {
 		return nil, fmt.Errorf("nspawn: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)
@@ -629,7 +598,7 @@ func (b *Backend) release(st *state, name string) error {
 		if dir == "" {
 			continue
 		}
-		if err := removeUnmounted(dir); err != nil {
+		if err := stage1.RemoveUnmounted(dir); err != nil {
 			errs = append(errs, fmt.Errorf("nspawn: %w", err))
 		}
 	}
@@ -662,7 +631,7 @@ var _ stage1.Pod = (*Pod)(nil)
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	c := agent.NewClient(agent.UnixDialer(st.socket()))
 	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
-	p.AgentPod = stage1.NewAgentPod(c, p.podPath)
+	p.AgentPod = stage1.NewAgentPod(c, st.shared().Map)
 	return p
 }
 

@@ -546,7 +546,7 @@ func TestLateMounts(t *testing.T) {
 
 	st, _ := parseState(p.pod.State())
 	dir := filepath.Join(st.Mounts, "late")
-	if ms, _ := mountsUnder(dir); len(ms) != 4 {
+	if ms, _ := stage1.MountsUnder(dir); len(ms) != 4 {
 		t.Errorf("mounts of the container: %v, want rootfs and three sources", ms)
 	}
 	if _, err := p.pod.StopContainer(ctx, "late", time.Second); err != nil {
@@ -555,7 +555,7 @@ func TestLateMounts(t *testing.T) {
 	if err := p.pod.RemoveContainer(ctx, "late"); err != nil {
 		t.Fatal(err)
 	}
-	if ms, _ := mountsUnder(dir); len(ms) != 0 {
+	if ms, _ := stage1.MountsUnder(dir); len(ms) != 0 {
 		t.Errorf("mounts left after RemoveContainer: %v", ms)
 	}
 	if _, err := os.Stat(filepath.Join(src, "hello")); err != nil {
@@ -581,7 +581,7 @@ func TestCreateContainerErrors(t *testing.T) {
 		t.Fatal("create with a missing mount source succeeded")
 	}
 	st, _ := parseState(p.pod.State())
-	if ms, _ := mountsUnder(filepath.Join(st.Mounts, "bad")); len(ms) != 0 {
+	if ms, _ := stage1.MountsUnder(filepath.Join(st.Mounts, "bad")); len(ms) != 0 {
 		t.Errorf("binds left after a failed create: %v", ms)
 	}
 	p.run("dup", rootfs, nil, "/bin/sleep", "1000")
@@ -635,7 +635,7 @@ func TestStopReleases(t *testing.T) {
 	if err := b.DestroyPod(ctx, p.spec, p.pod.State()); err != nil {
 		t.Fatalf("DestroyPod: %v", err)
 	}
-	if ms, _ := mountsUnder(p.spec.RunDir); len(ms) != 0 {
+	if ms, _ := stage1.MountsUnder(p.spec.RunDir); len(ms) != 0 {
 		t.Errorf("mounts left under the run dir: %v", ms)
 	}
 	for _, c := range []map[string]string{st.Cgroup.Paths, sysPaths(st)} {
@@ -683,7 +683,7 @@ func TestStartPodNSpawnFails(t *testing.T) {
 			t.Errorf("pod cgroup %s left behind: %v", d, err)
 		}
 	}
-	if ms, _ := mountsUnder(spec.RunDir); len(ms) != 0 {
+	if ms, _ := stage1.MountsUnder(spec.RunDir); len(ms) != 0 {
 		t.Errorf("mounts left: %v", ms)
 	}
 }

@@ -1,0 +1,89 @@
+package nspawn
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// systemdCgroup is the pod's cgroup in the hierarchies systemd-nspawn
+// itself moves processes in on a v1 or hybrid host: name=systemd and the
+// hybrid cgroup2 mount, where no controller stagelet uses is attached. It
+// is "stagelet-pod-<id>" beneath the daemon's own cgroup there (the spec's
+// cgroup parent names the controllers' hierarchies only), so no parent is
+// created. On a pure v2 host the pod cgroup already is nspawn's, and an
+// error is returned.
+func systemdCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &sfs); err != nil {
+		return nil, err
+	}
+	if sfs.Type == unix.CGROUP2_SUPER_MAGIC {
+		return nil, errors.New("pure cgroup v2")
+	}
+	own, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	self := map[string]string{} // "name=systemd" or "" (cgroup2) → path
+	for _, line := range strings.Split(string(own), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && (parts[1] == "name=systemd" || parts[1] == "") {
+			self[parts[1]] = parts[2]
+		}
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	cg := &cgroups.Cgroup{Paths: map[string]string{}}
+	for _, line := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(line)
+		sep := -1
+		for i, x := range f {
+			if x == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 5 || len(f) < sep+4 {
+			continue
+		}
+		var key, selfKey string
+		switch {
+		case f[sep+1] == "cgroup2":
+			key, selfKey = "cgroup2", ""
+		case f[sep+1] == "cgroup" && slices.Contains(strings.Split(f[sep+3], ","), "name=systemd"):
+			key, selfKey = "name=systemd", "name=systemd"
+		default:
+			continue
+		}
+		if _, dup := cg.Paths[key]; dup {
+			continue
+		}
+		path, ok := self[selfKey]
+		if !ok {
+			continue
+		}
+		root := stage1.UnescapeMountPath(f[3])
+		rel := path
+		if root != "/" {
+			if r, ok := strings.CutPrefix(path, root); ok && (r == "" || r[0] == '/') {
+				rel = r
+			}
+		}
+		point := stage1.UnescapeMountPath(f[4])
+		cg.Paths[key] = filepath.Join(point, filepath.Clean("/"+rel), "stagelet-pod-"+spec.ID)
+	}
+	if len(cg.Paths) == 0 {
+		return nil, errors.New("no name=systemd or hybrid cgroup2 hierarchy")
+	}
+	return cg, nil
+}

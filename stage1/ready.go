@@ -1,0 +1,53 @@
+package stage1
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// ProbeTimeout bounds one question to an agent about whether it runs.
+const ProbeTimeout = 2 * time.Second
+
+// WaitAgentReady waits until the pod's agent answers info, the pod's host
+// process proc (the agent, systemd-nspawn, qemu) exits, or timeout passes.
+// what names proc in the error. Errors: Unavailable (proc exited first),
+// DeadlineExceeded (no answer in time), or what info returned that is
+// neither (an agent answering with an error).
+func WaitAgentReady(ctx context.Context, info func(context.Context) (*api.Info, error), proc *Process, timeout time.Duration, what string) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	exited := make(chan struct{})
+	go func() {
+		if proc.Wait(ctx) == nil {
+			close(exited)
+		}
+	}()
+	delay := 2 * time.Millisecond
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, ProbeTimeout)
+		_, err := info(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		// Until it listens the socket is missing or refuses: Unavailable.
+		if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrDeadlineExceeded) {
+			return err
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("%s exited before the agent answered: %w", what, errdefs.ErrUnavailable)
+		case <-ctx.Done():
+			return fmt.Errorf("agent not answering: %v: %w", err, errdefs.ErrDeadlineExceeded)
+		case <-time.After(delay): // retry once the agent had time to listen
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}

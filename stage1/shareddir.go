@@ -1,0 +1,272 @@
+package stage1
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// SharedDir is how a pod whose agent does not see the host's files (an
+// nspawn container, a VM) reaches what the daemon prepares after the pod
+// started: a host directory with shared mount propagation, which the pod
+// has at InPod (an nspawn bind, a VM's shared filesystem). For each
+// container the backend binds the rootfs, the log directory and every
+// mount source beneath it, and the agent is given the in-pod paths.
+type SharedDir struct {
+	// Host is the directory on the host; InPod is where the agent sees it.
+	Host, InPod string
+}
+
+// Prepare creates the directory and makes it a shared mount point (a bind
+// of itself), so that mounts made beneath it later propagate into the pod.
+// Idempotent.
+func (d SharedDir) Prepare() error {
+	if err := os.MkdirAll(d.Host, 0o700); err != nil {
+		return err
+	}
+	ms, err := MountsUnder(d.Host)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(ms, filepath.Clean(d.Host)) {
+		if err := unix.Mount(d.Host, d.Host, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", d.Host, err)
+		}
+	}
+	if err := unix.Mount("", d.Host, "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", d.Host, err)
+	}
+	return nil
+}
+
+// Release unmounts everything beneath the directory, and the directory
+// itself, and removes it. Idempotent; never removes across a mount.
+func (d SharedDir) Release() error { return RemoveUnmounted(d.Host) }
+
+// Map is the pod's PathMapper: a host path beneath the directory maps to
+// the same path beneath InPod; any other path is not reachable from inside
+// the pod (InvalidArgument).
+func (d SharedDir) Map(host string) (string, error) {
+	rel, err := filepath.Rel(d.Host, filepath.Clean(host))
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", errdefs.InvalidArgument("%s is not reachable from inside the pod", host)
+	}
+	return filepath.Join(d.InPod, rel), nil
+}
+
+func (d SharedDir) containerDir(id string) (string, error) {
+	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
+		return "", errdefs.InvalidArgument("bad container id %q", id)
+	}
+	return filepath.Join(d.Host, id), nil
+}
+
+// BindContainer binds a container's rootfs, log directory and mount
+// sources beneath the directory (<Host>/<id>/rootfs, log, m<N>) and returns
+// the spec with those host paths, for the pod's PathMapper to map. exists
+// tells whether the agent already knows the container: a directory left by
+// a create that did not finish is released and made again. Errors:
+// InvalidArgument (bad id or paths), AlreadyExists, FailedPrecondition (a
+// mount source that does not exist). On failure nothing stays bound.
+func (d SharedDir) BindContainer(ctx context.Context, spec *ContainerSpec, exists func(context.Context, string) (bool, error)) (_ *ContainerSpec, retErr error) {
+	if spec == nil || spec.Rootfs == "" {
+		return nil, errdefs.InvalidArgument("create container: no rootfs")
+	}
+	dir, err := d.containerDir(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); errors.Is(err, os.ErrExist) {
+		known, err := exists(ctx, spec.ID)
+		if err != nil {
+			return nil, err
+		}
+		if known {
+			return nil, errdefs.AlreadyExists("container %q already exists", spec.ID)
+		}
+		if err := RemoveUnmounted(dir); err != nil {
+			return nil, fmt.Errorf("container %s: %w", spec.ID, err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			RemoveUnmounted(dir)
+		}
+	}()
+	inPod := *spec
+	inPod.Rootfs = filepath.Join(dir, "rootfs")
+	if err := Bind(spec.Rootfs, inPod.Rootfs); err != nil {
+		return nil, fmt.Errorf("container %s: rootfs: %w", spec.ID, err)
+	}
+	if spec.LogPath != "" {
+		if !filepath.IsAbs(spec.LogPath) {
+			return nil, errdefs.InvalidArgument("container %s: log path %q is not absolute", spec.ID, spec.LogPath)
+		}
+		logDir := filepath.Dir(spec.LogPath)
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			return nil, fmt.Errorf("container %s: log: %w", spec.ID, err)
+		}
+		if err := Bind(logDir, filepath.Join(dir, "log")); err != nil {
+			return nil, fmt.Errorf("container %s: log: %w", spec.ID, err)
+		}
+		inPod.LogPath = filepath.Join(dir, "log", filepath.Base(spec.LogPath))
+	}
+	if len(spec.Mounts) > 0 {
+		inPod.Mounts = append([]api.Mount(nil), spec.Mounts...)
+		for i, m := range spec.Mounts {
+			if !filepath.IsAbs(m.Source) {
+				return nil, errdefs.InvalidArgument("container %s: mount source %q is not absolute", spec.ID, m.Source)
+			}
+			target := filepath.Join(dir, "m"+strconv.Itoa(i))
+			if err := Bind(m.Source, target); err != nil {
+				return nil, fmt.Errorf("container %s: mount %s: %w", spec.ID, m.Destination, err)
+			}
+			inPod.Mounts[i].Source = target
+		}
+	}
+	return &inPod, nil
+}
+
+// UnbindContainer undoes BindContainer. Idempotent.
+func (d SharedDir) UnbindContainer(id string) error {
+	dir, err := d.containerDir(id)
+	if err != nil {
+		return err
+	}
+	return RemoveUnmounted(dir)
+}
+
+// MountsUnder returns the mount points of this mount namespace at dir or
+// beneath it, deepest (latest) first.
+func MountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dir = filepath.Clean(dir)
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		p := UnescapeMountPath(fields[4])
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			out = append(out, p)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	// Later lines are mounted later: unmount them first; deeper paths
+	// before their parents.
+	slices.Reverse(out)
+	sort.SliceStable(out, func(i, j int) bool {
+		return strings.Count(out[i], "/") > strings.Count(out[j], "/")
+	})
+	return out, nil
+}
+
+// UnescapeMountPath undoes the kernel's octal escapes in mountinfo (\040).
+func UnescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// UnmountAll detaches every mount at dir or beneath it. Mounts already
+// gone are not errors.
+func UnmountAll(dir string) error {
+	for range 3 { // a detached parent may take children with it
+		ms, err := MountsUnder(dir)
+		if err != nil {
+			return err
+		}
+		if len(ms) == 0 {
+			return nil
+		}
+		for _, m := range ms {
+			err := unix.Unmount(m, unix.MNT_DETACH)
+			if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("unmount %s: %w", m, err)
+			}
+		}
+	}
+	ms, err := MountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(ms) > 0 {
+		return fmt.Errorf("mounts left beneath %s: %v", dir, ms)
+	}
+	return nil
+}
+
+// RemoveUnmounted unmounts everything at dir or beneath it and removes
+// dir. It never removes across a mount: when a mount remains, it fails and
+// leaves the files. A missing dir is not an error.
+func RemoveUnmounted(dir string) error {
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := UnmountAll(dir); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// Bind binds src (recursively) onto dst, creating dst as a directory or an
+// empty file to match src.
+func Bind(src, dst string) error {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return errdefs.FailedPrecondition("mount source: %v", err)
+	}
+	if fi.IsDir() {
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+	} else {
+		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		f.Close()
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
