@@ -31,6 +31,8 @@ import (
 // cgroups writable when they are mounted read-only; otherwise it makes
 // itself the child subreaper, so that orphans of apps are reaped by it.
 //
+// `stagelet agent guest` is the init of a kvm pod's VM (GuestMain).
+//
 // `stagelet agent init` and `stagelet agent exec-init` are internal: the
 // agent runs them to start an app or an exec'd command.
 func Main(args []string) int {
@@ -38,6 +40,8 @@ func Main(args []string) int {
 		switch args[0] {
 		case cmdInit, cmdExecInit:
 			return childMain(args[0])
+		case "guest":
+			return GuestMain(args[1:])
 		}
 	}
 	fset := flag.NewFlagSet("stagelet agent", flag.ContinueOnError)

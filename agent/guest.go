@@ -1,0 +1,514 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The guest side of the kvm stage1: `stagelet agent guest` is /init of the
+// VM's initramfs (the kernel passes the words after "--" on its command
+// line to init). As PID 1 it prepares a bare system, then serves the agent
+// protocol on the VM's virtio-serial port and powers the VM off when told
+// to shut down.
+//
+// It is configured by kernel command line parameters (GuestConfig,
+// ParseGuestCmdline); the host side builds them (stage1/kvm).
+
+// Paths of the guest, shared with the host side that builds the VM.
+const (
+	// GuestMounts is where the pod's shared directory is mounted.
+	GuestMounts = "/mnt/stagelet"
+	// GuestModules lists the kernel modules to load, one file name per
+	// line, in order; the files are beside it.
+	GuestModules = "/lib/modules/stagelet.load"
+	// GuestReady is printed on the console once the agent serves its
+	// port (and, in a probe boot, just before powering off).
+	GuestReady = "STAGELET-GUEST-READY"
+	// DefaultGuestPort is the name of the agent's virtio-serial port.
+	DefaultGuestPort = "stagelet.0"
+	// guestStateDir holds the apps' records (a tmpfs: they live as long
+	// as the VM).
+	guestStateDir = "/run/stagelet/state"
+)
+
+// GuestRoute is a route the guest adds on its interface: Dst via Gw (no
+// Gw: on link).
+type GuestRoute struct {
+	Dst netip.Prefix
+	Gw  netip.Addr
+}
+
+// GuestConfig is what the host tells the guest on the kernel command line,
+// as stagelet.KEY=VALUE parameters.
+type GuestConfig struct {
+	// Port is the virtio-serial port name (stagelet.port).
+	Port string
+	// Probe: boot, print GuestReady, power off (stagelet.probe=1).
+	Probe bool
+	// Hostname of the guest (stagelet.hostname).
+	Hostname string
+	// FSTag is the virtio-fs tag of the pod's shared directory, mounted
+	// at GuestMounts (stagelet.fs).
+	FSTag string
+	// MAC selects the interface to configure (stagelet.mac); it is named
+	// eth0. IPs (stagelet.ip, repeated) are its addresses with prefix
+	// length, Routes (stagelet.route=DST,GW, repeated) its routes, MTU
+	// (stagelet.mtu) its MTU.
+	MAC    net.HardwareAddr
+	IPs    []netip.Prefix
+	Routes []GuestRoute
+	MTU    int
+	// LogLevel of the agent (stagelet.loglevel).
+	LogLevel slog.Level
+}
+
+// Cmdline renders c as kernel command line parameters.
+func (c *GuestConfig) Cmdline() []string {
+	var out []string
+	add := func(k, v string) { out = append(out, "stagelet."+k+"="+v) }
+	if c.Port != "" {
+		add("port", c.Port)
+	}
+	if c.Probe {
+		add("probe", "1")
+	}
+	if c.Hostname != "" {
+		add("hostname", c.Hostname)
+	}
+	if c.FSTag != "" {
+		add("fs", c.FSTag)
+	}
+	if c.MAC != nil {
+		add("mac", c.MAC.String())
+	}
+	for _, ip := range c.IPs {
+		add("ip", ip.String())
+	}
+	for _, r := range c.Routes {
+		gw := ""
+		if r.Gw.IsValid() {
+			gw = r.Gw.String()
+		}
+		add("route", r.Dst.String()+","+gw)
+	}
+	if c.MTU > 0 {
+		add("mtu", strconv.Itoa(c.MTU))
+	}
+	if c.LogLevel != slog.LevelInfo {
+		add("loglevel", strings.ToLower(c.LogLevel.String()))
+	}
+	return out
+}
+
+// ParseGuestCmdline reads the stagelet.* parameters of a kernel command
+// line; other words are ignored.
+func ParseGuestCmdline(cmdline string) (*GuestConfig, error) {
+	c := &GuestConfig{Port: DefaultGuestPort}
+	for _, w := range strings.Fields(cmdline) {
+		if w == "--" {
+			break
+		}
+		k, v, ok := strings.Cut(w, "=")
+		key, isOurs := strings.CutPrefix(k, "stagelet.")
+		if !ok || !isOurs {
+			continue
+		}
+		var err error
+		switch key {
+		case "port":
+			c.Port = v
+		case "probe":
+			c.Probe = v == "1"
+		case "hostname":
+			c.Hostname = v
+		case "fs":
+			c.FSTag = v
+		case "mac":
+			c.MAC, err = net.ParseMAC(v)
+		case "ip":
+			var p netip.Prefix
+			if p, err = netip.ParsePrefix(v); err == nil {
+				c.IPs = append(c.IPs, p)
+			}
+		case "route":
+			dst, gw, _ := strings.Cut(v, ",")
+			r := GuestRoute{}
+			if r.Dst, err = netip.ParsePrefix(dst); err == nil && gw != "" {
+				r.Gw, err = netip.ParseAddr(gw)
+			}
+			if err == nil {
+				c.Routes = append(c.Routes, r)
+			}
+		case "mtu":
+			c.MTU, err = strconv.Atoi(v)
+		case "loglevel":
+			err = c.LogLevel.UnmarshalText([]byte(v))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kernel parameter %s: %v", w, err)
+		}
+	}
+	return c, nil
+}
+
+// GuestMain is `stagelet agent guest`: the VM's init. It returns only when
+// it is not PID 1; otherwise it powers the VM off when done or on a fatal
+// error.
+func GuestMain(args []string) int {
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "stagelet agent guest: only runs as PID 1 of a VM (the kvm stage1's init)")
+		return 2
+	}
+	err := guestInit()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "stagelet agent guest: %v\n", err)
+	}
+	powerOff()
+	return 1 // not reached
+}
+
+// powerOff syncs and powers the VM off; as PID 1 it never returns.
+func powerOff() {
+	unix.Sync()
+	for {
+		unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		time.Sleep(time.Second) // the kernel is powering off
+	}
+}
+
+func guestInit() error {
+	start := time.Now()
+	if err := leaveRootfs(); err != nil {
+		return fmt.Errorf("leave the initramfs root: %w", err)
+	}
+	if err := baseMounts(); err != nil {
+		return err
+	}
+	consoleStdio()
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return err
+	}
+	cfg, err := ParseGuestCmdline(string(cmdline))
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With("component", "agent")
+	if err := loadModules(GuestModules, log); err != nil {
+		return err
+	}
+	port, err := openPort(cfg.Port, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	if cfg.Probe {
+		fmt.Fprintln(os.Stderr, GuestReady)
+		return nil
+	}
+	if cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			log.Warn("set hostname", "err", err)
+		}
+	}
+	if err := configureNetwork(cfg); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	if cfg.FSTag != "" {
+		if err := os.MkdirAll(GuestMounts, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(cfg.FSTag, GuestMounts, "virtiofs", 0, ""); err != nil {
+			return fmt.Errorf("mount virtio-fs %s: %w", cfg.FSTag, err)
+		}
+	}
+	if err := guestCgroups(); err != nil {
+		log.Warn("cgroups: app limits and stats are off", "err", err)
+	}
+
+	a, err := New(Config{StateDir: guestStateDir, Logger: log})
+	if err != nil {
+		return err
+	}
+	l := NewSerialListener(port, log)
+	// The host waits for this line (on the console) only in probes; it
+	// tells a reader of the console log where boot ended.
+	fmt.Fprintf(os.Stderr, "%s %s\n", GuestReady, time.Since(start).Round(time.Millisecond))
+	if err := a.Serve(l); err != nil {
+		l.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
+	l.Close()
+	log.Info("agent shut down: powering off")
+	return nil
+}
+
+// leaveRootfs moves the root off the initramfs: pivot_root(2), which starts
+// every app, refuses a root that is the initial rootfs. The rootfs is bound
+// beneath itself and the bind moved over /, which makes the root a mount
+// with a parent.
+func leaveRootfs() error {
+	if err := os.MkdirAll("/sysroot", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("/", "/sysroot", "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	if err := unix.Chdir("/sysroot"); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return err
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	return unix.Chdir("/")
+}
+
+// baseMounts mounts the API file systems of a bare system.
+func baseMounts() error {
+	const nsx = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	for _, m := range []struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+	}{
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+		{"proc", "/proc", "proc", nsx, ""},
+		{"sysfs", "/sys", "sysfs", nsx, ""},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+		{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "ptmxmode=0666,mode=0620"},
+		{"tmpfs", "/dev/shm", "tmpfs", nsx, "mode=1777"},
+	} {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+	return nil
+}
+
+// consoleStdio points stdin, stdout and stderr at /dev/console: the
+// initramfs has no device nodes, so the kernel started init without them.
+func consoleStdio() {
+	fd, err := unix.Open("/dev/console", unix.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		return
+	}
+	for i := 0; i < 3; i++ {
+		unix.Dup3(fd, i, 0)
+	}
+	if fd > 2 {
+		unix.Close(fd)
+	}
+}
+
+// loadModules loads the modules named in list, in order. A module already
+// loaded (or built in) is fine; a missing list means none.
+func loadModules(list string, log *slog.Logger) error {
+	b, err := os.ReadFile(list)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(list)
+	for _, name := range strings.Fields(string(b)) {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return fmt.Errorf("module %s: %w", name, err)
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", name, err)
+		}
+		log.Debug("module loaded", "module", name)
+	}
+	return nil
+}
+
+// openPort waits up to timeout for the virtio-serial port called name and
+// opens it.
+func openPort(name string, timeout time.Duration) (*os.File, error) {
+	deadline := time.Now().Add(timeout)
+	delay := time.Millisecond
+	for {
+		dev, err := findPort(name)
+		if err == nil {
+			return os.OpenFile(dev, os.O_RDWR, 0)
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("virtio-serial port %q: %w", name, err)
+		}
+		time.Sleep(delay) // waiting on the driver to probe the device
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// findPort returns the device node of the port called name, found through
+// /sys/class/virtio-ports/*/name.
+func findPort(name string) (string, error) {
+	ents, err := os.ReadDir("/sys/class/virtio-ports")
+	if err != nil {
+		return "", err
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/sys/class/virtio-ports", e.Name(), "name"))
+		if err != nil || strings.TrimSpace(string(b)) != name {
+			continue
+		}
+		dev := "/dev/" + e.Name()
+		if _, err := os.Stat(dev); err != nil {
+			return "", err
+		}
+		return dev, nil
+	}
+	return "", os.ErrNotExist
+}
+
+// configureNetwork brings lo up and, when the host passed a MAC, names that
+// interface eth0 and gives it the host's addresses, MTU and routes.
+func configureNetwork(cfg *GuestConfig) error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("lo up: %w", err)
+	}
+	if cfg.MAC == nil {
+		return nil
+	}
+	var link netlink.Link
+	deadline := time.Now().Add(10 * time.Second)
+	for link == nil {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if l.Attrs().HardwareAddr.String() == cfg.MAC.String() {
+				link = l
+			}
+		}
+		if link == nil {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no interface with MAC %s", cfg.MAC)
+			}
+			time.Sleep(10 * time.Millisecond) // waiting on the driver to probe the device
+		}
+	}
+	if link.Attrs().Name != "eth0" {
+		if err := netlink.LinkSetName(link, "eth0"); err != nil {
+			return fmt.Errorf("rename %s: %w", link.Attrs().Name, err)
+		}
+	}
+	if cfg.MTU > 0 {
+		if err := netlink.LinkSetMTU(link, cfg.MTU); err != nil {
+			return fmt.Errorf("mtu: %w", err)
+		}
+	}
+	for _, p := range cfg.IPs {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if p.Addr().Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("address %s: %w", p, err)
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("eth0 up: %w", err)
+	}
+	for _, r := range cfg.Routes {
+		rt := &netlink.Route{
+			LinkIndex: link.Attrs().Index,
+			Dst:       &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())},
+		}
+		if r.Gw.IsValid() {
+			rt.Gw = r.Gw.AsSlice()
+		} else {
+			rt.Scope = netlink.SCOPE_LINK
+		}
+		if err := netlink.RouteReplace(rt); err != nil {
+			return fmt.Errorf("route %s via %s: %w", r.Dst, r.Gw, err)
+		}
+	}
+	return nil
+}
+
+// guestCgroups mounts the v1 hierarchies the cgroups package manages and
+// moves the agent into a "pod" cgroup in each, so that its apps' cgroups
+// are children of the pod's and pod stats cover every app.
+func guestCgroups() error {
+	const root = "/sys/fs/cgroup"
+	if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755"); err != nil {
+		return err
+	}
+	enabled, err := enabledControllers()
+	if err != nil {
+		return err
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	for _, h := range []string{"cpu,cpuacct", "memory", "pids", "freezer"} {
+		skip := false
+		for _, c := range strings.Split(h, ",") {
+			skip = skip || !enabled[c]
+		}
+		if skip {
+			continue
+		}
+		dir := filepath.Join(root, h)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount("cgroup", dir, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, h); err != nil {
+			return fmt.Errorf("mount cgroup %s: %w", h, err)
+		}
+		pod := filepath.Join(dir, "pod")
+		if err := os.MkdirAll(pod, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(pod, "cgroup.procs"), pid, 0); err != nil {
+			return fmt.Errorf("join %s: %w", pod, err)
+		}
+	}
+	return nil
+}
+
+// enabledControllers reads /proc/cgroups.
+func enabledControllers() (map[string]bool, error) {
+	f, err := os.Open("/proc/cgroups")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 4 && f[3] == "1" {
+			out[f[0]] = true
+		}
+	}
+	return out, sc.Err()
+}

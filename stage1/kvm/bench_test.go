@@ -1,0 +1,265 @@
+package kvm
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Benchmarks of the kvm stage1 (root, qemu; run with -benchtime 10x):
+//
+//	BenchmarkRunPodToRunning  StartPod → a container running (median)
+//	BenchmarkBareBoot         the same kernel, initramfs and accelerator
+//	                          booted to the agent's ready line (the floor),
+//	                          per machine type and kernel format
+//	BenchmarkExecSync         one ExecSync round trip
+//	BenchmarkFootprint        qemu's and virtiofsd's RSS per pod
+
+func benchBackend(b *testing.B) *Backend {
+	if skipReason != "" {
+		b.Skip(skipReason)
+	}
+	if setupErr != nil {
+		b.Fatal(setupErr)
+	}
+	return New(slog.New(slog.DiscardHandler), Config{AssetsDir: assetsDir})
+}
+
+func medianMS(ds []time.Duration) float64 {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return float64(s[len(s)/2].Microseconds()) / 1000
+}
+
+// benchPod is a pod started for a benchmark.
+type benchPod struct {
+	spec  *stage1.PodSpec
+	pod   stage1.Pod
+	mu    sync.Mutex
+	state []byte
+}
+
+func startBenchPod(b *testing.B, be *Backend, i int) *benchPod {
+	b.Helper()
+	id := fmt.Sprintf("bench%d-%d", os.Getpid(), i)
+	run, err := os.MkdirTemp("", "sl")
+	if err != nil {
+		b.Fatal(err)
+	}
+	bp := &benchPod{spec: &stage1.PodSpec{ID: id, Name: "bench", Namespace: "default", UID: id, RunDir: run, CgroupParent: benchCgroup(b)}}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		bp.mu.Lock()
+		st := bp.state
+		bp.mu.Unlock()
+		if err := be.DestroyPod(ctx, bp.spec, st); err != nil {
+			b.Errorf("DestroyPod: %v", err)
+		}
+		os.RemoveAll(run)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pod, err := be.StartPod(ctx, bp.spec, func(st []byte) error {
+		bp.mu.Lock()
+		defer bp.mu.Unlock()
+		bp.state = append([]byte(nil), st...)
+		return nil
+	})
+	if err != nil {
+		b.Fatalf("StartPod: %v", err)
+	}
+	bp.mu.Lock()
+	bp.pod = pod
+	bp.state = pod.State()
+	bp.mu.Unlock()
+	return bp
+}
+
+var benchSeq int
+
+// benchCgroup is a fresh cgroup parent beneath the test's own cgroup,
+// removed when the benchmark ends.
+func benchCgroup(b *testing.B) string {
+	benchSeq++
+	name := fmt.Sprintf("stagelet-bench-%d-%d", os.Getpid(), benchSeq)
+	cg, err := cgroups.Resolve(name)
+	if err != nil {
+		b.Skipf("no usable cgroups: %v", err)
+	}
+	b.Cleanup(func() {
+		cg.Kill()
+		cg.Delete()
+	})
+	return name
+}
+
+// benchRootfsDir makes a busybox root filesystem, as
+// stage1test.BusyboxRootfs does for tests.
+func benchRootfsDir(b *testing.B) string {
+	const bb = "/bin/busybox"
+	if _, err := os.Stat(bb); err != nil {
+		b.Skipf("needs %s", bb)
+	}
+	root := filepath.Join(b.TempDir(), "rootfs")
+	for _, d := range []string{"bin", "etc", "tmp", "proc", "sys", "dev"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	out, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, name := range strings.Fields(string(out)) {
+		if name != "busybox" {
+			os.Symlink("busybox", filepath.Join(root, "bin", name))
+		}
+	}
+	return root
+}
+
+func startContainer(b *testing.B, pod stage1.Pod, rootfs, id string, args ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: id, Name: id, Rootfs: rootfs, Args: args, Env: []string{"PATH=/bin"},
+		LogPath: filepath.Join(b.TempDir(), id+".log")}}
+	if _, err := pod.CreateContainer(ctx, spec); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pod.StartContainer(ctx, id); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		st, err := pod.ContainerStatus(ctx, id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if st.State == api.StateRunning {
+			return
+		}
+		time.Sleep(2 * time.Millisecond) // polling the app's state
+	}
+}
+
+func BenchmarkRunPodToRunning(b *testing.B) {
+	be := benchBackend(b)
+	rootfs := benchRootfsDir(b)
+	if _, err := be.Accelerator(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	var ds []time.Duration
+	for i := 0; b.Loop(); i++ {
+		start := time.Now()
+		bp := startBenchPod(b, be, i)
+		startContainer(b, bp.pod, rootfs, "c", "/bin/sleep", "1000")
+		ds = append(ds, time.Since(start))
+		b.StopTimer()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		bp.pod.Stop(ctx, time.Second)
+		be.DestroyPod(ctx, bp.spec, bp.pod.State())
+		cancel()
+		b.StartTimer()
+	}
+	b.ReportMetric(medianMS(ds), "ms-median")
+}
+
+func BenchmarkBareBoot(b *testing.B) {
+	be := benchBackend(b)
+	t, err := be.resolveTools()
+	if err != nil {
+		b.Fatal(err)
+	}
+	accel, _ := be.Accelerator(context.Background())
+	for _, machine := range []string{"microvm", "q35"} {
+		for _, kernel := range []string{"vmlinux", "vmlinuz"} {
+			b.Run(machine+"-"+kernel, func(b *testing.B) {
+				tt := *t
+				tt.kernel = filepath.Join(be.cfg.AssetsDir, kernel)
+				var ds []time.Duration
+				for b.Loop() {
+					start := time.Now()
+					if err := bootProbe(context.Background(), &tt, accel, machine, time.Minute); err != nil {
+						b.Fatal(err)
+					}
+					ds = append(ds, time.Since(start))
+				}
+				b.ReportMetric(medianMS(ds), "ms-median")
+			})
+		}
+	}
+}
+
+func BenchmarkExecSync(b *testing.B) {
+	be := benchBackend(b)
+	bp := startBenchPod(b, be, 0)
+	startContainer(b, bp.pod, benchRootfsDir(b), "c", "/bin/sleep", "1000")
+	ctx := context.Background()
+	var ds []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		res, err := bp.pod.ExecSync(ctx, "c", []string{"true"}, 30*time.Second)
+		if err != nil || res.ExitCode != 0 {
+			b.Fatalf("ExecSync: %+v, %v", res, err)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	b.ReportMetric(medianMS(ds), "ms-median")
+}
+
+func BenchmarkFootprint(b *testing.B) {
+	be := benchBackend(b)
+	bp := startBenchPod(b, be, 0)
+	startContainer(b, bp.pod, benchRootfsDir(b), "c", "/bin/sleep", "1000")
+	st, _ := parseState(bp.pod.State())
+	for b.Loop() {
+		// One measurement; the loop only satisfies the framework.
+	}
+	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "VmRSS"))/1024, "qemu-RSS-MiB")
+	// RssShmem is guest memory (a shared memfd) the guest touched; the
+	// rest is qemu's own (TCG's translation cache included).
+	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssShmem"))/1024, "qemu-guestmem-MiB")
+	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssAnon"))/1024, "qemu-anon-MiB")
+	b.ReportMetric(float64(statusKiB(st.Virtiofsd.PID, "VmRSS"))/1024, "virtiofsd-RSS-MiB")
+	if s, err := st.Cgroup.Stats(); err == nil {
+		b.ReportMetric(float64(s.MemoryUsage)/(1<<20), "pod-cgroup-MiB")
+	}
+}
+
+// statusKiB is a kB field of /proc/PID/status.
+func statusKiB(pid int, field string) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,671 @@
+// Package kvm is the stage1 that runs each pod in its own lightweight
+// virtual machine: qemu-system-x86_64 boots a guest kernel whose initramfs
+// runs the stagelet agent as PID 1 (`stagelet agent guest`), so the pod's
+// apps run under their own kernel.
+//
+// The guest assets (an uncompressed PVH kernel, an initramfs holding the
+// stagelet binary and the kernel modules the guest loads) are built by
+// guest/build.sh from a Debian kernel package into Config.AssetsDir.
+//
+// One VM per pod, started detached in the pod cgroup by the plain stage1
+// launcher so that it outlives the daemon:
+//
+//   - control: a virtio-serial port whose host side is a unix socket qemu
+//     serves (<RunDir>/vm/ctl.sock). It is one byte stream: the agent
+//     protocol is multiplexed over it with yamux, one stream per call,
+//     behind a handshake that lets a restarted daemon start a new session
+//     with a running guest (agent.SerialDialer, agent.SerialListener).
+//   - files: the pod's shared directory <RunDir>/mounts is a shared mount,
+//     exported by a virtiofsd per pod and mounted in the guest at
+//     /mnt/stagelet. CreateContainer binds a container's rootfs, log
+//     directory and mount sources beneath it on the host; they propagate
+//     to virtiofsd and so appear in the running guest, where the agent
+//     writes the CRI log files straight to the kubelet's paths.
+//   - network: in the pod's network namespace a tap device is wired to the
+//     CNI interface eth0 with tc ingress redirects both ways (tc-mirred);
+//     qemu gets the tap as a file descriptor, and the guest's interface
+//     gets eth0's MAC, addresses, routes and MTU on the kernel command
+//     line. A VM cannot share the host's network, PID or IPC namespaces.
+//   - acceleration: KVM when a probe boot of the guest under KVM reaches
+//     the agent, else TCG; probed once per Backend (daemon run).
+//
+// Every host resource a pod takes (cgroup, shared mount, tap and tc
+// filters, virtiofsd and qemu processes) is recorded through Persist
+// before it is taken; DestroyPod releases them after any crash.
+package kvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Name is the stage1's registered name.
+const Name = "kvm"
+
+// stateVersion is the version of the persisted state.
+const stateVersion = 1
+
+// Defaults of Config.
+const (
+	// DefaultAssetsDir is where `make guest` puts the guest assets.
+	DefaultAssetsDir = "/usr/local/lib/stagelet/guest"
+	// DefaultMemoryMiB is a VM's memory when the policy gives none
+	// ("memory" option). The host pays it plus the overhead of qemu and
+	// virtiofsd (QemuOverheadMiB).
+	DefaultMemoryMiB = 256
+	// DefaultVCPUs is a VM's vCPU count when the policy gives none
+	// ("vcpus" option).
+	DefaultVCPUs = 1
+	// QemuOverheadMiB is the host memory a pod costs beyond its guest
+	// memory, measured under TCG (BenchmarkFootprint): qemu's private
+	// memory, mostly TCG's translation cache (about 78 MiB), and
+	// virtiofsd's (about 4 MiB). qemu's code and libraries (about 90 MiB)
+	// are shared by every VM. Of the guest memory, an idle guest touches
+	// about 120 MiB (kernel, initramfs, agent).
+	QemuOverheadMiB = 96
+)
+
+// Timeouts; variables so tests may shorten them.
+var (
+	// AgentReadyTimeout bounds how long StartPod waits for the guest's
+	// agent to answer (a TCG boot takes about 2 s on an idle core).
+	AgentReadyTimeout = 60 * time.Second
+	// ExitGrace is how long Stop waits for qemu to exit after the agent
+	// powered the guest off, beyond the apps' stop timeout, and how long
+	// teardown waits for killed processes to go.
+	ExitGrace = 10 * time.Second
+	// recoverTimeout bounds the first call to a recovered pod's agent
+	// (a new serial session included).
+	recoverTimeout = 15 * time.Second
+	// socketTimeout bounds the wait for virtiofsd's socket.
+	socketTimeout = 10 * time.Second
+)
+
+// Config configures the kvm stage1.
+type Config struct {
+	// AssetsDir holds the guest kernel (vmlinux, else vmlinuz) and
+	// initrd.cpio built by guest/build.sh. Default DefaultAssetsDir.
+	AssetsDir string
+	// QemuPath is qemu-system-x86_64; default: found in PATH.
+	QemuPath string
+	// VirtiofsdPath is virtiofsd; default /usr/lib/qemu/virtiofsd (Debian's
+	// qemu-system-common), else found in PATH.
+	VirtiofsdPath string
+	// Accelerator is "kvm", "tcg", or "" to probe (a real boot under KVM,
+	// falling back to TCG).
+	Accelerator string
+	// Machine is the qemu machine type: "microvm" (default) or "q35".
+	Machine string
+	// MemoryMiB and VCPUs are the defaults of pods whose policy options
+	// give none; zero means DefaultMemoryMiB and DefaultVCPUs.
+	MemoryMiB int
+	VCPUs     int
+	// ProbeTimeout bounds the KVM probe boot; default 10s.
+	ProbeTimeout time.Duration
+}
+
+// Backend is the kvm stage1. Everything about a pod is in the state it
+// persists; the Backend itself holds the accelerator chosen for this
+// daemon run and one serial session per running VM, shared by every Pod
+// value of that VM. Safe for concurrent use.
+type Backend struct {
+	log      *slog.Logger
+	cfg      Config
+	launcher stage1.Launcher
+
+	accelOnce sync.Once
+	accel     string
+
+	mu      sync.Mutex
+	dialers map[string]*agent.SerialDialer // by control socket path
+}
+
+var _ stage1.Backend = (*Backend)(nil)
+
+// New returns the kvm backend; the caller registers it. Whether qemu,
+// virtiofsd and the guest assets are present is checked by StartPod
+// (FailedPrecondition), not here.
+//
+// qemu is started by the plain launcher (own session, the pod cgroup)
+// even where systemd is PID 1: it receives its tap device as an inherited
+// file descriptor, which a transient unit cannot pass.
+func New(log *slog.Logger, cfg Config) *Backend {
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.AssetsDir == "" {
+		cfg.AssetsDir = DefaultAssetsDir
+	}
+	if cfg.Machine == "" {
+		cfg.Machine = "microvm"
+	}
+	if cfg.MemoryMiB <= 0 {
+		cfg.MemoryMiB = DefaultMemoryMiB
+	}
+	if cfg.VCPUs <= 0 {
+		cfg.VCPUs = DefaultVCPUs
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = 10 * time.Second
+	}
+	return &Backend{
+		log:      log,
+		cfg:      cfg,
+		launcher: &stage1.PlainLauncher{Log: log},
+		dialers:  map[string]*agent.SerialDialer{},
+	}
+}
+
+// Name implements stage1.Backend.
+func (b *Backend) Name() string { return Name }
+
+// Capabilities implements stage1.Backend: kernel isolation, a pod network
+// only (a VM cannot join the host's network, PID or IPC namespaces), and a
+// privileged container is privileged inside its guest only: no host device
+// is ever passed to a VM.
+func (b *Backend) Capabilities() stage1.Capabilities {
+	return stage1.Capabilities{
+		Isolation:      stage1.IsolationKernel,
+		KernelIsolated: true,
+		HostNetwork:    false,
+		PodNetwork:     true,
+		HostPID:        false,
+		HostIPC:        false,
+		Privileged:     "guest",
+	}
+}
+
+// state is what kvm persists for a pod.
+type state struct {
+	Version int `json:"version"`
+	// Dir holds the sockets and logs of the VM (<RunDir>/vm).
+	Dir string `json:"dir,omitempty"`
+	// Mounts is the shared mount point exported to the guest; every mount
+	// beneath it is the backend's.
+	Mounts string          `json:"mounts,omitempty"`
+	Cgroup *cgroups.Cgroup `json:"cgroup,omitempty"`
+	// NetNS and Tap name the tap device (and the tc filters on eth0) in
+	// the pod's network namespace; empty without a pod network.
+	NetNS     string          `json:"netns,omitempty"`
+	Tap       string          `json:"tap,omitempty"`
+	Virtiofsd *stage1.Process `json:"virtiofsd,omitempty"`
+	Qemu      *stage1.Process `json:"qemu,omitempty"`
+	// VM is what the VM was started with, for Details.
+	VM vmInfo `json:"vm"`
+}
+
+// vmInfo describes a started VM.
+type vmInfo struct {
+	Accelerator string `json:"accelerator,omitempty"`
+	Machine     string `json:"machine,omitempty"`
+	MemoryMiB   int    `json:"memoryMiB,omitempty"`
+	VCPUs       int    `json:"vcpus,omitempty"`
+	Kernel      string `json:"kernel,omitempty"`
+	MAC         string `json:"mac,omitempty"`
+}
+
+func (s *state) marshal() []byte { return stage1.MarshalState(s) }
+
+func (s *state) ctlSocket() string { return filepath.Join(s.Dir, "ctl.sock") }
+func (s *state) fsSocket() string  { return filepath.Join(s.Dir, "fs.sock") }
+
+func parseState(b []byte) (*state, error) {
+	var s state
+	if len(b) == 0 {
+		return &s, nil
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("kvm: bad state: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if s.Version != stateVersion {
+		return nil, fmt.Errorf("kvm: state version %d, want %d: %w", s.Version, stateVersion, errdefs.ErrInvalidArgument)
+	}
+	return &s, nil
+}
+
+// layout fills the paths of a pod's state that follow from spec.
+func layout(spec *stage1.PodSpec) *state {
+	st := &state{
+		Version: stateVersion,
+		Dir:     filepath.Join(spec.RunDir, "vm"),
+		Mounts:  filepath.Join(spec.RunDir, "mounts"),
+	}
+	if cg, err := podCgroup(spec); err == nil {
+		st.Cgroup = cg
+	}
+	return st
+}
+
+// podCgroup is the cgroup of a pod: "stagelet-pod-<id>" beneath the spec's
+// cgroup parent (beneath the daemon's own cgroup when empty). qemu's and
+// virtiofsd's own usage is accounted there.
+func podCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
+	var parent *cgroups.Cgroup
+	var err error
+	if spec.CgroupParent == "" {
+		parent, err = cgroups.Self()
+	} else {
+		parent, err = cgroups.Resolve(spec.CgroupParent)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return parent.Child("stagelet-pod-" + spec.ID), nil
+}
+
+// maxSocketPath is the room for a path in a unix socket address that qemu
+// and virtiofsd accept.
+const maxSocketPath = 107
+
+// validate refuses what this backend cannot do.
+func validate(spec *stage1.PodSpec) error {
+	if spec.ID == "" || spec.RunDir == "" {
+		return errdefs.InvalidArgument("kvm: pod id and run dir are required")
+	}
+	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
+		return errdefs.InvalidArgument("kvm: a VM cannot share the host's network, PID or IPC namespace")
+	}
+	if !filepath.IsAbs(spec.RunDir) {
+		return errdefs.InvalidArgument("kvm: run dir %q is not absolute", spec.RunDir)
+	}
+	if n := len(filepath.Join(spec.RunDir, "vm", "ctl.sock")); n > maxSocketPath {
+		return errdefs.InvalidArgument("kvm: run dir %q too long for a unix socket path (%d > %d)", spec.RunDir, n, maxSocketPath)
+	}
+	if strings.ContainsAny(spec.RunDir, ",=") {
+		return errdefs.InvalidArgument("kvm: run dir %q: ',' and '=' separate qemu's options", spec.RunDir)
+	}
+	return nil
+}
+
+// StartPod implements stage1.Backend. In order, each recorded before it is
+// taken: the pod cgroup, the shared mounts directory, the tap and its tc
+// filters in the pod's network namespace, virtiofsd, qemu (both launched
+// detached in the pod cgroup). It returns once the guest's agent answers
+// Info (at most AgentReadyTimeout, or ctx). Errors: InvalidArgument (a
+// spec a VM cannot run, bad options), FailedPrecondition (qemu, virtiofsd
+// or the guest assets missing), Unavailable or DeadlineExceeded (the guest
+// did not come up; the console log is named). On failure it releases what
+// it took.
+func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
+	log := b.log.With("pod", spec.ID)
+	if err := validate(spec); err != nil {
+		return nil, err
+	}
+	res, err := b.resolveTools()
+	if err != nil {
+		return nil, err
+	}
+	vm, err := b.vmConfig(spec.Options)
+	if err != nil {
+		return nil, err
+	}
+	cg, err := podCgroup(spec)
+	if err != nil {
+		return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
+	}
+	vm.Accelerator = b.accelerator(ctx, res)
+	vm.Kernel = res.kernelVersion
+
+	st := layout(spec)
+	st.Cgroup = cg
+	st.VM = vm
+	if err := persist(st.marshal()); err != nil {
+		return nil, fmt.Errorf("kvm: persist: %w", err)
+	}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if err := b.release(st); err != nil {
+			log.Warn("kvm: releasing a failed pod", "err", err)
+		}
+	}()
+	if err := cg.Create(); err != nil {
+		return nil, fmt.Errorf("kvm: %w", err)
+	}
+	if err := os.MkdirAll(st.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("kvm: %w", err)
+	}
+	if err := st.shared().Prepare(); err != nil {
+		return nil, fmt.Errorf("kvm: %w", err)
+	}
+
+	guest := &agent.GuestConfig{
+		Port:     agent.DefaultGuestPort,
+		Hostname: spec.Hostname,
+		FSTag:    fsTag,
+	}
+	var tapFile *os.File
+	if spec.NetNSPath != "" {
+		st.NetNS, st.Tap = spec.NetNSPath, tapName
+		if err := persist(st.marshal()); err != nil {
+			return nil, fmt.Errorf("kvm: persist: %w", err)
+		}
+		nc, tap, err := setupTap(spec.NetNSPath, tapName)
+		if err != nil {
+			return nil, fmt.Errorf("kvm: pod network: %w", err)
+		}
+		defer tap.Close() // qemu holds its own copy
+		tapFile = tap
+		guest.MAC, guest.IPs, guest.Routes, guest.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
+		st.VM.MAC = nc.MAC.String()
+	}
+
+	// virtiofsd, then qemu, which connects to it.
+	vfs, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
+		Name:    "stagelet-pod-" + spec.ID + "-virtiofsd",
+		Path:    res.virtiofsd,
+		Args:    virtiofsdArgs(st),
+		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		LogPath: filepath.Join(st.Dir, "virtiofsd.log"),
+		Cgroup:  cg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvm: virtiofsd: %w", err)
+	}
+	st.Virtiofsd = vfs
+	if err := persist(st.marshal()); err != nil {
+		return nil, fmt.Errorf("kvm: persist: %w", err)
+	}
+	if err := waitSocket(ctx, st.fsSocket(), vfs); err != nil {
+		return nil, fmt.Errorf("kvm: virtiofsd (log %s): %w", filepath.Join(st.Dir, "virtiofsd.log"), err)
+	}
+
+	launch := stage1.LaunchSpec{
+		Name:    "stagelet-pod-" + spec.ID,
+		Path:    res.qemu,
+		Args:    qemuArgs(res, st, guest, tapFile != nil, spec.ID),
+		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		LogPath: filepath.Join(st.Dir, "qemu.log"),
+		Cgroup:  cg,
+	}
+	if tapFile != nil {
+		launch.ExtraFiles = []*os.File{tapFile}
+	}
+	qemu, err := b.launcher.Launch(ctx, launch)
+	if err != nil {
+		return nil, fmt.Errorf("kvm: qemu: %w", err)
+	}
+	st.Qemu = qemu
+	if err := persist(st.marshal()); err != nil {
+		return nil, fmt.Errorf("kvm: persist: %w", err)
+	}
+	pod := b.newPod(spec, st)
+	// Each probe dials: a serial session whose handshake the guest
+	// answers once its agent serves the port.
+	if err := stage1.WaitAgentReady(ctx, pod.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
+		return nil, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w",
+			filepath.Join(st.Dir, "console.log"), launch.LogPath, err)
+	}
+	log.Info("kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
+		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "network", pod.Details()["network"])
+	return pod, nil
+}
+
+// waitSocket waits until path is a socket, or p exits, or socketTimeout.
+func waitSocket(ctx context.Context, path string, p *stage1.Process) error {
+	ctx, cancel := context.WithTimeout(ctx, socketTimeout)
+	defer cancel()
+	delay := time.Millisecond
+	for {
+		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return nil
+		}
+		if !p.Alive() {
+			return fmt.Errorf("exited before creating %s: %w", path, errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no socket %s: %w", path, errdefs.ErrDeadlineExceeded)
+		case <-time.After(delay): // polling for the socket file
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// RecoverPod implements stage1.Backend: the pod is back when its qemu
+// process (PID and start time) still runs and the guest's agent answers
+// Info over a new serial session; otherwise the error wraps
+// stage1.ErrPodGone.
+func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
+	st, err := parseState(stateBytes)
+	if err != nil {
+		return nil, err
+	}
+	if st.Qemu == nil || st.Dir == "" {
+		return nil, fmt.Errorf("kvm: pod %s: no qemu recorded: %w", spec.ID, stage1.ErrPodGone)
+	}
+	if !st.Qemu.Alive() {
+		return nil, fmt.Errorf("kvm: pod %s: qemu pid %d: %w", spec.ID, st.Qemu.PID, stage1.ErrPodGone)
+	}
+	pod := b.newPod(spec, st)
+	pctx, cancel := context.WithTimeout(ctx, recoverTimeout)
+	defer cancel()
+	if _, err := pod.Info(pctx); err != nil {
+		return nil, fmt.Errorf("kvm: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)
+	}
+	b.log.Debug("kvm pod recovered", "pod", spec.ID, "qemuPID", st.Qemu.PID)
+	return pod, nil
+}
+
+// DestroyPod implements stage1.Backend: it kills qemu and virtiofsd (when
+// the recorded PIDs still name them) and whatever else is in the pod
+// cgroup, removes the cgroup, the tc filters and the tap in the pod's
+// network namespace (when it still exists), unmounts everything beneath
+// the shared directory and removes it and the VM directory. Idempotent.
+// What the state lacks (a crash before the first persist) is derived from
+// spec.
+func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
+	st, err := parseState(stateBytes)
+	if err != nil {
+		b.log.Warn("kvm: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
+		st = &state{}
+	}
+	if spec.ID != "" && spec.RunDir != "" {
+		def := layout(spec)
+		if st.Dir == "" {
+			st.Dir = def.Dir
+		}
+		if st.Mounts == "" {
+			st.Mounts = def.Mounts
+		}
+		if st.Cgroup == nil {
+			st.Cgroup = def.Cgroup
+		}
+	}
+	return b.release(st)
+}
+
+// release kills and removes everything named in st.
+func (b *Backend) release(st *state) error {
+	var errs []error
+	if st.Dir != "" {
+		b.dropDialer(st.ctlSocket())
+	}
+	for _, p := range []*stage1.Process{st.Qemu, st.Virtiofsd} {
+		if p == nil {
+			continue
+		}
+		if err := p.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
+			errs = append(errs, fmt.Errorf("kvm: kill pid %d: %w", p.PID, err))
+		}
+	}
+	if st.Cgroup != nil {
+		if err := st.Cgroup.Kill(); err != nil {
+			errs = append(errs, fmt.Errorf("kvm: %w", err))
+		}
+	}
+	for _, p := range []*stage1.Process{st.Qemu, st.Virtiofsd} {
+		if p == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
+		err := p.Wait(ctx)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("kvm: pid %d did not exit", p.PID))
+		}
+	}
+	if st.Cgroup != nil {
+		if err := st.Cgroup.Delete(); err != nil {
+			errs = append(errs, fmt.Errorf("kvm: %w", err))
+		}
+	}
+	if st.NetNS != "" && st.Tap != "" {
+		if err := teardownTap(st.NetNS, st.Tap); err != nil {
+			errs = append(errs, fmt.Errorf("kvm: pod network: %w", err))
+		}
+	}
+	if st.Mounts != "" {
+		if err := st.shared().Release(); err != nil {
+			errs = append(errs, fmt.Errorf("kvm: %w", err))
+		}
+	}
+	if st.Dir != "" {
+		if err := os.RemoveAll(st.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("kvm: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dialer returns the serial session of the VM whose control socket is
+// path, shared by every Pod value of it in this daemon.
+func (b *Backend) dialer(path string) *agent.SerialDialer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, ok := b.dialers[path]
+	if !ok {
+		d = agent.NewSerialDialer(path, b.log)
+		b.dialers[path] = d
+	}
+	return d
+}
+
+// dropDialer ends and forgets the serial session of a VM.
+func (b *Backend) dropDialer(path string) {
+	b.mu.Lock()
+	d := b.dialers[path]
+	delete(b.dialers, path)
+	b.mu.Unlock()
+	if d != nil {
+		d.Close()
+	}
+}
+
+// CloseSessions ends every serial session this Backend holds, as the
+// daemon's exit would; the VMs keep running and a later RecoverPod (by
+// this Backend or a new one) starts new sessions.
+func (b *Backend) CloseSessions() {
+	b.mu.Lock()
+	ds := b.dialers
+	b.dialers = map[string]*agent.SerialDialer{}
+	b.mu.Unlock()
+	for _, d := range ds {
+		d.Close()
+	}
+}
+
+// tools are the resolved executables and assets.
+type tools struct {
+	qemu, virtiofsd string
+	kernel, initrd  string
+	kernelVersion   string
+}
+
+// resolveTools finds qemu, virtiofsd and the guest assets:
+// FailedPrecondition when one is missing.
+func (b *Backend) resolveTools() (*tools, error) {
+	t := &tools{}
+	var err error
+	if t.qemu = b.cfg.QemuPath; t.qemu == "" {
+		if t.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil, errdefs.FailedPrecondition("kvm: qemu-system-x86_64 is not installed (Debian: qemu-system-x86): %v", err)
+		}
+	}
+	if t.virtiofsd = b.cfg.VirtiofsdPath; t.virtiofsd == "" {
+		t.virtiofsd = "/usr/lib/qemu/virtiofsd"
+		if _, err := os.Stat(t.virtiofsd); err != nil {
+			if t.virtiofsd, err = exec.LookPath("virtiofsd"); err != nil {
+				return nil, errdefs.FailedPrecondition("kvm: virtiofsd is not installed (Debian: qemu-system-common)")
+			}
+		}
+	}
+	for _, k := range []string{"vmlinux", "vmlinuz"} {
+		p := filepath.Join(b.cfg.AssetsDir, k)
+		if _, err := os.Stat(p); err == nil {
+			t.kernel = p
+			break
+		}
+	}
+	t.initrd = filepath.Join(b.cfg.AssetsDir, "initrd.cpio")
+	if _, err := os.Stat(t.initrd); err != nil || t.kernel == "" {
+		return nil, errdefs.FailedPrecondition("kvm: guest assets missing in %s (build them with `make guest`)", b.cfg.AssetsDir)
+	}
+	t.kernelVersion = manifestKernel(b.cfg.AssetsDir)
+	return t, nil
+}
+
+// manifestKernel reads the guest kernel's version from the assets'
+// manifest; "" when unknown.
+func manifestKernel(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "manifest"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "kernel "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// HasAssets reports whether dir holds a guest kernel and initramfs as
+// guest/build.sh makes them.
+func HasAssets(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "initrd.cpio")); err != nil {
+		return false
+	}
+	for _, k := range []string{"vmlinux", "vmlinuz"} {
+		if _, err := os.Stat(filepath.Join(dir, k)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+var _ stage1.NodeInformer = (*Backend)(nil)
+
+// NodeInfo implements stage1.NodeInformer: the accelerator pods get (the
+// first call runs the probe) and the guest kernel.
+func (b *Backend) NodeInfo(ctx context.Context) map[string]string {
+	info := map[string]string{"assetsDir": b.cfg.AssetsDir}
+	accel, err := b.Accelerator(ctx)
+	if err != nil {
+		info["error"] = err.Error()
+		return info
+	}
+	info["accelerator"] = accel
+	if v := manifestKernel(b.cfg.AssetsDir); v != "" {
+		info["guestKernel"] = v
+	}
+	return info
+}

@@ -1,0 +1,556 @@
+package kvm
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/stage1test"
+)
+
+// The VM tests need root, qemu-system-x86_64, virtiofsd and the guest
+// assets. TestMain builds the stagelet binary and the assets with it
+// (guest/build.sh; the kernel package is cached in
+// $STAGELET_GUEST_CACHE, default /var/tmp/stagelet-guest-test), unless
+// $STAGELET_GUEST_ASSETS names assets built already (`make guest`).
+var (
+	agentBinary string
+	assetsDir   string
+	setupErr    error  // building failed: the tests fail
+	skipReason  string // the tests cannot run here: they skip
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if spec := os.Getenv(daemonEnv); spec != "" {
+		os.Exit(daemonMain(spec))
+	}
+	os.Exit(func() int {
+		switch {
+		case testing.Short():
+			skipReason = "integration test: boots VMs (skipped with -short)"
+		case os.Geteuid() != 0:
+			skipReason = "needs root: VMs, cgroups, mounts, taps"
+		}
+		if _, err := exec.LookPath("qemu-system-x86_64"); skipReason == "" && err != nil {
+			skipReason = "needs qemu-system-x86_64 (Debian: qemu-system-x86)"
+		}
+		if skipReason != "" {
+			return m.Run()
+		}
+		dir, err := os.MkdirTemp("", "stagelet-kvm-test")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		if _, err := os.Stat("/usr/lib/qemu/virtiofsd"); err != nil {
+			if _, err := exec.LookPath("virtiofsd"); err != nil {
+				skipReason = "needs virtiofsd (Debian: qemu-system-common)"
+				return m.Run()
+			}
+		}
+		agentBinary, setupErr = stage1test.BuildAgent(dir)
+		if assetsDir = os.Getenv("STAGELET_GUEST_ASSETS"); assetsDir == "" && setupErr == nil {
+			// Without a Debian archive to fetch the kernel from, the
+			// tests cannot run here: they skip, saying why.
+			var err error
+			if assetsDir, err = buildAssets(agentBinary); err != nil {
+				skipReason = "no guest assets: " + err.Error()
+			}
+		}
+		return m.Run()
+	}())
+}
+
+// buildAssets runs guest/build.sh with the freshly built binary.
+func buildAssets(binary string) (string, error) {
+	cache := os.Getenv("STAGELET_GUEST_CACHE")
+	if cache == "" {
+		cache = "/var/tmp/stagelet-guest-test"
+	}
+	script, err := filepath.Abs("../../guest/build.sh")
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(script, binary, cache)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("guest/build.sh: %v\n%s", err, out)
+	}
+	return cache, nil
+}
+
+func needVM(tb testing.TB) {
+	tb.Helper()
+	if skipReason != "" {
+		tb.Skip(skipReason)
+	}
+	if setupErr != nil {
+		tb.Fatal(setupErr)
+	}
+}
+
+func testLogger(tb testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ tb testing.TB }
+
+func (w tWriter) Write(b []byte) (int, error) {
+	w.tb.Helper()
+	w.tb.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// sharedBackend is one Backend for the package's tests, as one daemon run
+// has: the accelerator is probed once.
+var (
+	backendOnce sync.Once
+	backend     *Backend
+)
+
+func testBackend(t *testing.T) *Backend {
+	needVM(t)
+	backendOnce.Do(func() {
+		backend = New(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Config{AssetsDir: assetsDir})
+	})
+	return backend
+}
+
+func TestConformance(t *testing.T) {
+	b := testBackend(t)
+	stage1test.Run(t, b, stage1test.Env{
+		AgentBinary:  agentBinary,
+		Rootfs:       stage1test.BusyboxRootfs,
+		CgroupParent: stage1test.CgroupParent,
+		RunDir:       stage1test.ShortRunDir,
+		KillPod:      killQemu,
+		Timeout:      90 * time.Second,
+	})
+}
+
+// killQemu kills the recorded qemu process, as a crash would, and waits
+// until it is dead.
+func killQemu(t *testing.T, b []byte) {
+	t.Helper()
+	st, err := parseState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Qemu == nil {
+		t.Fatal("no qemu in state")
+	}
+	if err := st.Qemu.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := st.Qemu.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// vmPod is a started pod for the tests below; cleanup destroys it.
+type vmPod struct {
+	spec *stage1.PodSpec
+	pod  stage1.Pod
+
+	mu    sync.Mutex
+	state []byte
+}
+
+func (p *vmPod) last() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]byte(nil), p.state...)
+}
+
+var seq int
+
+func startVM(t *testing.T, b *Backend, netns string, opts map[string]string) *vmPod {
+	t.Helper()
+	seq++
+	id := fmt.Sprintf("kvm%d%d", os.Getpid(), seq)
+	vp := &vmPod{spec: &stage1.PodSpec{
+		ID: id, Name: "kvm", Namespace: "default", UID: id + "-uid", Hostname: "kvm-" + fmt.Sprint(seq),
+		RunDir:       stage1test.ShortRunDir(t),
+		CgroupParent: stage1test.CgroupParent(t),
+		NetNSPath:    netns,
+		Options:      opts,
+	}}
+	persist := func(st []byte) error {
+		vp.mu.Lock()
+		defer vp.mu.Unlock()
+		vp.state = append([]byte(nil), st...)
+		return nil
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, f := range []string{"console.log", "virtiofsd.log", "qemu.log"} {
+				out, _ := os.ReadFile(filepath.Join(vp.spec.RunDir, "vm", f))
+				t.Logf("%s:\n%s", f, out)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := b.DestroyPod(ctx, vp.spec, vp.last()); err != nil {
+			t.Errorf("cleanup: DestroyPod: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pod, err := b.StartPod(ctx, vp.spec, persist)
+	if err != nil {
+		t.Fatalf("StartPod: %v", err)
+	}
+	vp.pod = pod
+	persist(pod.State())
+	return vp
+}
+
+// run creates and starts a busybox container running args.
+func (vp *vmPod) run(t *testing.T, id string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logPath := filepath.Join(t.TempDir(), id+".log")
+	spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{
+		ID: id, Name: id, Rootfs: stage1test.BusyboxRootfs(t), Args: args,
+		Env: []string{"PATH=/bin"}, LogPath: logPath,
+	}}
+	if _, err := vp.pod.CreateContainer(ctx, spec); err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	if _, err := vp.pod.StartContainer(ctx, id); err != nil {
+		t.Fatalf("StartContainer: %v", err)
+	}
+	return logPath
+}
+
+func (vp *vmPod) exec(t *testing.T, id string, cmd ...string) (string, int32) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := vp.pod.ExecSync(ctx, id, cmd, 30*time.Second)
+	if err != nil {
+		t.Fatalf("ExecSync %v: %v", cmd, err)
+	}
+	return string(res.Stdout) + string(res.Stderr), res.ExitCode
+}
+
+// TestGuestKernel: an app in a kvm pod sees the guest's kernel, not the
+// host's, and Details name the accelerator.
+func TestGuestKernel(t *testing.T) {
+	b := testBackend(t)
+	vp := startVM(t, b, "", nil)
+	vp.run(t, "main", "/bin/sleep", "1000")
+	out, code := vp.exec(t, "main", "uname", "-r")
+	guest := strings.TrimSpace(out)
+	var u unix.Utsname
+	unix.Uname(&u)
+	host := unix.ByteSliceToString(u.Release[:])
+	if code != 0 || guest == "" || guest == host {
+		t.Fatalf("uname -r in the pod = %q (exit %d), host %q: want the guest's kernel", guest, code, host)
+	}
+	if want := manifestKernel(assetsDir); want != "" && guest != want {
+		t.Errorf("uname -r = %q, want the guest kernel %q", guest, want)
+	}
+	d := vp.pod.Details()
+	if d["accelerator"] != "kvm" && d["accelerator"] != "tcg" {
+		t.Errorf("Details = %v: no accelerator", d)
+	}
+	t.Logf("guest kernel %s (host %s), details %v", guest, host, d)
+}
+
+// TestOptions: the policy's memory and vcpus options size the VM.
+func TestOptions(t *testing.T) {
+	b := testBackend(t)
+	vp := startVM(t, b, "", map[string]string{OptionMemory: "384Mi", OptionVCPUs: "2"})
+	vp.run(t, "main", "/bin/sleep", "1000")
+	out, _ := vp.exec(t, "main", "sh", "-c", "grep -c ^processor /proc/cpuinfo; grep MemTotal /proc/meminfo")
+	f := strings.Fields(out)
+	if len(f) < 3 || f[0] != "2" {
+		t.Fatalf("in the guest: %q, want 2 CPUs", out)
+	}
+	var kb int
+	fmt.Sscan(f[2], &kb)
+	if kb < 300*1024 || kb > 384*1024 {
+		t.Errorf("guest MemTotal %d kB, want about 384 MiB", kb)
+	}
+	if d := vp.pod.Details(); d["memoryMiB"] != "384" || d["vcpus"] != "2" {
+		t.Errorf("Details = %v", d)
+	}
+}
+
+// TestReconnect: a new daemon (a new Backend, the old one's sessions gone
+// as with kill -9) recovers a running VM over a new serial session, twice.
+func TestReconnect(t *testing.T) {
+	b := testBackend(t)
+	vp := startVM(t, b, "", nil)
+	vp.run(t, "long", "/bin/sleep", "1000")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	before, err := vp.pod.ContainerStatus(ctx, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := vp.pod.State()
+	for i := range 2 {
+		b.CloseSessions() // the old daemon's connection dies with it
+		nb := New(testLogger(t), Config{AssetsDir: assetsDir, Accelerator: vp.pod.Details()["accelerator"]})
+		pod, err := nb.RecoverPod(ctx, vp.spec, state)
+		if err != nil {
+			t.Fatalf("RecoverPod #%d: %v", i+1, err)
+		}
+		st, err := pod.ContainerStatus(ctx, "long")
+		if err != nil || st.State != api.StateRunning || st.PID != before.PID {
+			t.Fatalf("after reconnect #%d: %+v, %v; before %+v", i+1, st, err, before)
+		}
+		if out, _ := (&vmPod{pod: pod}).exec(t, "long", "echo", "again"); out != "again\n" {
+			t.Errorf("exec after reconnect #%d: %q", i+1, out)
+		}
+		nb.CloseSessions()
+	}
+}
+
+func TestCapabilities(t *testing.T) {
+	c := New(nil, Config{}).Capabilities()
+	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"}
+	if c != want {
+		t.Errorf("Capabilities = %+v, want %+v", c, want)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := stage1.PodSpec{ID: "p", RunDir: "/run/p"}
+	if err := validate(&ok); err != nil {
+		t.Errorf("valid spec refused: %v", err)
+	}
+	for name, mut := range map[string]func(*stage1.PodSpec){
+		"hostNetwork": func(s *stage1.PodSpec) { s.HostNetwork = true },
+		"hostPID":     func(s *stage1.PodSpec) { s.HostPID = true },
+		"hostIPC":     func(s *stage1.PodSpec) { s.HostIPC = true },
+		"relative":    func(s *stage1.PodSpec) { s.RunDir = "run/p" },
+		"comma":       func(s *stage1.PodSpec) { s.RunDir = "/run/a,b" },
+		"long":        func(s *stage1.PodSpec) { s.RunDir = "/" + strings.Repeat("x", 100) },
+		"no id":       func(s *stage1.PodSpec) { s.ID = "" },
+	} {
+		s := ok
+		mut(&s)
+		if err := validate(&s); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestVMConfig(t *testing.T) {
+	b := New(nil, Config{})
+	for _, tt := range []struct {
+		opts     map[string]string
+		mem, cpu int
+		ok       bool
+	}{
+		{nil, DefaultMemoryMiB, DefaultVCPUs, true},
+		{map[string]string{"memory": "512"}, 512, 1, true},
+		{map[string]string{"memory": "1Gi", "vcpus": "2"}, 1024, 2, true},
+		{map[string]string{"memory": "2G"}, 2048, 1, true},
+		{map[string]string{"memory": "300Mi"}, 300, 1, true},
+		{map[string]string{"memory": "10"}, 0, 0, false},
+		{map[string]string{"memory": "lots"}, 0, 0, false},
+		{map[string]string{"vcpus": "0"}, 0, 0, false},
+		{map[string]string{"vcpus": "x"}, 0, 0, false},
+	} {
+		vm, err := b.vmConfig(tt.opts)
+		if (err == nil) != tt.ok || tt.ok && (vm.MemoryMiB != tt.mem || vm.VCPUs != tt.cpu) {
+			t.Errorf("vmConfig(%v) = %+v, %v", tt.opts, vm, err)
+		}
+	}
+}
+
+func TestParseState(t *testing.T) {
+	if st, err := parseState(nil); err != nil || st.Qemu != nil {
+		t.Errorf("empty state = %+v, %v", st, err)
+	}
+	if _, err := parseState([]byte(`{"version":99}`)); err == nil {
+		t.Error("unknown version accepted")
+	}
+	in := &state{Version: stateVersion, Dir: "/r/vm", Tap: "tap0", NetNS: "/n", Qemu: &stage1.Process{PID: 4, StartTime: 2}, VM: vmInfo{Accelerator: "tcg"}}
+	out, err := parseState(in.marshal())
+	if err != nil || out.ctlSocket() != "/r/vm/ctl.sock" || out.Qemu.PID != 4 || out.VM.Accelerator != "tcg" || out.Tap != "tap0" {
+		t.Errorf("round trip = %+v, %v", out, err)
+	}
+}
+
+// TestStopAndTeardown: Stop stops the apps and the guest powers itself
+// off (qemu exits without being killed); DestroyPod leaves no process,
+// mount, socket or directory behind. Pod stats are the VM's host cost.
+func TestStopAndTeardown(t *testing.T) {
+	b := testBackend(t)
+	vp := startVM(t, b, "", nil)
+	vp.run(t, "main", "/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ps, err := vp.pod.Stats(ctx, "")
+	if err != nil || ps.MemoryUsageBytes == 0 || ps.CPUUsageNanos == 0 {
+		t.Errorf("pod stats = %+v, %v: want the VM's host usage", ps, err)
+	}
+	cs, err := vp.pod.Stats(ctx, "main")
+	if err != nil || cs.Pids == 0 {
+		t.Errorf("container stats = %+v, %v", cs, err)
+	}
+	st, _ := parseState(vp.pod.State())
+	start := time.Now()
+	if err := vp.pod.Stop(ctx, 10*time.Second); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	took := time.Since(start)
+	if st.Qemu.Alive() || st.Virtiofsd.Alive() {
+		t.Fatal("qemu or virtiofsd still runs after Stop")
+	}
+	console, _ := os.ReadFile(filepath.Join(st.Dir, "console.log"))
+	if !strings.Contains(string(console), "powering off") {
+		t.Errorf("the guest did not power itself off; console:\n%s", console)
+	}
+	if took > 8*time.Second {
+		t.Errorf("Stop took %v for an app that exits on SIGTERM", took)
+	}
+	t.Logf("Stop took %v", took)
+	if err := b.DestroyPod(ctx, vp.spec, vp.pod.State()); err != nil {
+		t.Fatalf("DestroyPod: %v", err)
+	}
+	for _, p := range []string{st.Dir, st.Mounts} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left after DestroyPod (%v)", p, err)
+		}
+	}
+	if ms, err := stage1.MountsUnder(vp.spec.RunDir); err != nil || len(ms) != 0 {
+		t.Errorf("mounts left beneath the run dir: %v, %v", ms, err)
+	}
+	if err := st.Cgroup.Delete(); err != nil {
+		t.Errorf("pod cgroup: %v", err)
+	}
+	for _, d := range st.Cgroup.Paths {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("pod cgroup %s left", d)
+		}
+	}
+}
+
+// daemonEnv makes the test binary act as a daemon that starts one pod
+// with a container, writes the pod's state to a file and waits to be
+// killed (TestDaemonKill9).
+const daemonEnv = "STAGELET_KVM_TEST_DAEMON"
+
+type daemonArgs struct {
+	Spec      stage1.PodSpec
+	Assets    string
+	Rootfs    string
+	StateFile string
+}
+
+func daemonMain(arg string) int {
+	var da daemonArgs
+	if err := json.Unmarshal([]byte(arg), &da); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	b := New(slog.New(slog.NewTextHandler(os.Stderr, nil)), Config{AssetsDir: da.Assets})
+	ctx := context.Background()
+	persist := func(st []byte) error { return os.WriteFile(da.StateFile, st, 0o600) }
+	pod, err := b.StartPod(ctx, &da.Spec, persist)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "StartPod:", err)
+		return 1
+	}
+	spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: "long", Name: "long", Rootfs: da.Rootfs,
+		Args: []string{"/bin/sleep", "1000"}, Env: []string{"PATH=/bin"}}}
+	if _, err := pod.CreateContainer(ctx, spec); err != nil {
+		fmt.Fprintln(os.Stderr, "CreateContainer:", err)
+		return 1
+	}
+	if _, err := pod.StartContainer(ctx, "long"); err != nil {
+		fmt.Fprintln(os.Stderr, "StartContainer:", err)
+		return 1
+	}
+	// A call in flight when the daemon dies.
+	go pod.ExecSync(ctx, "long", []string{"sleep", "1000"}, 0)
+	fmt.Println("READY")
+	select {}
+}
+
+// TestDaemonKill9: the daemon that started a VM is killed with SIGKILL
+// while a call is in flight; the VM keeps running and a new daemon
+// recovers it over a new serial session.
+func TestDaemonKill9(t *testing.T) {
+	b := testBackend(t)
+	seq++
+	id := fmt.Sprintf("kill%d%d", os.Getpid(), seq)
+	da := daemonArgs{
+		Spec: stage1.PodSpec{ID: id, Name: "kill9", Namespace: "default", UID: id,
+			RunDir: stage1test.ShortRunDir(t), CgroupParent: stage1test.CgroupParent(t)},
+		Assets:    assetsDir,
+		Rootfs:    stage1test.BusyboxRootfs(t),
+		StateFile: filepath.Join(t.TempDir(), "state"),
+	}
+	t.Cleanup(func() {
+		st, _ := os.ReadFile(da.StateFile)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := b.DestroyPod(ctx, &da.Spec, st); err != nil {
+			t.Errorf("cleanup: DestroyPod: %v", err)
+		}
+	})
+	arg, _ := json.Marshal(da)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), daemonEnv+"="+string(arg))
+	cmd.Stderr = tWriter{t}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "READY\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("daemon: %q, %v", line, err)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+
+	state, err := os.ReadFile(da.StateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pod, err := b.RecoverPod(ctx, &da.Spec, state)
+	if err != nil {
+		t.Fatalf("RecoverPod after kill -9: %v", err)
+	}
+	st, err := pod.ContainerStatus(ctx, "long")
+	if err != nil || st.State != api.StateRunning {
+		t.Fatalf("container after kill -9: %+v, %v", st, err)
+	}
+	res, err := pod.ExecSync(ctx, "long", []string{"echo", "back"}, 30*time.Second)
+	if err != nil || string(res.Stdout) != "back\n" {
+		t.Fatalf("ExecSync after kill -9: %+v, %v", res, err)
+	}
+}

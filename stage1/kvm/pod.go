@@ -1,0 +1,139 @@
+package kvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Pod is a running kvm pod: its VM and the agent inside it, reached over
+// the VM's serial session.
+type Pod struct {
+	stage1.AgentPod
+	id  string
+	st  *state
+	log *slog.Logger
+	b   *Backend
+}
+
+var _ stage1.Pod = (*Pod)(nil)
+
+func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
+	d := b.dialer(st.ctlSocket())
+	c := agent.NewClient(d.Dial)
+	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID), b: b}
+	p.AgentPod = stage1.NewAgentPod(c, st.shared().Map)
+	return p
+}
+
+// State implements stage1.Pod.
+func (p *Pod) State() []byte { return p.st.marshal() }
+
+// Details implements stage1.Pod: the VM's accelerator ("kvm" or "tcg"),
+// machine type, memory, vCPUs and guest kernel, and its network.
+func (p *Pod) Details() map[string]string {
+	d := map[string]string{
+		"stage1":      Name,
+		"accelerator": p.st.VM.Accelerator,
+		"machine":     p.st.VM.Machine,
+		"memoryMiB":   strconv.Itoa(p.st.VM.MemoryMiB),
+		"vcpus":       strconv.Itoa(p.st.VM.VCPUs),
+		"network":     "none",
+	}
+	if p.st.VM.Kernel != "" {
+		d["guestKernel"] = p.st.VM.Kernel
+	}
+	if p.st.Tap != "" {
+		d["network"] = "tap " + p.st.Tap + " mirrored to " + podIf
+		d["mac"] = p.st.VM.MAC
+	}
+	if p.st.Qemu != nil {
+		d["qemuPID"] = strconv.Itoa(p.st.Qemu.PID)
+	}
+	return d
+}
+
+// Stop implements stage1.Pod: it asks the agent to stop every app
+// (SIGTERM, timeout, SIGKILL) and power the guest off; waits for qemu to
+// exit (at most timeout plus ExitGrace, or ctx); kills qemu if it did not,
+// then whatever remains in the pod cgroup (virtiofsd exits with qemu). The
+// tap, mounts and cgroup stay until DestroyPod. Idempotent: a gone pod is
+// fine.
+func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
+	if p.st.Qemu.Alive() {
+		sctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
+		err := p.Shutdown(sctx, timeout)
+		cancel()
+		if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+			p.log.Warn("kvm: agent shutdown", "err", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, ExitGrace)
+		err = p.st.Qemu.Wait(wctx)
+		cancel()
+		if err != nil {
+			p.log.Warn("kvm: qemu did not exit after the guest's shutdown; killing it", "pid", p.st.Qemu.PID)
+			if err := p.st.Qemu.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
+				return fmt.Errorf("kvm: kill qemu: %w", err)
+			}
+		}
+	}
+	p.b.dropDialer(p.st.ctlSocket())
+	if p.st.Cgroup != nil {
+		if err := p.st.Cgroup.Kill(); err != nil {
+			return fmt.Errorf("kvm: %w", err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
+	defer cancel()
+	for _, proc := range []*stage1.Process{p.st.Qemu, p.st.Virtiofsd} {
+		if proc == nil {
+			continue
+		}
+		if err := proc.Wait(wctx); err != nil {
+			return fmt.Errorf("kvm: pid %d did not exit: %w", proc.PID, errdefs.ErrDeadlineExceeded)
+		}
+	}
+	return nil
+}
+
+// Stats implements stage1.Pod. A container's figures come from its cgroup
+// inside the guest. The pod's (id "") are the VM's cost on the host: CPU
+// and memory of the host pod cgroup, which holds qemu (guest memory the
+// guest touched, its vCPU threads, its own overhead) and virtiofsd; the
+// process count is the guest's.
+func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
+	guest, err := p.AgentPod.Stats(ctx, id)
+	if id != "" || p.st.Cgroup == nil {
+		return guest, err
+	}
+	host, herr := p.st.Cgroup.Stats()
+	if herr != nil {
+		if err != nil {
+			return nil, err
+		}
+		p.log.Debug("kvm: host pod cgroup stats", "err", herr)
+		return guest, nil
+	}
+	s := &api.Stats{
+		Timestamp:            time.Now(),
+		CPUUsageNanos:        host.CPUUsageNanos,
+		MemoryUsageBytes:     host.MemoryUsage,
+		MemoryWorkingSet:     host.MemoryWorkingSet,
+		MemoryRSSBytes:       host.MemoryRSS,
+		MemoryPageFaults:     host.PageFaults,
+		MemoryMajorPageFault: host.MajorPageFaults,
+	}
+	if guest != nil {
+		s.Pids = guest.Pids
+	}
+	return s, nil
+}
