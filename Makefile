@@ -3,9 +3,9 @@ BIN     := bin/stagelet
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run deps test unit e2e bench lint clean systemd-testbed test-systemd
+.PHONY: all build guest run deps test unit e2e bench lint clean systemd-testbed test-systemd
 
-all: build
+all: build guest
 
 # One static binary: the daemon, the pod agent and the operator tools.
 build:
@@ -14,23 +14,30 @@ build:
 deps:
 	./scripts/install-deps.sh
 
+# The kvm stage1's guest: a Debian kernel (fetched with apt-get download,
+# never installed on the host) and an initramfs whose /init is the stagelet
+# binary just built. The daemon finds it beside its binary (bin/guest).
+GUEST_DIR ?= bin/guest
+guest: deps build
+	./guest/build.sh $(BIN) $(GUEST_DIR)
+
 # Runs the CRI daemon with the embedded default configuration (root),
 # after installing a default pod network if the node has none.
 POD_SUBNET ?= 10.88.0.0/16
-run: deps build
+run: deps build guest
 	./$(BIN) cni init --subnet $(POD_SUBNET)
 	./$(BIN) serve
 
 # The whole suite: vet, unit tests, and as root the backend and end-to-end
 # tests (they skip, saying why, without root).
-test: deps lint
-	$(GO) test -count=1 -timeout 40m ./...
+test: deps lint guest
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -count=1 -timeout 40m ./...
 
 unit:
 	$(GO) test -count=1 -short ./...
 
-e2e: deps
-	$(GO) test -count=1 -timeout 30m -v ./test/e2e/...
+e2e: deps guest
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -count=1 -timeout 30m -v ./test/e2e/...
 
 # The Debian tree (debootstrap, a few minutes the first time) that the
 # systemd launcher's tests boot with systemd-nspawn -b; they skip without
@@ -44,8 +51,9 @@ test-systemd: systemd-testbed
 	STAGELET_TEST_SYSTEMD_ROOT=$(TESTBED) $(GO) test -count=1 -v -run 'Systemd' ./stage1/ ./stage1/fly/
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command.
-bench: deps build
+bench: deps build guest
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/ ./network/ ./stage1/nspawn/
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -run '^$$' -bench . -benchtime 10x ./stage1/kvm/
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet

@@ -171,6 +171,20 @@ func (b *Broker) Handlers() []string {
 	return out
 }
 
+// BackendInfo gathers what backends say about how they run on this node
+// (stage1.NodeInformer), keyed "<stage1>.<fact>".
+func (b *Broker) BackendInfo(ctx context.Context) map[string]string {
+	out := map[string]string{}
+	for name, be := range b.opts.Backends {
+		if ni, ok := be.(stage1.NodeInformer); ok {
+			for k, v := range ni.NodeInfo(ctx) {
+				out[name+"."+k] = v
+			}
+		}
+	}
+	return out
+}
+
 // Stage1s lists the registered backends.
 func (b *Broker) Stage1s() []string { return backendNames(b.opts.Backends) }
 

@@ -39,6 +39,16 @@ type Registry struct {
 	Insecure bool `yaml:"insecure"`
 }
 
+// KVM configures the kvm stage1.
+type KVM struct {
+	// AssetsDir holds the guest kernel and initramfs (`make guest`);
+	// empty means "guest" beside the stagelet binary. Without them the
+	// kvm stage1 is not offered.
+	AssetsDir string `yaml:"assets_dir"`
+	// Accelerator: "kvm", "tcg", or empty to probe with a real boot.
+	Accelerator string `yaml:"accelerator"`
+}
+
 // CNI configures pod networking.
 type CNI struct {
 	// ConfDir holds CNI configurations; the first valid one (by name) is
@@ -59,6 +69,8 @@ type Config struct {
 	// CgroupParent: absolute, or relative to the daemon's own cgroup.
 	CgroupParent string              `yaml:"cgroup_parent"`
 	Registries   map[string]Registry `yaml:"registries"`
+	// KVM configures the kvm stage1.
+	KVM KVM `yaml:"kvm"`
 	// CNI locates the pod network configuration and plugins.
 	CNI CNI `yaml:"cni"`
 	// Policy decides each pod's stage1. Absent: the embedded default
@@ -113,6 +125,11 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.Version != CurrentVersion {
 		errs = append(errs, fmt.Errorf("version: %d is not supported (want %d)", c.Version, CurrentVersion))
+	}
+	switch c.KVM.Accelerator {
+	case "", "kvm", "tcg":
+	default:
+		errs = append(errs, fmt.Errorf("kvm.accelerator: %q: want kvm, tcg or empty (probe)", c.KVM.Accelerator))
 	}
 	if c.Policy != nil && c.PolicyFile != "" {
 		errs = append(errs, fmt.Errorf("policy and policy_file: give one of them, not both"))

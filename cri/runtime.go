@@ -57,6 +57,9 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 			"startedAt":     s.startedAt.UTC().Format("2006-01-02T15:04:05Z"),
 			"pods":          fmt.Sprint(len(s.b.ListPods(podFilterAll))),
 		}
+		for k, v := range s.b.BackendInfo(ctx) {
+			resp.Info[k] = v
+		}
 	}
 	return resp, nil
 }

@@ -133,6 +133,13 @@ type Pod interface {
 	Stop(ctx context.Context, timeout time.Duration) error
 }
 
+// NodeInformer is an optional interface of a Backend: facts about how it
+// runs on this node (the accelerator a VM stage1 uses, say), shown in the
+// CRI Status info. NodeInfo may take as long as a first probe.
+type NodeInformer interface {
+	NodeInfo(ctx context.Context) map[string]string
+}
+
 var (
 	regMu    sync.RWMutex
 	registry = map[string]Backend{}

@@ -2,14 +2,20 @@ package main
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 
+	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/fly"
+	"github.com/stagelet/stagelet/stage1/kvm"
 	"github.com/stagelet/stagelet/stage1/nspawn"
 )
 
-// builtinBackends are the stage1s this binary carries.
-func builtinBackends(log *slog.Logger) stage1.Registry {
+// builtinBackends are the stage1s this binary carries and this node can
+// run: kvm only when its guest assets are there, unless anyAssets (for
+// operator tools that reason about what the build offers).
+func builtinBackends(log *slog.Logger, cfg *config.Config, anyAssets bool) stage1.Registry {
 	r := stage1.Registry{}
 	for _, be := range []stage1.Backend{
 		fly.New(log.With("stage1", "fly")),
@@ -17,7 +23,26 @@ func builtinBackends(log *slog.Logger) stage1.Registry {
 	} {
 		r[be.Name()] = be
 	}
+	assets := kvmAssetsDir(cfg)
+	if anyAssets || kvm.HasAssets(assets) {
+		r[kvm.Name] = kvm.New(log.With("stage1", "kvm"), kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator})
+	} else {
+		log.Warn("the kvm stage1 is not offered: no guest kernel and initramfs (make guest)", "assetsDir", assets)
+	}
 	return r
+}
+
+// kvmAssetsDir is the configured guest assets directory, else "guest"
+// beside the stagelet binary.
+func kvmAssetsDir(cfg *config.Config) string {
+	if cfg.KVM.AssetsDir != "" {
+		return cfg.KVM.AssetsDir
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "guest"
+	}
+	return filepath.Join(filepath.Dir(exe), "guest")
 }
 
 // capabilitiesOf returns each backend's declared capability facts.

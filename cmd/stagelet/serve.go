@@ -99,7 +99,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
-	backends := builtinBackends(log)
+	backends := builtinBackends(log, cfg, false)
 	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
 	if err != nil {
 		return fmt.Errorf("policy: %w", err)
@@ -164,6 +164,9 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		g.Stop()
 		return fmt.Errorf("recovery: %w", err)
 	}
+	// Backends that probe the node (kvm's accelerator) do it now, not
+	// when the first pod waits for it; what they find is logged.
+	go b.BackendInfo(ctx)
 	go reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)
 	select {
 	case err := <-errc:
