@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -137,10 +138,14 @@ func TestStartPodRejectsNetNSWithHostNetwork(t *testing.T) {
 // in it, not in the host's.
 func TestPodNetNS(t *testing.T) {
 	needRoot(t)
-	nets, err := network.New(network.Config{ConfDir: t.TempDir(), RunDir: stage1test.ShortRunDir(t)}, testLogger(t))
+	netRun := stage1test.ShortRunDir(t)
+	nets, err := network.New(network.Config{ConfDir: t.TempDir(), RunDir: netRun}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The netns directory is a shared bind of itself while pods may use
+	// it (as /run/netns is); the test owns it and releases it.
+	t.Cleanup(func() { stage1.UnmountAll(filepath.Join(netRun, "netns")) })
 	nsPath, err := nets.NewNetNS("flyns")
 	if err != nil {
 		t.Fatal(err)

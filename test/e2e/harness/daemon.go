@@ -88,6 +88,10 @@ type Options struct {
 	// Policy, when set, is the node policy as YAML (the body of the
 	// config's policy: section, unindented).
 	Policy string
+	// GuestAssets is the kvm stage1's guest kernel and initramfs directory
+	// (make guest); empty means $STAGELET_GUEST_ASSETS. Without assets the
+	// daemon offers no kvm stage1.
+	GuestAssets string
 	// LogLevel is the daemon's --log-level; "debug" when empty.
 	LogLevel string
 	// Logger receives the harness's own messages; discarded when nil.
@@ -204,6 +208,14 @@ func (d *Daemon) configYAML() string {
 		pol = fmt.Sprintf("version: 1\ndefault_stage1: %s\nhandlers:\n  fly: {stage1: fly}\n", d.opts.DefaultStage1)
 	}
 	fmt.Fprintf(&b, "cni:\n  conf_dir: %q\n", d.CNIConfDir)
+	guest := d.opts.GuestAssets
+	if guest == "" {
+		guest = os.Getenv("STAGELET_GUEST_ASSETS")
+	}
+	if guest == "" {
+		guest = filepath.Join(d.Root, "no-guest-assets")
+	}
+	fmt.Fprintf(&b, "kvm:\n  assets_dir: %q\n", guest)
 	b.WriteString("policy:\n")
 	for _, line := range strings.Split(strings.TrimRight(pol, "\n"), "\n") {
 		b.WriteString("  " + line + "\n")

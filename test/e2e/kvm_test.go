@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/test/e2e/harness"
+)
+
+// allStage1sPolicy lets a pod choose any stage1 by runtime handler.
+const allStage1sPolicy = "version: 1\ndefault_stage1: nspawn\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n  kvm: {stage1: kvm}\n"
+
+// kvmStage1 is a pod in a VM: its own network, PID and IPC namespaces.
+var kvmStage1 = podStage1{"kvm", runtimeapi.NamespaceMode_POD, runtimeapi.NamespaceMode_POD}
+
+// newKVMEnv starts a daemon that offers kvm, or skips when no guest assets
+// were built (make guest, which `make test` runs, sets
+// STAGELET_GUEST_ASSETS).
+func newKVMEnv(t *testing.T) *env {
+	t.Helper()
+	requireRoot(t)
+	if os.Getenv("STAGELET_GUEST_ASSETS") == "" {
+		t.Skip("no kvm guest assets: run through `make test` or `make e2e`, or set STAGELET_GUEST_ASSETS (make guest)")
+	}
+	e := newEnvOpts(t, harness.Options{Policy: allStage1sPolicy}, true)
+	resp, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(","+resp.Info["handlers"]+",", ",kvm,") {
+		t.Fatalf("the daemon does not offer kvm (handlers %q, kvm info %q)", resp.Info["handlers"], resp.Info["kvm.error"])
+	}
+	if a := resp.Info["kvm.accelerator"]; a != "kvm" && a != "tcg" {
+		t.Fatalf("Status does not say which accelerator kvm uses: %v", resp.Info)
+	}
+	t.Logf("kvm accelerator: %s, guest kernel %s", resp.Info["kvm.accelerator"], resp.Info["kvm.guestKernel"])
+	return e
+}
+
+// TestKVMPodBesideNspawnPod: a kvm pod runs its own kernel while an nspawn
+// pod on the same daemon runs the host's; exec and logs work in the VM.
+func TestKVMPodBesideNspawnPod(t *testing.T) {
+	e := newKVMEnv(t)
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	host := unix.ByteSliceToString(uts.Release[:])
+
+	vmCfg := e.netPodConfig("vm", kvmStage1)
+	vmPod := e.runStage1Pod(vmCfg, kvmStage1)
+	vmCtr := e.createAndStart(vmPod, vmCfg, e.netContainer(kvmStage1, "app", "sh", "-c", "echo hello from the vm; echo to stderr >&2; exec sleep 1000"))
+
+	nsCfg := e.netPodConfig("ns", nspawnStage1)
+	nsPod := e.runStage1Pod(nsCfg, nspawnStage1)
+	nsCtr := e.createAndStart(nsPod, nsCfg, e.netContainer(nspawnStage1, "app", "sleep", "1000"))
+
+	vmKernel := strings.TrimSpace(e.execOK(vmCtr, "uname", "-r"))
+	nsKernel := strings.TrimSpace(e.execOK(nsCtr, "uname", "-r"))
+	if nsKernel != host {
+		t.Errorf("nspawn pod kernel %q, want the host's %q", nsKernel, host)
+	}
+	if vmKernel == host || !strings.Contains(vmKernel, "cloud-amd64") {
+		t.Errorf("kvm pod kernel %q: want the guest's Debian kernel, not the host's %q", vmKernel, host)
+	}
+	resp, err := e.rt().PodSandboxStatus(e.ctx(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: vmPod, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Info["agent.kernel"] != vmKernel || resp.Info["stage1.accelerator"] == "" {
+		t.Errorf("verbose pod info: kernel %q accelerator %q", resp.Info["agent.kernel"], resp.Info["stage1.accelerator"])
+	}
+	// The guest writes the CRI log at the kubelet's path on the host.
+	path := logPath(vmCfg, e.netContainer(kvmStage1, "app"))
+	waitFor(t, 30*time.Second, "the VM's log lines", func() (bool, string) {
+		text := e.logText(path)
+		return strings.Contains(text, "stdout F hello from the vm") && strings.Contains(text, "stderr F to stderr"), text
+	})
+	// Exit codes come back from the guest too.
+	code := e.execSync(vmCtr, "sh", "-c", "exit 7")
+	if code.ExitCode != 7 {
+		t.Errorf("exec exit code %d, want 7", code.ExitCode)
+	}
+}
+
+// TestKVMPodsReachEachOther: two VM pods get addresses from CNI and talk over
+// the bridge, as pods of any other stage1 do.
+func TestKVMPodsReachEachOther(t *testing.T) {
+	e := newKVMEnv(t)
+	aCfg := e.netPodConfig("vm-a", kvmStage1)
+	a := e.runStage1Pod(aCfg, kvmStage1)
+	e.createAndStart(a, aCfg, e.netContainer(kvmStage1, "web", httpServer("served-from-vm-a")...))
+	bCfg := e.netPodConfig("vm-b", kvmStage1)
+	b := e.runStage1Pod(bCfg, kvmStage1)
+	bCtr := e.createAndStart(b, bCfg, e.netContainer(kvmStage1, "client", "sleep", "1000"))
+
+	ipA, ipB := e.podIP(a), e.podIP(b)
+	if ipA == ipB {
+		t.Fatalf("both VMs have %s", ipA)
+	}
+	if got := strings.TrimSpace(e.execOK(bCtr, "ip", "-4", "-o", "addr", "show", "eth0")); !strings.Contains(got, ipB.String()+"/") {
+		t.Errorf("VM b's eth0: %q, want %s", got, ipB)
+	}
+	url := fmt.Sprintf("http://%s:8080/", ipA)
+	waitFor(t, 60*time.Second, "VM b reaching VM a", func() (bool, string) {
+		r := e.execSync(bCtr, wget(url)...)
+		return r.ExitCode == 0 && strings.TrimSpace(string(r.Stdout)) == "served-from-vm-a", string(r.Stdout) + string(r.Stderr)
+	})
+	// And the host reaches the VM's server on the bridge.
+	e.waitHTTP(url, "served-from-vm-a\n")
+}
