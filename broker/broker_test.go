@@ -676,3 +676,18 @@ func TestPodWhoseAgentDiesBecomesNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestPodResourcesReachTheBackend(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	c := podCfg("sized")
+	c.Resources = &Resources{MemoryLimit: 512 << 20, CPUQuota: 200000, CPUPeriod: 100000}
+	id, err := b.RunPod(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := stage1.PodResources{MemoryLimit: 512 << 20, CPUQuota: 200000, CPUPeriod: 100000}
+	if got := e.be.specs[id].Resources; got != want {
+		t.Fatalf("backend got %+v, want %+v", got, want)
+	}
+}

@@ -188,6 +188,7 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		HostPID:      c.HostPID,
 		HostIPC:      c.HostIPC,
 		Options:      rec.Options,
+		Resources:    podResources(c.Resources),
 		AgentBinary:  b.opts.AgentBinary,
 	}
 }
@@ -560,4 +561,11 @@ func (b *Broker) podGone(p *pod, h stage1.Pod, why error) {
 	if err := b.rec.savePod(&cp); err != nil {
 		b.log.Error("persist pod record", "pod", cp.ID, "err", err)
 	}
+}
+
+func podResources(r *Resources) stage1.PodResources {
+	if r == nil {
+		return stage1.PodResources{}
+	}
+	return stage1.PodResources{MemoryLimit: r.MemoryLimit, CPUQuota: r.CPUQuota, CPUPeriod: r.CPUPeriod}
 }

@@ -31,20 +31,23 @@ type PortMapping struct {
 
 // PodConfig is the broker's view of a CRI PodSandboxConfig.
 type PodConfig struct {
-	Metadata       PodMetadata       `json:"metadata"`
-	Hostname       string            `json:"hostname,omitempty"`
-	LogDirectory   string            `json:"logDirectory,omitempty"`
-	DNS            *DNSConfig        `json:"dns,omitempty"`
-	PortMappings   []PortMapping     `json:"portMappings,omitempty"`
-	Labels         map[string]string `json:"labels,omitempty"`
-	Annotations    map[string]string `json:"annotations,omitempty"`
-	CgroupParent   string            `json:"cgroupParent,omitempty"`
-	HostNetwork    bool              `json:"hostNetwork,omitempty"`
-	HostPID        bool              `json:"hostPID,omitempty"`
-	HostIPC        bool              `json:"hostIPC,omitempty"`
-	Privileged     bool              `json:"privileged,omitempty"`
-	Sysctls        map[string]string `json:"sysctls,omitempty"`
-	RuntimeHandler string            `json:"runtimeHandler,omitempty"`
+	Metadata     PodMetadata       `json:"metadata"`
+	Hostname     string            `json:"hostname,omitempty"`
+	LogDirectory string            `json:"logDirectory,omitempty"`
+	DNS          *DNSConfig        `json:"dns,omitempty"`
+	PortMappings []PortMapping     `json:"portMappings,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Annotations  map[string]string `json:"annotations,omitempty"`
+	CgroupParent string            `json:"cgroupParent,omitempty"`
+	HostNetwork  bool              `json:"hostNetwork,omitempty"`
+	HostPID      bool              `json:"hostPID,omitempty"`
+	HostIPC      bool              `json:"hostIPC,omitempty"`
+	Privileged   bool              `json:"privileged,omitempty"`
+	Sysctls      map[string]string `json:"sysctls,omitempty"`
+	// Resources are the pod's total limits (CRI LinuxPodSandboxConfig
+	// resources), nil when the kubelet gives none.
+	Resources      *Resources `json:"resources,omitempty"`
+	RuntimeHandler string     `json:"runtimeHandler,omitempty"`
 }
 
 // KeyValue is one environment variable, order kept.

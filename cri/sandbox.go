@@ -42,6 +42,14 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 	if l := c.GetLinux(); l != nil {
 		pc.CgroupParent = l.GetCgroupParent()
 		pc.Sysctls = maps.Clone(l.GetSysctls())
+		if r := l.GetResources(); r != nil {
+			pc.Resources = &broker.Resources{
+				CPUPeriod:   r.GetCpuPeriod(),
+				CPUQuota:    r.GetCpuQuota(),
+				CPUShares:   r.GetCpuShares(),
+				MemoryLimit: r.GetMemoryLimitInBytes(),
+			}
+		}
 		if sc := l.GetSecurityContext(); sc != nil {
 			pc.Privileged = sc.GetPrivileged()
 			if ns := sc.GetNamespaceOptions(); ns != nil {

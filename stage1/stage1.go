@@ -66,8 +66,19 @@ type PodSpec struct {
 	HostIPC     bool
 	// Options are backend options from the policy decision (e.g. VM memory).
 	Options map[string]string
+	// Resources are the pod's total limits as the kubelet gives them
+	// (the sum of its containers'); zero means unknown. A backend that
+	// sizes the pod (a VM) uses them when Options give no size.
+	Resources PodResources
 	// AgentBinary is the stagelet binary to run as the pod's agent.
 	AgentBinary string
+}
+
+// PodResources are a pod's total limits.
+type PodResources struct {
+	MemoryLimit int64 // bytes
+	CPUQuota    int64 // microseconds per CPUPeriod
+	CPUPeriod   int64 // microseconds
 }
 
 // ContainerSpec is an app to create in a pod. Rootfs, mount sources and

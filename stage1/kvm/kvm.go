@@ -310,7 +310,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
-	vm, err := b.vmConfig(spec.Options)
+	vm, err := b.vmConfig(spec.Options, spec.Resources)
 	if err != nil {
 		return nil, err
 	}

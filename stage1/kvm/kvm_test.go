@@ -360,22 +360,29 @@ func TestValidate(t *testing.T) {
 
 func TestVMConfig(t *testing.T) {
 	b := New(nil, Config{})
+	pod := stage1.PodResources{MemoryLimit: 300 << 20, CPUQuota: 150000, CPUPeriod: 100000}
 	for _, tt := range []struct {
 		opts     map[string]string
+		res      stage1.PodResources
 		mem, cpu int
 		ok       bool
 	}{
-		{nil, DefaultMemoryMiB, DefaultVCPUs, true},
-		{map[string]string{"memory": "512"}, 512, 1, true},
-		{map[string]string{"memory": "1Gi", "vcpus": "2"}, 1024, 2, true},
-		{map[string]string{"memory": "2G"}, 2048, 1, true},
-		{map[string]string{"memory": "300Mi"}, 300, 1, true},
-		{map[string]string{"memory": "10"}, 0, 0, false},
-		{map[string]string{"memory": "lots"}, 0, 0, false},
-		{map[string]string{"vcpus": "0"}, 0, 0, false},
-		{map[string]string{"vcpus": "x"}, 0, 0, false},
+		{nil, stage1.PodResources{}, DefaultMemoryMiB, DefaultVCPUs, true},
+		// Sized from the pod: its limit plus the guest's own base; the
+		// quota rounded up to whole vCPUs.
+		{nil, pod, 300 + GuestBaseMiB, 2, true},
+		// The policy's options win over the pod's resources.
+		{map[string]string{"memory": "1Gi", "vcpus": "4"}, pod, 1024, 4, true},
+		{map[string]string{"memory": "512"}, stage1.PodResources{}, 512, 1, true},
+		{map[string]string{"memory": "1Gi", "vcpus": "2"}, stage1.PodResources{}, 1024, 2, true},
+		{map[string]string{"memory": "2G"}, stage1.PodResources{}, 2048, 1, true},
+		{map[string]string{"memory": "300Mi"}, stage1.PodResources{}, 300, 1, true},
+		{map[string]string{"memory": "10"}, stage1.PodResources{}, 0, 0, false},
+		{map[string]string{"memory": "lots"}, stage1.PodResources{}, 0, 0, false},
+		{map[string]string{"vcpus": "0"}, stage1.PodResources{}, 0, 0, false},
+		{map[string]string{"vcpus": "x"}, stage1.PodResources{}, 0, 0, false},
 	} {
-		vm, err := b.vmConfig(tt.opts)
+		vm, err := b.vmConfig(tt.opts, tt.res)
 		if (err == nil) != tt.ok || tt.ok && (vm.MemoryMiB != tt.mem || vm.VCPUs != tt.cpu) {
 			t.Errorf("vmConfig(%v) = %+v, %v", tt.opts, vm, err)
 		}

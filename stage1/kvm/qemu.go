@@ -14,6 +14,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // fsTag is the virtio-fs tag of a pod's shared directory.
@@ -35,10 +36,23 @@ const (
 	maxVCPUs     = 64
 )
 
-// vmConfig is the VM a pod gets from its options and the defaults.
-// InvalidArgument for a malformed or out-of-range option.
-func (b *Backend) vmConfig(opts map[string]string) (vmInfo, error) {
+// GuestBaseMiB is what the guest itself needs beside the pod's containers
+// (kernel, initramfs, agent): a VM sized from the pod's memory limit gets
+// the limit plus this.
+const GuestBaseMiB = 128
+
+// vmConfig is the VM a pod gets: the policy's options; else sized from the
+// pod's resources (memory limit + GuestBaseMiB; vCPUs = the CPU quota
+// rounded up); else the defaults. InvalidArgument for a malformed or
+// out-of-range option.
+func (b *Backend) vmConfig(opts map[string]string, res stage1.PodResources) (vmInfo, error) {
 	vm := vmInfo{Machine: b.cfg.Machine, MemoryMiB: b.cfg.MemoryMiB, VCPUs: b.cfg.VCPUs}
+	if res.MemoryLimit > 0 {
+		vm.MemoryMiB = min(maxMemoryMiB, max(minMemoryMiB, int((res.MemoryLimit+(1<<20)-1)>>20)+GuestBaseMiB))
+	}
+	if res.CPUQuota > 0 && res.CPUPeriod > 0 {
+		vm.VCPUs = min(maxVCPUs, max(1, int((res.CPUQuota+res.CPUPeriod-1)/res.CPUPeriod)))
+	}
 	if v, ok := opts[OptionMemory]; ok {
 		m, err := parseMemory(v)
 		if err != nil {
