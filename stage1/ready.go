@@ -51,3 +51,22 @@ func WaitAgentReady(ctx context.Context, info func(context.Context) (*api.Info, 
 		}
 	}
 }
+
+// CheckRecovered tells whether a pod found in its persisted state still
+// runs after a daemon restart: its host process proc (what names it) must
+// be alive with its recorded start time, and its agent must answer within
+// timeout. Otherwise the error wraps ErrPodGone.
+func CheckRecovered(ctx context.Context, proc *Process, what string, info func(context.Context) (*api.Info, error), timeout time.Duration) error {
+	if proc == nil {
+		return fmt.Errorf("no %s recorded: %w", what, ErrPodGone)
+	}
+	if !proc.Alive() {
+		return fmt.Errorf("%s pid %d: %w", what, proc.PID, ErrPodGone)
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := info(pctx); err != nil {
+		return fmt.Errorf("agent does not answer: %v: %w", err, ErrPodGone)
+	}
+	return nil
+}

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 )
@@ -269,4 +270,58 @@ func Bind(src, dst string) error {
 		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
 	}
 	return nil
+}
+
+// SharedDirPod is an AgentPod whose containers reach the pod through a
+// SharedDir: backends whose agent runs behind a namespace or VM boundary
+// embed it instead of AgentPod.
+type SharedDirPod struct {
+	AgentPod
+	Dir SharedDir
+}
+
+// NewSharedDirPod returns a SharedDirPod talking through c.
+func NewSharedDirPod(c *agent.Client, d SharedDir) SharedDirPod {
+	return SharedDirPod{AgentPod: NewAgentPod(c, d.Map), Dir: d}
+}
+
+// CreateContainer implements Pod: the container's rootfs, log directory
+// and mount sources are bound beneath the shared directory, whence they
+// reach the running pod, and the agent is given the paths it sees them at.
+// Errors: those of BindContainer, and the agent's. On failure the binds
+// are undone.
+func (p *SharedDirPod) CreateContainer(ctx context.Context, spec *ContainerSpec) (*api.AppStatus, error) {
+	inPod, err := p.Dir.BindContainer(ctx, spec, p.known)
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.AgentPod.CreateContainer(ctx, inPod)
+	if err != nil {
+		if uerr := p.Dir.UnbindContainer(spec.ID); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("undoing the binds: %w", uerr))
+		}
+		return nil, err
+	}
+	return st, nil
+}
+
+// known tells whether the agent knows a container.
+func (p *SharedDirPod) known(ctx context.Context, id string) (bool, error) {
+	_, err := p.ContainerStatus(ctx, id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errdefs.IsNotFound(err):
+		return false, nil
+	}
+	return false, err
+}
+
+// RemoveContainer implements Pod: the agent forgets the container, then
+// its binds are undone. Idempotent.
+func (p *SharedDirPod) RemoveContainer(ctx context.Context, id string) error {
+	if err := p.AgentPod.RemoveContainer(ctx, id); err != nil {
+		return err
+	}
+	return p.Dir.UnbindContainer(id)
 }

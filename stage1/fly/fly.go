@@ -213,17 +213,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	if err != nil {
 		return nil, err
 	}
-	if st.Agent == nil || st.Socket == "" {
-		return nil, fmt.Errorf("fly: pod %s: no agent recorded: %w", spec.ID, stage1.ErrPodGone)
-	}
-	if !st.Agent.Alive() {
-		return nil, fmt.Errorf("fly: pod %s: agent pid %d: %w", spec.ID, st.Agent.PID, stage1.ErrPodGone)
-	}
 	pod := b.newPod(spec, st)
-	pctx, cancel := context.WithTimeout(ctx, stage1.ProbeTimeout)
-	defer cancel()
-	if _, err := pod.Info(pctx); err != nil {
-		return nil, fmt.Errorf("fly: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)
+	if err := stage1.CheckRecovered(ctx, st.Agent, "agent", pod.Info, stage1.ProbeTimeout); err != nil {
+		return nil, fmt.Errorf("fly: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
 }

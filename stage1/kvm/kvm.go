@@ -449,17 +449,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	if err != nil {
 		return nil, err
 	}
-	if st.Qemu == nil || st.Dir == "" {
-		return nil, fmt.Errorf("kvm: pod %s: no qemu recorded: %w", spec.ID, stage1.ErrPodGone)
-	}
-	if !st.Qemu.Alive() {
-		return nil, fmt.Errorf("kvm: pod %s: qemu pid %d: %w", spec.ID, st.Qemu.PID, stage1.ErrPodGone)
-	}
 	pod := b.newPod(spec, st)
-	pctx, cancel := context.WithTimeout(ctx, recoverTimeout)
-	defer cancel()
-	if _, err := pod.Info(pctx); err != nil {
-		return nil, fmt.Errorf("kvm: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)
+	if err := stage1.CheckRecovered(ctx, st.Qemu, "qemu", pod.Info, recoverTimeout); err != nil {
+		return nil, fmt.Errorf("kvm: pod %s: %w", spec.ID, err)
 	}
 	b.log.Debug("kvm pod recovered", "pod", spec.ID, "qemuPID", st.Qemu.PID)
 	return pod, nil

@@ -18,7 +18,7 @@ import (
 // Pod is a running kvm pod: its VM and the agent inside it, reached over
 // the VM's serial session.
 type Pod struct {
-	stage1.AgentPod
+	stage1.SharedDirPod
 	id  string
 	st  *state
 	log *slog.Logger
@@ -31,7 +31,7 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
 	c := agent.NewClient(d.Dial)
 	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID), b: b}
-	p.AgentPod = stage1.NewAgentPod(c, st.shared().Map)
+	p.SharedDirPod = stage1.NewSharedDirPod(c, st.shared())
 	return p
 }
 

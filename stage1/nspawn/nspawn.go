@@ -480,17 +480,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	if err != nil {
 		return nil, err
 	}
-	if st.NSpawn == nil || st.AgentDir == "" {
-		return nil, fmt.Errorf("nspawn: pod %s: no nspawn recorded: %w", spec.ID, stage1.ErrPodGone)
-	}
-	if !st.NSpawn.Alive() {
-		return nil, fmt.Errorf("nspawn: pod %s: systemd-nspawn pid %d: %w", spec.ID, st.NSpawn.PID, stage1.ErrPodGone)
-	}
 	pod := b.newPod(spec, st)
-	pctx, cancel := context.WithTimeout(ctx, stage1.ProbeTimeout)
-	defer cancel()
-	if _, err := pod.Info(pctx); err != nil {
-		return nil, fmt.Errorf("nspawn: pod %s: agent does not answer: %v: %w", spec.ID, err, stage1.ErrPodGone)
+	if err := stage1.CheckRecovered(ctx, st.NSpawn, "systemd-nspawn", pod.Info, stage1.ProbeTimeout); err != nil {
+		return nil, fmt.Errorf("nspawn: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
 }
@@ -620,7 +612,7 @@ func (b *Backend) release(st *state, name string) error {
 
 // Pod is a running nspawn pod.
 type Pod struct {
-	stage1.AgentPod
+	stage1.SharedDirPod
 	id  string
 	st  *state
 	log *slog.Logger
@@ -631,7 +623,7 @@ var _ stage1.Pod = (*Pod)(nil)
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	c := agent.NewClient(agent.UnixDialer(st.socket()))
 	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
-	p.AgentPod = stage1.NewAgentPod(c, st.shared().Map)
+	p.SharedDirPod = stage1.NewSharedDirPod(c, st.shared())
 	return p
 }
 

@@ -1,63 +1,10 @@
 package nspawn
 
-import (
-	"context"
-	"fmt"
-
-	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
-)
+import "github.com/stagelet/stagelet/stage1"
 
 // shared is the pod's propagating directory: <RunDir>/mounts on the host,
-// bound at /mnt/stagelet in the container.
+// bound at /mnt/stagelet in the container. Containers reach the pod
+// through it (stage1.SharedDirPod).
 func (st *state) shared() stage1.SharedDir {
 	return stage1.SharedDir{Host: st.Mounts, InPod: podMounts}
-}
-
-// CreateContainer implements stage1.Pod. The container's rootfs, the
-// directory of its log file and the source of each of its mounts are bound
-// beneath the pod's shared directory on the host, whence they propagate
-// into the running pod, and the agent is given the paths it sees them at.
-// Errors: InvalidArgument (bad id), AlreadyExists (a known container),
-// FailedPrecondition (a mount source that does not exist), and the
-// agent's. On failure the binds are undone.
-func (p *Pod) CreateContainer(ctx context.Context, spec *stage1.ContainerSpec) (*api.AppStatus, error) {
-	sd := p.st.shared()
-	inPod, err := sd.BindContainer(ctx, spec, p.known)
-	if err != nil {
-		return nil, fmt.Errorf("nspawn: %w", err)
-	}
-	st, err := p.AgentPod.CreateContainer(ctx, inPod)
-	if err != nil {
-		if uerr := sd.UnbindContainer(spec.ID); uerr != nil {
-			p.log.Warn("nspawn: undoing a failed create", "container", spec.ID, "err", uerr)
-		}
-		return nil, err
-	}
-	return st, nil
-}
-
-// known tells whether the agent knows a container.
-func (p *Pod) known(ctx context.Context, id string) (bool, error) {
-	_, err := p.ContainerStatus(ctx, id)
-	switch {
-	case err == nil:
-		return true, nil
-	case errdefs.IsNotFound(err):
-		return false, nil
-	}
-	return false, err
-}
-
-// RemoveContainer implements stage1.Pod: the agent forgets the container,
-// then its binds are undone. Idempotent.
-func (p *Pod) RemoveContainer(ctx context.Context, id string) error {
-	if err := p.AgentPod.RemoveContainer(ctx, id); err != nil {
-		return err
-	}
-	if err := p.st.shared().UnbindContainer(id); err != nil {
-		return fmt.Errorf("nspawn: container %s: %w", id, err)
-	}
-	return nil
 }

@@ -1,0 +1,12 @@
+package kvm
+
+import (
+	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// shared is the pod's propagating directory: <RunDir>/mounts on the host,
+// exported by virtiofsd and mounted in the guest at agent.GuestMounts.
+func (st *state) shared() stage1.SharedDir {
+	return stage1.SharedDir{Host: st.Mounts, InPod: agent.GuestMounts}
+}
