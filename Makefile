@@ -57,6 +57,7 @@ bench: deps build guest
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -35,7 +35,7 @@ func main() {
 	n := flag.Int("n", 20, "runs of each measurement")
 	bin := flag.String("bin", "", "stagelet binary to run (default: build ./cmd/stagelet)")
 	verbose := flag.Bool("v", false, "log the harness's progress")
-	stage1 := flag.String("stage1", "fly", "stage1 (runtime handler) of the measured pods: fly or nspawn")
+	stage1 := flag.String("stage1", "fly", "stage1 (runtime handler) of the measured pods: fly, nspawn or kvm (kvm needs the guest: make guest, STAGELET_GUEST_ASSETS)")
 	podNet := flag.Bool("podnet", false, "give each pod its own network namespace and CNI attachment (otherwise the host network)")
 	flag.Parse()
 	level := slog.LevelWarn
@@ -98,7 +98,7 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet bool, log *slog.
 	d, err := harness.New(harness.Options{
 		Bin:                bin,
 		InsecureRegistries: []string{reg.Host},
-		Policy:             "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n",
+		Policy:             "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n  kvm: {stage1: kvm}\n",
 		LogLevel:           "info",
 		Logger:             log,
 	})
@@ -166,7 +166,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		if podNet {
 			hostNS.Network = runtimeapi.NamespaceMode_POD
 		}
-		if stage1 == "nspawn" { // nspawn gives every pod its own PID and IPC namespaces
+		if stage1 != "fly" { // nspawn and kvm give every pod its own PID and IPC namespaces
 			hostNS.Pid, hostNS.Ipc = runtimeapi.NamespaceMode_POD, runtimeapi.NamespaceMode_POD
 		}
 		podCfg := &runtimeapi.PodSandboxConfig{
