@@ -75,6 +75,9 @@ func (c *Cgroup) IsV2() bool {
 
 // String lists the cgroup's directories, for logs.
 func (c *Cgroup) String() string {
+	if c == nil {
+		return ""
+	}
 	return strings.Join(c.dirs(), ",")
 }
 

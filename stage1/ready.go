@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -67,6 +69,42 @@ func CheckRecovered(ctx context.Context, proc *Process, what string, info func(c
 	defer cancel()
 	if _, err := info(pctx); err != nil {
 		return fmt.Errorf("agent does not answer: %v: %w", err, ErrPodGone)
+	}
+	return nil
+}
+
+// StopHostPod stops a pod whose isolation is one host process proc (the fly
+// agent, systemd-nspawn) in the cgroups cgs: it asks the agent to shut
+// down (shutdown: SIGTERM, timeout, SIGKILL to every app), waits up to
+// timeout+grace for proc to exit, then kills whatever is left in cgs and
+// waits up to grace for proc. what names proc in messages. Idempotent: a
+// pod already stopped is fine. DeadlineExceeded when proc outlives it all.
+func StopHostPod(ctx context.Context, log *slog.Logger, what string, proc *Process, cgs []*cgroups.Cgroup, shutdown func(context.Context, time.Duration) error, timeout, grace time.Duration) error {
+	if proc.Alive() {
+		if err := shutdown(ctx, timeout); err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+			// The agent may close the stream as it exits; anything else
+			// is worth a line, and the cgroup kill below settles it.
+			log.Warn("agent shutdown", "err", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout+grace)
+		err := proc.Wait(wctx)
+		cancel()
+		if err != nil {
+			log.Warn(what+" did not exit after the agent's shutdown; killing the pod", "pid", proc.PID)
+		}
+	}
+	for _, cg := range cgs {
+		if cg == nil {
+			continue
+		}
+		if err := cg.Kill(); err != nil {
+			return err
+		}
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	if err := proc.Wait(wctx); err != nil {
+		return fmt.Errorf("%s pid %d did not exit: %w", what, proc.PID, errdefs.ErrDeadlineExceeded)
 	}
 	return nil
 }

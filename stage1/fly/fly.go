@@ -195,7 +195,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := waitReady(ctx, pod); err != nil {
 		return nil, fmt.Errorf("fly: agent (log %s): %w", filepath.Join(spec.RunDir, "agent.log"), err)
 	}
-	log.Debug("fly pod started", "agentPID", proc.PID, "unit", proc.Unit, "cgroup", cgroupString(st.Cgroup))
+	log.Debug("fly pod started", "agentPID", proc.PID, "unit", proc.Unit, "cgroup", st.Cgroup.String())
 	return pod, nil
 }
 
@@ -320,32 +320,8 @@ func (p *Pod) Details() map[string]string { return map[string]string{"stage1": N
 // pod cgroup. The cgroup itself stays until DestroyPod. Idempotent: a gone
 // agent is fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
-	if p.st.Agent.Alive() {
-		err := p.Shutdown(ctx, timeout)
-		if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
-			// The agent may close the stream as it exits; anything else
-			// is worth a line, then the cgroup kill below settles it.
-			p.log.Warn("fly: agent shutdown", "err", err)
-		}
-		wctx, cancel := context.WithTimeout(ctx, timeout+AgentExitGrace)
-		err = p.st.Agent.Wait(wctx)
-		cancel()
-		if err != nil {
-			p.log.Warn("fly: agent did not exit after shutdown; killing it", "pid", p.st.Agent.PID)
-			if err := p.st.Agent.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
-				return fmt.Errorf("fly: kill agent: %w", err)
-			}
-		}
-	}
-	if p.st.Cgroup != nil {
-		if err := p.st.Cgroup.Kill(); err != nil {
-			return fmt.Errorf("fly: %w", err)
-		}
-	}
-	wctx, cancel := context.WithTimeout(context.Background(), AgentExitGrace)
-	defer cancel()
-	if err := p.st.Agent.Wait(wctx); err != nil {
-		return fmt.Errorf("fly: agent pid %d did not exit: %w", p.st.Agent.PID, errdefs.ErrDeadlineExceeded)
+	if err := stage1.StopHostPod(ctx, p.log, "the agent", p.st.Agent, []*cgroups.Cgroup{p.st.Cgroup}, p.Shutdown, timeout, AgentExitGrace); err != nil {
+		return fmt.Errorf("fly: %w", err)
 	}
 	return nil
 }
@@ -358,11 +334,4 @@ func agentArgs(socket, stateDir, netns string) []string {
 		args = append(args, "--netns", netns)
 	}
 	return args
-}
-
-func cgroupString(c *cgroups.Cgroup) string {
-	if c == nil {
-		return ""
-	}
-	return c.String()
 }

@@ -425,7 +425,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			return nil, fmt.Errorf("nspawn: persist: %w", err)
 		}
 	}
-	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", cgroupString(st.Cgroup), "network", st.Network)
+	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.Cgroup.String(), "network", st.Network)
 	return pod, nil
 }
 
@@ -643,37 +643,9 @@ func (p *Pod) Details() map[string]string {
 // ends it). Mounts, cgroups and the tree stay until DestroyPod.
 // Idempotent: a gone pod is fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
-	if p.st.NSpawn.Alive() {
-		err := p.Shutdown(ctx, timeout)
-		if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
-			p.log.Warn("nspawn: agent shutdown", "err", err)
-		}
-		wctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
-		err = p.st.NSpawn.Wait(wctx)
-		cancel()
-		if err != nil {
-			p.log.Warn("nspawn: systemd-nspawn did not exit after the agent's shutdown; killing the pod", "pid", p.st.NSpawn.PID)
-		}
-	}
-	for _, cg := range []*cgroups.Cgroup{p.st.Cgroup, p.st.SystemdCgroup} {
-		if cg == nil {
-			continue
-		}
-		if err := cg.Kill(); err != nil {
-			return fmt.Errorf("nspawn: %w", err)
-		}
-	}
-	wctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
-	defer cancel()
-	if err := p.st.NSpawn.Wait(wctx); err != nil {
-		return fmt.Errorf("nspawn: systemd-nspawn pid %d did not exit: %w", p.st.NSpawn.PID, errdefs.ErrDeadlineExceeded)
+	cgs := []*cgroups.Cgroup{p.st.Cgroup, p.st.SystemdCgroup}
+	if err := stage1.StopHostPod(ctx, p.log, "systemd-nspawn", p.st.NSpawn, cgs, p.Shutdown, timeout, ExitGrace); err != nil {
+		return fmt.Errorf("nspawn: %w", err)
 	}
 	return nil
-}
-
-func cgroupString(c *cgroups.Cgroup) string {
-	if c == nil {
-		return ""
-	}
-	return c.String()
 }
