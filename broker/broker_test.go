@@ -691,3 +691,40 @@ func TestPodResourcesReachTheBackend(t *testing.T) {
 		t.Fatalf("backend got %+v, want %+v", got, want)
 	}
 }
+
+// TestExecSyncOneRoundTrip: an exec into a running container is one agent
+// call; when the app has exited meanwhile the agent's refusal comes back
+// as FailedPrecondition and the record learns the exit.
+func TestExecSyncOneRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, _ := b.RunPod(ctx, podCfg("x"))
+	cid, _ := b.CreateContainer(ctx, pid, ctrCfg("c"))
+	if err := b.StartContainer(ctx, cid); err != nil {
+		t.Fatal(err)
+	}
+	fp := e.be.pods[pid]
+	lists := fp.lists
+	if res, err := b.ExecSync(ctx, cid, []string{"true"}, time.Second); err != nil || string(res.Stdout) != "[true]" {
+		t.Fatalf("exec: %v %v", res, err)
+	}
+	if fp.execs != 1 || fp.lists != lists {
+		t.Fatalf("exec cost %d exec and %d list calls, want 1 and 0", fp.execs, fp.lists-lists)
+	}
+	fp.exit(cid, 5)
+	_, err := b.ExecSync(ctx, cid, []string{"true"}, time.Second)
+	wantClass(t, err, errdefs.ErrFailedPrecondition)
+	b.mu.Lock()
+	rec := *b.ctrs[cid].rec
+	b.mu.Unlock()
+	if rec.State != ContainerExited || rec.ExitCode != 5 {
+		t.Fatalf("record after the refusal: %s/%d", rec.State, rec.ExitCode)
+	}
+	// Now the record alone refuses, without asking the agent.
+	_, err = b.ExecSync(ctx, cid, []string{"true"}, time.Second)
+	wantClass(t, err, errdefs.ErrFailedPrecondition)
+	if fp.execs != 2 {
+		t.Fatalf("exec into an exited container asked the agent: %d calls", fp.execs)
+	}
+}

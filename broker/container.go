@@ -582,18 +582,7 @@ func (b *Broker) ExecSync(ctx context.Context, id string, cmd []string, timeout 
 	if len(cmd) == 0 {
 		return nil, errdefs.InvalidArgument("cmd: must not be empty")
 	}
-	c, p, err := b.containerAndPod(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	b.refresh(ctx, p, []*container{c})
-	b.mu.Lock()
-	state := c.rec.State
-	b.mu.Unlock()
-	if state != ContainerRunning {
-		return nil, errdefs.FailedPrecondition("container %s is %s, not running", c.rec.ID, state)
-	}
-	h, err := b.podHandle(p)
+	c, p, h, err := b.runningContainer(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -604,6 +593,7 @@ func (b *Broker) ExecSync(ctx context.Context, id string, cmd []string, timeout 
 	defer cancel()
 	res, err := h.ExecSync(actx, c.rec.ID, cmd, timeout)
 	if err != nil {
+		b.refreshOnRefusal(ctx, p, c, err)
 		return nil, err
 	}
 	if res.TimedOut {
@@ -614,24 +604,45 @@ func (b *Broker) ExecSync(ctx context.Context, id string, cmd []string, timeout 
 
 // ReopenLog asks the agent to reopen a running container's log file.
 func (b *Broker) ReopenLog(ctx context.Context, id string) error {
-	c, p, err := b.containerAndPod(ctx, id)
-	if err != nil {
-		return err
-	}
-	b.refresh(ctx, p, []*container{c})
-	b.mu.Lock()
-	state := c.rec.State
-	b.mu.Unlock()
-	if state != ContainerRunning {
-		return errdefs.FailedPrecondition("container %s is %s, not running", c.rec.ID, state)
-	}
-	h, err := b.podHandle(p)
+	c, p, h, err := b.runningContainer(ctx, id)
 	if err != nil {
 		return err
 	}
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
-	return h.ReopenLog(actx, c.rec.ID)
+	err = h.ReopenLog(actx, c.rec.ID)
+	b.refreshOnRefusal(ctx, p, c, err)
+	return err
+}
+
+// runningContainer returns a container its record says runs, with its
+// pod's handle. The record is not refreshed first: the agent refuses a call
+// for an app that has exited (FailedPrecondition), and refreshOnRefusal
+// then brings the record up to date, so a call costs one agent round trip.
+func (b *Broker) runningContainer(ctx context.Context, id string) (*container, *pod, stage1.Pod, error) {
+	c, p, err := b.containerAndPod(ctx, id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	b.mu.Lock()
+	state := c.rec.State
+	b.mu.Unlock()
+	if state != ContainerRunning {
+		return nil, nil, nil, errdefs.FailedPrecondition("container %s is %s, not running", c.rec.ID, state)
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return c, p, h, nil
+}
+
+// refreshOnRefusal updates a container's record from its agent after the
+// agent refused a call because the app no longer runs.
+func (b *Broker) refreshOnRefusal(ctx context.Context, p *pod, c *container, err error) {
+	if errors.Is(err, errdefs.ErrFailedPrecondition) {
+		b.refresh(ctx, p, []*container{c})
+	}
 }
 
 // ImageOf returns the image record a container was created from, if it is

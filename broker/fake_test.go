@@ -89,6 +89,8 @@ type fakePod struct {
 	id    string
 	alive bool
 	dead  bool // the agent died: calls fail with ErrUnavailable
+	execs int  // ExecSync calls, to count round trips
+	lists int  // ListContainers calls
 	apps  map[string]*api.AppStatus
 	specs map[string]*api.AppSpec
 }
@@ -188,6 +190,7 @@ func (p *fakePod) ContainerStatus(ctx context.Context, id string) (*api.AppStatu
 func (p *fakePod) ListContainers(ctx context.Context) ([]*api.AppStatus, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.lists++
 	if p.dead {
 		return nil, fmt.Errorf("fake agent: %w", errdefs.ErrUnavailable)
 	}
@@ -200,6 +203,12 @@ func (p *fakePod) ListContainers(ctx context.Context) ([]*api.AppStatus, error) 
 }
 
 func (p *fakePod) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.execs++
+	if a, err := p.app(id); err != nil || a.State != api.StateRunning {
+		return nil, errdefs.FailedPrecondition("app %s is not running", id)
+	}
 	return &api.ExecResult{Stdout: []byte(fmt.Sprint(cmd))}, nil
 }
 func (p *fakePod) ReopenLog(ctx context.Context, id string) error { return nil }
