@@ -80,7 +80,10 @@ func New(cfg Config) (*Agent, error) {
 		apps:    map[string]*app{},
 		done:    make(chan struct{}),
 	}
-	if cg, err := cgroups.Self(); err != nil {
+	// On a pure cgroup v2 host the agent's cgroup may hand controllers to
+	// the apps' cgroups only once it holds no process: the agent moves
+	// itself into a leaf beneath it first.
+	if cg, err := cgroups.EnterLeaf(cgroups.LeafName); err != nil {
 		log.Warn("cgroups unavailable: app limits and stats are off", "err", err)
 	} else {
 		a.cg = cg

@@ -311,6 +311,9 @@ func (e *env) resolve(parent string) (*Cgroup, error) {
 		return nil, errors.New("cgroups: empty cgroup parent")
 	}
 	if !filepath.IsAbs(parent) {
+		if base := delegated.Load(); base != nil {
+			return base.Child(parent), nil
+		}
 		self, err := e.self()
 		if err != nil {
 			return nil, err
@@ -367,8 +370,9 @@ func OfProcess(pid int) (*Cgroup, error) {
 
 // Resolve returns the cgroup named by parent: an absolute cgroup path
 // ("/stagelet", from the root of each hierarchy) or a relative one
-// ("stagelet", beneath the caller's own cgroup in each hierarchy). It does
-// not create anything.
+// ("stagelet", beneath the caller's own cgroup in each hierarchy; after
+// EnterLeaf moved the caller, beneath the cgroup it left). It does not
+// create anything.
 func Resolve(parent string) (*Cgroup, error) {
 	e, err := loadEnv()
 	if err != nil {
@@ -401,9 +405,11 @@ func (c *Cgroup) dirs() []string {
 }
 
 // Create makes c's directory in every hierarchy (parents included). In v2
-// mode it also enables the cpu, memory and pids controllers, where
-// available, in the subtree of every ancestor it may (best effort).
-// Idempotent.
+// mode it then makes the cpu, memory and pids controllers available to c
+// where the hierarchy offers them, enabling them in the ancestors that lack
+// them; a layout where that would break cgroup v2's rules (an ancestor
+// holding processes, a threaded ancestor) is an error wrapping ErrLayout
+// that names the cgroup. Idempotent.
 func (c *Cgroup) Create() error {
 	for _, d := range c.dirs() {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -411,39 +417,9 @@ func (c *Cgroup) Create() error {
 		}
 	}
 	if p, ok := c.Paths[Unified]; ok {
-		enableV2Controllers(p)
+		return delegateV2(v2RootOf(p), p)
 	}
 	return nil
-}
-
-// enableV2Controllers enables cpu, memory and pids in the subtree_control
-// of each ancestor of dir, from the top down, stopping at the mount root.
-// Errors are ignored: an ancestor holding processes cannot delegate (the
-// no-internal-process rule), and Set reports the missing files later.
-func enableV2Controllers(dir string) {
-	var chain []string
-	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "cgroup.subtree_control")); err != nil {
-			break
-		}
-		chain = append(chain, d)
-		if d == "/" || d == "." {
-			break
-		}
-	}
-	for i := len(chain) - 1; i >= 0; i-- {
-		d := chain[i]
-		avail, err := os.ReadFile(filepath.Join(d, "cgroup.controllers"))
-		if err != nil {
-			continue
-		}
-		have := strings.Fields(string(avail))
-		for _, ctl := range []string{"cpu", "memory", "pids"} {
-			if contains(have, ctl) {
-				_ = os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+"+ctl), 0)
-			}
-		}
-	}
 }
 
 // Add moves the process pid (all its threads) into c in every hierarchy.

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -16,7 +17,10 @@ import (
 // instruction: there is no window in which it runs (or forks) outside c.
 //
 // In v2 mode the process is cloned straight into c (CLONE_INTO_CGROUP,
-// through SysProcAttr.UseCgroupFD). In v1 mode the calling goroutine is
+// through SysProcAttr.UseCgroupFD). On kernels without CLONE_INTO_CGROUP
+// (before 5.7) the child is first the ExecHelper, which waits on a pipe
+// until the parent has moved it into c and only then executes the command:
+// the command never runs outside c. In v1 mode the calling goroutine is
 // locked to its OS thread, that one thread is moved into c (the v1 "tasks"
 // files), the process is forked from it (a child inherits its parent
 // thread's cgroups), and the thread is moved back to where it was. If the
@@ -34,6 +38,9 @@ func (c *Cgroup) Start(cmd *exec.Cmd) error {
 }
 
 func startV2(dir string, cmd *exec.Cmd) error {
+	if !cloneIntoCgroup() {
+		return startHelped(dir, cmd)
+	}
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("cgroups: start: open %s: %w", dir, err)
@@ -115,4 +122,92 @@ func (c *Cgroup) forkFromThread(home *Cgroup, cmd *exec.Cmd) error {
 		return fmt.Errorf("cgroups: start: %w", startErr)
 	}
 	return nil
+}
+
+// cloneIntoCgroup reports whether the kernel places a new process into a
+// cgroup at clone time (CLONE_INTO_CGROUP, Linux 5.7). A variable so tests
+// can take the other path.
+var cloneIntoCgroup = sync.OnceValue(func() bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return false
+	}
+	return kernelAtLeast(unix.ByteSliceToString(u.Release[:]), 5, 7)
+})
+
+// kernelAtLeast compares a kernel release ("5.4.0-150-generic") with
+// major.minor.
+func kernelAtLeast(release string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(release, "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
+// ExecHelper is the command (an executable and its leading arguments) whose
+// process runs RunExecHelper: the binary that links this package, with a
+// subcommand that calls it. stagelet's main registers "cgroup-exec".
+var ExecHelper = []string{"/proc/self/exe", "cgroup-exec"}
+
+// startHelped starts cmd as the ExecHelper, moves that process into dir
+// and then lets it execute cmd's program.
+func startHelped(dir string, cmd *exec.Cmd) error {
+	if cmd.Err != nil {
+		return cmd.Err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("cgroups: start: %w", err)
+	}
+	defer w.Close()
+	path, args, extra := cmd.Path, cmd.Args, cmd.ExtraFiles
+	cmd.Path = ExecHelper[0]
+	cmd.Args = append(append(append([]string(nil), ExecHelper...),
+		strconv.Itoa(3+len(extra)), path), args...)
+	cmd.ExtraFiles = append(append([]*os.File(nil), extra...), r)
+	err = cmd.Start()
+	r.Close()
+	cmd.ExtraFiles = extra
+	if err != nil {
+		return fmt.Errorf("cgroups: start: %w", err)
+	}
+	if err := writeFile(dir, "cgroup.procs", strconv.Itoa(cmd.Process.Pid)); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return fmt.Errorf("cgroups: start in %s: %w", dir, err)
+	}
+	if _, err := w.Write([]byte{1}); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return fmt.Errorf("cgroups: start: release the helper: %w", err)
+	}
+	return nil
+}
+
+// RunExecHelper is the body of the ExecHelper: args are FD PATH ARGV...
+// It waits until one byte arrives on FD (the parent has moved this process
+// into its cgroup), closes FD and executes PATH with ARGV and the
+// environment. It returns only on failure, with an exit status.
+func RunExecHelper(args []string) int {
+	if len(args) < 3 {
+		fmt.Fprintln(os.Stderr, "cgroup-exec: usage: cgroup-exec FD PATH ARGV0 [ARG...]")
+		return 2
+	}
+	fd, err := strconv.Atoi(args[0])
+	if err != nil || fd < 3 {
+		fmt.Fprintf(os.Stderr, "cgroup-exec: bad fd %q\n", args[0])
+		return 2
+	}
+	f := os.NewFile(uintptr(fd), "cgroup-exec")
+	var b [1]byte
+	n, _ := f.Read(b[:])
+	f.Close()
+	if n != 1 {
+		fmt.Fprintln(os.Stderr, "cgroup-exec: not placed in a cgroup; not executing")
+		return 1
+	}
+	err = unix.Exec(args[1], args[2:], os.Environ())
+	fmt.Fprintf(os.Stderr, "cgroup-exec: exec %s: %v\n", args[1], err)
+	return 127
 }

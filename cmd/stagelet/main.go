@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/cgroups"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -33,6 +34,10 @@ func main() {
 	switch os.Args[1] {
 	case "agent":
 		os.Exit(agent.Main(os.Args[2:]))
+	case "cgroup-exec":
+		// Internal: places a process in its cgroup before it executes
+		// its program, on kernels without CLONE_INTO_CGROUP.
+		os.Exit(cgroups.RunExecHelper(os.Args[2:]))
 	case "serve":
 		os.Exit(serveMain(os.Args[2:]))
 	case "cni":
