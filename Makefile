@@ -43,7 +43,7 @@ e2e: deps guest
 # systemd launcher's tests boot with systemd-nspawn -b; they skip without
 # it. TESTBED overrides where it goes.
 TESTBED ?= $(or $(STAGELET_TEST_SYSTEMD_ROOT),/var/tmp/stagelet-systemd-testbed)
-systemd-testbed:
+systemd-testbed: deps
 	./scripts/systemd-testbed.sh $(TESTBED)
 
 # The systemd launcher against a booted systemd (root).

@@ -48,8 +48,12 @@ type Options struct {
 	StateDir string
 	// RunDir holds volatile per-pod directories (sockets).
 	RunDir string
-	// CgroupParent is passed to backends for pod cgroups.
+	// CgroupParent is passed to backends for pods the kubelet gives no
+	// cgroup parent: a cgroup path (cgroupfs driver) or a slice (systemd).
 	CgroupParent string
+	// SystemdCgroup says the node uses the systemd cgroup driver: pods'
+	// cgroup parents are slices.
+	SystemdCgroup bool
 	// Policy decides each new pod's stage1; SetPolicy replaces it.
 	Policy *policy.Policy
 	// AgentBinary is the stagelet binary backends run as the pod agent.

@@ -514,6 +514,40 @@ func TestKubeletCgroupParentIsUsed(t *testing.T) {
 	}
 }
 
+// TestCgroupParentMatchesTheDriver: a kubelet whose cgroup driver differs
+// from the node's is told so at RunPodSandbox instead of its pod being
+// placed somewhere it did not ask for.
+func TestCgroupParentMatchesTheDriver(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	ctx := context.Background()
+	c := podCfg("slice")
+	c.CgroupParent = "kubepods-burstable-poduid.slice"
+	_, err := b.RunPod(ctx, c)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	if !contains(err.Error(), "cgroupfs") {
+		t.Errorf("error %q does not name the node's driver", err)
+	}
+
+	b.opts.SystemdCgroup = true
+	c = podCfg("path")
+	c.CgroupParent = "/kubepods/burstable/poduid"
+	_, err = b.RunPod(ctx, c)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	if !contains(err.Error(), "systemd") {
+		t.Errorf("error %q does not name the node's driver", err)
+	}
+	c = podCfg("slice2")
+	c.CgroupParent = "kubepods-burstable-poduid2.slice"
+	id, err := b.RunPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.be.specs[id].CgroupParent; got != c.CgroupParent {
+		t.Errorf("cgroup parent = %q, want the kubelet's slice", got)
+	}
+}
+
 func TestPodNetworkLifecycle(t *testing.T) {
 	e := newEnv(t)
 	net := newFakeNetwork(filepath.Join(e.run, "netns"))

@@ -20,6 +20,21 @@ func podNameKey(m PodMetadata) string {
 	return fmt.Sprintf("%s_%s_%s_%d", m.Name, m.Namespace, m.UID, m.Attempt)
 }
 
+func (b *Broker) validatePodConfig(c *PodConfig) error {
+	if err := validatePodConfig(c); err != nil {
+		return err
+	}
+	slice := stage1.ValidSlice(c.CgroupParent)
+	switch {
+	case c.CgroupParent == "":
+	case b.opts.SystemdCgroup && !slice:
+		return errdefs.InvalidArgument("config.linux.cgroup_parent: %q is not a systemd slice, and this node uses the systemd cgroup driver (the kubelet's --cgroup-driver must be systemd too)", c.CgroupParent)
+	case !b.opts.SystemdCgroup && slice:
+		return errdefs.InvalidArgument("config.linux.cgroup_parent: %q is a systemd slice, and this node uses the cgroupfs cgroup driver (the kubelet's --cgroup-driver must be cgroupfs too, or set cgroup_driver: systemd)", c.CgroupParent)
+	}
+	return nil
+}
+
 func validatePodConfig(c *PodConfig) error {
 	switch {
 	case c.Metadata.Name == "":
@@ -85,7 +100,7 @@ func (b *Broker) decide(c *PodConfig) (policy.Decision, error) {
 // the same pod; a different configuration under a reserved name is
 // AlreadyExists.
 func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
-	if err := validatePodConfig(cfg); err != nil {
+	if err := b.validatePodConfig(cfg); err != nil {
 		return "", err
 	}
 	key := podNameKey(cfg.Metadata)
@@ -169,9 +184,9 @@ const createTimeout = 4 * time.Minute
 
 func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 	c := rec.Config
-	// The kubelet's pod cgroup (cgroupfs driver: /kubepods/<qos>/pod<uid>)
-	// when it gives one, so its QoS limits and accounting cover the pod;
-	// the node's configured parent otherwise.
+	// The kubelet's pod cgroup (cgroupfs driver: /kubepods/<qos>/pod<uid>;
+	// systemd: kubepods-<qos>-pod<uid>.slice) when it gives one, so its QoS
+	// limits and accounting cover the pod; the node's parent otherwise.
 	parent := b.opts.CgroupParent
 	if c.CgroupParent != "" {
 		parent = c.CgroupParent

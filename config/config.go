@@ -66,7 +66,15 @@ type Config struct {
 	Socket   string `yaml:"socket"`
 	StateDir string `yaml:"state_dir"`
 	RunDir   string `yaml:"run_dir"`
-	// CgroupParent: absolute, or relative to the daemon's own cgroup.
+	// CgroupDriver is how pods' cgroups are managed, as the kubelet's
+	// --cgroup-driver (they must agree): "cgroupfs" (the default: stagelet
+	// writes the cgroup file system itself) or "systemd" (every pod
+	// process runs as a transient unit in a slice; needs systemd as PID 1).
+	CgroupDriver string `yaml:"cgroup_driver"`
+	// CgroupParent is where pods go when the kubelet names no parent. For
+	// cgroupfs: an absolute cgroup path, or a path relative to the
+	// daemon's own cgroup; for systemd: a slice. Empty means "stagelet"
+	// (cgroupfs) or "stagelet.slice" (systemd).
 	CgroupParent string              `yaml:"cgroup_parent"`
 	Registries   map[string]Registry `yaml:"registries"`
 	// KVM configures the kvm stage1.
@@ -81,6 +89,24 @@ type Config struct {
 
 	// Source names where the config came from ("embedded default" or a path).
 	Source string `yaml:"-"`
+}
+
+// Cgroup drivers.
+const (
+	CgroupDriverCgroupfs = "cgroupfs"
+	CgroupDriverSystemd  = "systemd"
+)
+
+// PodCgroupParent is the cgroup parent of pods the kubelet gives none:
+// cgroup_parent, or the driver's default.
+func (c *Config) PodCgroupParent() string {
+	switch {
+	case c.CgroupParent != "":
+		return c.CgroupParent
+	case c.CgroupDriver == CgroupDriverSystemd:
+		return stage1.DefaultSlice
+	}
+	return "stagelet"
 }
 
 // Default returns the embedded default configuration.
@@ -134,10 +160,17 @@ func (c *Config) Validate() error {
 	if c.Policy != nil && c.PolicyFile != "" {
 		errs = append(errs, fmt.Errorf("policy and policy_file: give one of them, not both"))
 	}
-	if c.CgroupParent == "" {
-		errs = append(errs, fmt.Errorf("cgroup_parent: must be set"))
-	} else if path.Clean(c.CgroupParent) != strings.TrimSuffix(c.CgroupParent, "/") || strings.Contains(c.CgroupParent, "..") {
-		errs = append(errs, fmt.Errorf("cgroup_parent: %q must be a clean path without ..", c.CgroupParent))
+	switch c.CgroupDriver {
+	case CgroupDriverCgroupfs:
+		if c.CgroupParent != "" && (path.Clean(c.CgroupParent) != strings.TrimSuffix(c.CgroupParent, "/") || strings.Contains(c.CgroupParent, "..")) {
+			errs = append(errs, fmt.Errorf("cgroup_parent: %q must be a clean path without ..", c.CgroupParent))
+		}
+	case CgroupDriverSystemd:
+		if c.CgroupParent != "" && !stage1.ValidSlice(c.CgroupParent) {
+			errs = append(errs, fmt.Errorf("cgroup_parent: %q: with cgroup_driver systemd it must be a slice such as stagelet.slice", c.CgroupParent))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("cgroup_driver: %q: want cgroupfs or systemd", c.CgroupDriver))
 	}
 	for host, r := range c.Registries {
 		if host == "" || strings.ContainsAny(host, "/ ") {

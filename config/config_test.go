@@ -7,7 +7,7 @@ import (
 
 func TestDefaultIsValid(t *testing.T) {
 	c := Default()
-	if c.Policy != nil || c.CgroupParent != "stagelet" || c.Version != 1 {
+	if c.Policy != nil || c.PodCgroupParent() != "stagelet" || c.CgroupDriver != CgroupDriverCgroupfs || c.Version != 1 {
 		t.Fatalf("unexpected default: %+v", c)
 	}
 }
@@ -18,10 +18,22 @@ func TestParse(t *testing.T) {
 		check               func(*testing.T, *Config)
 	}{
 		{name: "empty keeps defaults", yaml: "", check: func(t *testing.T, c *Config) {
-			if c.CgroupParent != "stagelet" {
-				t.Errorf("cgroup_parent = %q", c.CgroupParent)
+			if c.PodCgroupParent() != "stagelet" {
+				t.Errorf("cgroup parent = %q", c.PodCgroupParent())
 			}
 		}},
+		{name: "systemd driver defaults to stagelet.slice", yaml: "cgroup_driver: systemd\n", check: func(t *testing.T, c *Config) {
+			if c.PodCgroupParent() != "stagelet.slice" {
+				t.Errorf("cgroup parent = %q", c.PodCgroupParent())
+			}
+		}},
+		{name: "systemd driver with a slice", yaml: "cgroup_driver: systemd\ncgroup_parent: pods.slice\n", check: func(t *testing.T, c *Config) {
+			if c.PodCgroupParent() != "pods.slice" {
+				t.Errorf("cgroup parent = %q", c.PodCgroupParent())
+			}
+		}},
+		{name: "systemd driver with a path", yaml: "cgroup_driver: systemd\ncgroup_parent: /stagelet\n", wantErr: "must be a slice"},
+		{name: "unknown driver", yaml: "cgroup_driver: cgroupv2\n", wantErr: "want cgroupfs or systemd"},
 		{name: "inline policy", yaml: "policy:\n  version: 1\n  default_stage1: fly\n", check: func(t *testing.T, c *Config) {
 			p, err := c.LoadPolicy()
 			if err != nil || p.DefaultStage1 != "fly" || p.Source != "test.yaml" {

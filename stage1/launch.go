@@ -7,10 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
 )
 
 // LaunchSpec describes a pod's host-side process: the fly agent, an nspawn
@@ -35,11 +35,20 @@ type LaunchSpec struct {
 	Cgroup *cgroups.Cgroup
 	// ExtraFiles are passed as fd 3, 4, ... (not by a UnitLauncher).
 	ExtraFiles []*os.File
+	// Slice is the systemd slice a UnitLauncher puts the unit in (the
+	// kubelet's pod slice, "kubepods-burstable-pod<uid>.slice"); empty
+	// means the launcher's own. The plain launcher ignores it: its
+	// placement is Cgroup.
+	Slice string
+	// NetNS is a network namespace (a path) the process runs in; empty
+	// means the launcher's. Only a UnitLauncher offers it (systemd's
+	// NetworkNamespacePath); the plain launcher refuses it.
+	NetNS string
 }
 
 // Launcher starts detached pod processes. Implementations: the plain
-// launcher (own session, own cgroup) and, where systemd is PID 1, the
-// systemd launcher (a transient unit; see UnitLauncher).
+// launcher (own session, own cgroup: the cgroupfs driver) and the systemd
+// launcher (a transient unit: the systemd driver; see UnitLauncher).
 type Launcher interface {
 	// Launch starts the process and returns once it runs. The process is
 	// not tied to ctx, nor to the daemon's life.
@@ -57,24 +66,26 @@ type PlainLauncher struct {
 
 var _ Launcher = (*PlainLauncher)(nil)
 
-// DefaultLauncher returns the launcher for this host: a SystemdLauncher
-// (slice DefaultSlice, the system bus) where systemd is PID 1
-// (/run/systemd/system exists) and answers on the system bus, otherwise
-// the plain launcher. The choice is logged.
-func DefaultLauncher(log *slog.Logger) Launcher {
+// NewLauncher returns the launcher for a node's cgroup driver: with
+// systemd, a SystemdLauncher whose units go into slice (DefaultSlice when
+// empty), which needs systemd as PID 1 answering on the system bus (an
+// error says what is missing); otherwise the plain launcher.
+func NewLauncher(log *slog.Logger, systemd bool, slice string) (Launcher, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	if SystemdBooted() {
-		sl := &SystemdLauncher{Log: log}
-		if err := systemdAnswers(sl); err != nil {
-			log.Warn("systemd is PID 1 but does not answer on the system bus; pods are started in their own session and cgroup instead", "err", err)
-		} else {
-			log.Info("pods are started as systemd transient units", "slice", sl.slice())
-			return sl
-		}
+	if !systemd {
+		return &PlainLauncher{Log: log}, nil
 	}
-	return &PlainLauncher{Log: log}
+	if !SystemdBooted() {
+		return nil, errdefs.FailedPrecondition("the systemd cgroup driver needs systemd as PID 1 (/run/systemd/system does not exist); use cgroup_driver: cgroupfs")
+	}
+	sl := &SystemdLauncher{Log: log, Slice: slice}
+	if err := systemdAnswers(sl); err != nil {
+		return nil, fmt.Errorf("the systemd cgroup driver needs systemd on the system bus: %w", err)
+	}
+	log.Info("pods are started as systemd transient units", "slice", sl.slice())
+	return sl, nil
 }
 
 // SystemdBooted reports whether systemd is the host's init
@@ -82,18 +93,6 @@ func DefaultLauncher(log *slog.Logger) Launcher {
 func SystemdBooted() bool {
 	fi, err := os.Lstat("/run/systemd/system")
 	return err == nil && fi.IsDir()
-}
-
-var (
-	defaultOnce     sync.Once
-	defaultLauncher Launcher
-)
-
-// Launch starts spec with the host's default launcher (chosen once per
-// process).
-func Launch(ctx context.Context, spec LaunchSpec) (*Process, error) {
-	defaultOnce.Do(func() { defaultLauncher = DefaultLauncher(nil) })
-	return defaultLauncher.Launch(ctx, spec)
 }
 
 // Launch implements Launcher.
@@ -107,6 +106,9 @@ func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process, 
 	}
 	if spec.Path == "" || spec.LogPath == "" {
 		return nil, fmt.Errorf("launch %s: path and log path are required", spec.Name)
+	}
+	if spec.NetNS != "" {
+		return nil, errdefs.InvalidArgument("launch %s: the plain launcher cannot start a process in a network namespace", spec.Name)
 	}
 	if err := os.MkdirAll(filepath.Dir(spec.LogPath), 0o755); err != nil {
 		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)

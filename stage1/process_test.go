@@ -22,7 +22,7 @@ import (
 // process and exits at once.
 func TestMain(m *testing.M) {
 	if os.Getenv("STAGELET_TEST_LAUNCHER") != "" {
-		p, err := Launch(context.Background(), LaunchSpec{
+		p, err := (&PlainLauncher{}).Launch(context.Background(), LaunchSpec{
 			Name: "helper", Path: "/bin/sleep", Args: []string{"1000"},
 			LogPath: os.Getenv("STAGELET_TEST_LAUNCHER"),
 		})
@@ -59,7 +59,7 @@ func TestProcessStartTime(t *testing.T) {
 
 func TestLaunchDetached(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "out.log")
-	p, err := Launch(context.Background(), LaunchSpec{
+	p, err := (&PlainLauncher{}).Launch(context.Background(), LaunchSpec{
 		Name: "t", Path: "/bin/sh", Args: []string{"-c", "echo started; echo err >&2; exec sleep 1000"},
 		LogPath: logPath,
 	})
@@ -159,7 +159,7 @@ func TestLaunchIntoCgroup(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	p, err := Launch(context.Background(), LaunchSpec{
+	p, err := (&PlainLauncher{}).Launch(context.Background(), LaunchSpec{
 		Name: "t", Path: "/bin/sleep", Args: []string{"1000"},
 		LogPath: filepath.Join(t.TempDir(), "log"), Cgroup: cg,
 	})

@@ -21,7 +21,7 @@ import (
 )
 
 // DefaultSlice is the systemd slice that holds the pods' units unless a
-// SystemdLauncher names another.
+// SystemdLauncher or a LaunchSpec names another.
 const DefaultSlice = "stagelet.slice"
 
 // UnitLauncher is a Launcher that runs each process as a unit of a service
@@ -203,11 +203,15 @@ func (l *SystemdLauncher) properties(spec LaunchSpec) []sddbus.Property {
 	if env == nil {
 		env = os.Environ()
 	}
-	return []sddbus.Property{
+	slice := spec.Slice
+	if slice == "" {
+		slice = l.slice()
+	}
+	props := []sddbus.Property{
 		sddbus.PropDescription("stagelet pod process " + spec.Name),
 		sddbus.PropType("exec"),
 		sddbus.PropExecStart(append([]string{spec.Path}, spec.Args...), false),
-		sddbus.PropSlice(l.slice()),
+		sddbus.PropSlice(slice),
 		{Name: "WorkingDirectory", Value: dbus.MakeVariant(dir)},
 		{Name: "Environment", Value: dbus.MakeVariant(env)},
 		{Name: "StandardInput", Value: dbus.MakeVariant("null")},
@@ -217,6 +221,18 @@ func (l *SystemdLauncher) properties(spec LaunchSpec) []sddbus.Property {
 		{Name: "Delegate", Value: dbus.MakeVariant(true)},
 		{Name: "CollectMode", Value: dbus.MakeVariant("inactive-or-failed")},
 	}
+	if spec.NetNS != "" {
+		props = append(props, sddbus.Property{Name: "NetworkNamespacePath", Value: dbus.MakeVariant(spec.NetNS)})
+	}
+	return props
+}
+
+// ValidSlice reports whether name is a slice unit name systemd accepts
+// without escaping ("kubepods-burstable-pod<uid>.slice").
+func ValidSlice(name string) bool {
+	base, ok := strings.CutSuffix(name, ".slice")
+	return ok && base != "" && !strings.HasPrefix(base, "-") && !strings.HasSuffix(base, "-") &&
+		!strings.Contains(base, "--") && validUnitName(base)
 }
 
 // Launch implements Launcher: it starts the transient unit and waits for
@@ -234,6 +250,9 @@ func (l *SystemdLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process
 	}
 	if len(spec.ExtraFiles) > 0 {
 		return nil, errdefs.InvalidArgument("launch %s: a systemd unit cannot be given extra files", spec.Name)
+	}
+	if spec.Slice != "" && !ValidSlice(spec.Slice) {
+		return nil, errdefs.InvalidArgument("launch %s: %q is not a systemd slice name", spec.Name, spec.Slice)
 	}
 	if err := os.MkdirAll(filepath.Dir(spec.LogPath), 0o755); err != nil {
 		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)

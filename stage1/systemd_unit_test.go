@@ -66,3 +66,64 @@ func TestReleaseLaunchedPlain(t *testing.T) {
 		t.Fatal("the plain launcher claims to be a unit launcher")
 	}
 }
+
+// TestPodSliceAndNetNS: a launch's own slice (the kubelet's pod slice)
+// wins over the launcher's, and a network namespace becomes the unit's.
+func TestPodSliceAndNetNS(t *testing.T) {
+	l := &SystemdLauncher{Slice: "stagelet.slice"}
+	props := map[string]any{}
+	for _, p := range l.properties(LaunchSpec{
+		Name: "n", Path: "/p", LogPath: "/l",
+		Slice: "kubepods-burstable-pod1234.slice", NetNS: "/run/stagelet/netns/x",
+	}) {
+		props[p.Name] = p.Value.Value()
+	}
+	if props["Slice"] != "kubepods-burstable-pod1234.slice" {
+		t.Errorf("Slice = %v", props["Slice"])
+	}
+	if props["NetworkNamespacePath"] != "/run/stagelet/netns/x" {
+		t.Errorf("NetworkNamespacePath = %v", props["NetworkNamespacePath"])
+	}
+	for _, p := range l.properties(LaunchSpec{Name: "n", Path: "/p", LogPath: "/l"}) {
+		if p.Name == "NetworkNamespacePath" {
+			t.Error("NetworkNamespacePath set without a NetNS")
+		}
+	}
+}
+
+func TestValidSlice(t *testing.T) {
+	for name, want := range map[string]bool{
+		"kubepods-burstable-pod0c7d0a3b_8c7d_4a5e_9f0e_123456789abc.slice": true,
+		"stagelet.slice":  true,
+		"stagelet":        false,
+		"/kubepods/pod1":  false,
+		".slice":          false,
+		"-a.slice":        false,
+		"a--b.slice":      false,
+		"a-.slice":        false,
+		"a/b.slice":       false,
+		"kubepods.slice ": false,
+	} {
+		if got := ValidSlice(name); got != want {
+			t.Errorf("ValidSlice(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestPodSlice(t *testing.T) {
+	if got := PodSlice(&PodSpec{CgroupParent: "kubepods-besteffort-podx.slice"}); got != "kubepods-besteffort-podx.slice" {
+		t.Errorf("PodSlice = %q", got)
+	}
+	if got := PodSlice(&PodSpec{CgroupParent: "/kubepods/besteffort/podx"}); got != "" {
+		t.Errorf("PodSlice of a cgroupfs path = %q, want the launcher's own", got)
+	}
+}
+
+// TestPlainLauncherRefusesNetNS: a field the plain launcher cannot honour
+// is refused, not ignored.
+func TestPlainLauncherRefusesNetNS(t *testing.T) {
+	_, err := (&PlainLauncher{}).Launch(t.Context(), LaunchSpec{Name: "n", Path: "/bin/true", LogPath: t.TempDir() + "/log", NetNS: "/run/netns/x"})
+	if err == nil {
+		t.Fatal("launched with a network namespace it cannot join")
+	}
+}

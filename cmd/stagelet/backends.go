@@ -14,18 +14,19 @@ import (
 
 // builtinBackends are the stage1s this binary carries and this node can
 // run: kvm only when its guest assets are there, unless anyAssets (for
-// operator tools that reason about what the build offers).
-func builtinBackends(log *slog.Logger, cfg *config.Config, anyAssets bool) stage1.Registry {
+// operator tools that reason about what the build offers). They start pod
+// processes with l; nil means the plain launcher.
+func builtinBackends(log *slog.Logger, cfg *config.Config, l stage1.Launcher, anyAssets bool) stage1.Registry {
 	r := stage1.Registry{}
 	for _, be := range []stage1.Backend{
-		fly.New(log.With("stage1", "fly")),
-		nspawn.New(log.With("stage1", "nspawn")),
+		fly.NewWithLauncher(log.With("stage1", "fly"), l),
+		nspawn.NewWithLauncher(log.With("stage1", "nspawn"), l),
 	} {
 		r[be.Name()] = be
 	}
 	assets := kvmAssetsDir(cfg)
 	if anyAssets || kvm.HasAssets(assets) {
-		r[kvm.Name] = kvm.New(log.With("stage1", "kvm"), kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator})
+		r[kvm.Name] = kvm.New(log.With("stage1", "kvm"), kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Launcher: l})
 	} else {
 		log.Warn("the kvm stage1 is not offered: no guest kernel and initramfs (make guest)", "assetsDir", assets)
 	}

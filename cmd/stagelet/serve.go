@@ -16,10 +16,12 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/cri"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/network"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 const (
@@ -99,7 +101,11 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
-	backends := builtinBackends(log, cfg, false)
+	launcher, parent, err := placePods(log, cfg)
+	if err != nil {
+		return err
+	}
+	backends := builtinBackends(log, cfg, launcher, false)
 	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
 	if err != nil {
 		return fmt.Errorf("policy: %w", err)
@@ -117,15 +123,16 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		log.Warn("pod network not ready: only pods in the host network can run", "reason", reason)
 	}
 	b, err := broker.New(broker.Options{
-		Network:      netm,
-		StateDir:     state,
-		RunDir:       run,
-		CgroupParent: cfg.CgroupParent,
-		Policy:       pol,
-		AgentBinary:  self,
-		Backends:     backends,
-		Images:       images,
-		Log:          log,
+		Network:       netm,
+		StateDir:      state,
+		RunDir:        run,
+		CgroupParent:  parent,
+		SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd,
+		Policy:        pol,
+		AgentBinary:   self,
+		Backends:      backends,
+		Images:        images,
+		Log:           log,
 	})
 	if err != nil {
 		return err
@@ -148,7 +155,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err := os.Chmod(sock, 0o660); err != nil {
 		return err
 	}
-	srv := cri.New(b, cri.Options{Version: version, Log: log})
+	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd})
 	unary, stream := srv.Interceptors()
 	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
 	srv.Register(g)
@@ -177,4 +184,37 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	log.Info("stopping the CRI server; pods keep running")
 	g.GracefulStop()
 	return nil
+}
+
+// placePods prepares where pods' host processes go, per the cgroup driver,
+// and returns the launcher that starts them and the cgroup parent of pods
+// the kubelet gives none. systemd: transient units in slices (systemd must
+// answer). cgroupfs: the parent cgroup is created now, so that a layout
+// cgroup v2 forbids is reported at start, naming the cgroup and the rule;
+// a parent relative to the daemon's own cgroup first makes the daemon move
+// into its leaf (cgroups.EnterLeaf), as systemd's delegation asks.
+func placePods(log *slog.Logger, cfg *config.Config) (stage1.Launcher, string, error) {
+	parent := cfg.PodCgroupParent()
+	if cfg.CgroupDriver == config.CgroupDriverSystemd {
+		l, err := stage1.NewLauncher(log, true, parent)
+		return l, parent, err
+	}
+	l, _ := stage1.NewLauncher(log, false, "")
+	if !filepath.IsAbs(parent) {
+		base, err := cgroups.EnterLeaf(cgroups.LeafName)
+		if err != nil {
+			return nil, "", fmt.Errorf("cgroup parent %q: %w", parent, err)
+		}
+		if self, err := cgroups.Self(); err == nil && self.String() != base.String() {
+			log.Info("moved the daemon into a leaf of its cgroup, so that its cgroup can delegate controllers to pods", "leaf", self.String(), "pods", base.Child(parent).String())
+		}
+	}
+	cg, err := cgroups.Resolve(parent)
+	if err != nil {
+		return nil, "", fmt.Errorf("cgroup parent %q: %w", parent, err)
+	}
+	if err := cg.Create(); err != nil {
+		return nil, "", fmt.Errorf("cgroup parent %q: %w", parent, err)
+	}
+	return l, parent, nil
 }

@@ -51,20 +51,20 @@ type Backend struct {
 
 var _ stage1.Backend = (*Backend)(nil)
 
-// New returns the fly backend, starting agents with the host's default
-// launcher. The caller registers it (stage1.Register(fly.New(log))).
+// New returns the fly backend, starting agents with the plain launcher
+// (the cgroupfs driver). The caller registers it (stage1.Register(fly.New(log))).
 func New(log *slog.Logger) *Backend {
 	return NewWithLauncher(log, nil)
 }
 
 // NewWithLauncher returns the fly backend starting agents with l; nil
-// means the host's default launcher (stage1.DefaultLauncher).
+// means the plain launcher (the cgroupfs driver).
 func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
 	if log == nil {
 		log = slog.Default()
 	}
 	if l == nil {
-		l = stage1.DefaultLauncher(log)
+		l = &stage1.PlainLauncher{Log: log}
 	}
 	return &Backend{log: log, launcher: l}
 }
@@ -109,22 +109,6 @@ func parseState(b []byte) (*state, error) {
 	return &s, nil
 }
 
-// podCgroup is the cgroup of a pod: "stagelet-pod-<id>" beneath the spec's
-// cgroup parent (beneath the daemon's own cgroup when empty).
-func podCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
-	var parent *cgroups.Cgroup
-	var err error
-	if spec.CgroupParent == "" {
-		parent, err = cgroups.Self()
-	} else {
-		parent, err = cgroups.Resolve(spec.CgroupParent)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return parent.Child("stagelet-pod-" + spec.ID), nil
-}
-
 func socketPath(spec *stage1.PodSpec) string { return filepath.Join(spec.RunDir, "agent.sock") }
 
 // launchName names a pod's agent to the launcher (and its systemd unit).
@@ -145,7 +129,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if spec.HostNetwork && spec.NetNSPath != "" {
 		return nil, errdefs.InvalidArgument("fly: a pod in the host network has no network namespace (got %s)", spec.NetNSPath)
 	}
-	cg, err := podCgroup(spec)
+	cg, err := stage1.PodCgroup(spec)
 	if err != nil {
 		return nil, fmt.Errorf("fly: pod cgroup: %w", err)
 	}
@@ -180,6 +164,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Args:    agentArgs(st.Socket, agentDir, spec.NetNSPath),
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
 		Cgroup:  cg,
+		Slice:   stage1.PodSlice(spec),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fly: %w", err)
@@ -232,7 +217,7 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		st = &state{}
 	}
 	if st.Cgroup == nil && spec.ID != "" {
-		if cg, err := podCgroup(spec); err == nil {
+		if cg, err := stage1.PodCgroup(spec); err == nil {
 			st.Cgroup = cg
 		}
 	}

@@ -117,6 +117,11 @@ type Config struct {
 	VCPUs     int
 	// ProbeTimeout bounds the KVM probe boot; default 10s.
 	ProbeTimeout time.Duration
+	// Launcher starts qemu and virtiofsd; nil means the plain launcher
+	// (the cgroupfs driver). Under a stage1.UnitLauncher (the systemd
+	// driver) each runs as a transient unit in the pod's slice, qemu in
+	// the pod's network namespace, opening the tap by name.
+	Launcher stage1.Launcher
 }
 
 // Backend is the kvm stage1. Everything about a pod is in the state it
@@ -140,10 +145,6 @@ var _ stage1.Backend = (*Backend)(nil)
 // New returns the kvm backend; the caller registers it. Whether qemu,
 // virtiofsd and the guest assets are present is checked by StartPod
 // (FailedPrecondition), not here.
-//
-// qemu is started by the plain launcher (own session, the pod cgroup)
-// even where systemd is PID 1: it receives its tap device as an inherited
-// file descriptor, which a transient unit cannot pass.
 func New(log *slog.Logger, cfg Config) *Backend {
 	if log == nil {
 		log = slog.Default()
@@ -163,10 +164,14 @@ func New(log *slog.Logger, cfg Config) *Backend {
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = 10 * time.Second
 	}
+	l := cfg.Launcher
+	if l == nil {
+		l = &stage1.PlainLauncher{Log: log}
+	}
 	return &Backend{
 		log:      log,
 		cfg:      cfg,
-		launcher: &stage1.PlainLauncher{Log: log},
+		launcher: l,
 		dialers:  map[string]*agent.SerialDialer{},
 	}
 }
@@ -197,8 +202,12 @@ type state struct {
 	Dir string `json:"dir,omitempty"`
 	// Mounts is the shared mount point exported to the guest; every mount
 	// beneath it is the backend's.
-	Mounts string          `json:"mounts,omitempty"`
-	Cgroup *cgroups.Cgroup `json:"cgroup,omitempty"`
+	Mounts string `json:"mounts,omitempty"`
+	// Cgroup holds qemu and virtiofsd (the pod cgroup) under the plain
+	// launcher; under a UnitLauncher it is qemu's unit's, and FSCgroup
+	// virtiofsd's.
+	Cgroup   *cgroups.Cgroup `json:"cgroup,omitempty"`
+	FSCgroup *cgroups.Cgroup `json:"fsCgroup,omitempty"`
 	// NetNS and Tap name the tap device (and the tc filters on eth0) in
 	// the pod's network namespace; empty without a pod network.
 	NetNS     string          `json:"netns,omitempty"`
@@ -245,27 +254,10 @@ func layout(spec *stage1.PodSpec) *state {
 		Dir:     filepath.Join(spec.RunDir, "vm"),
 		Mounts:  filepath.Join(spec.RunDir, "mounts"),
 	}
-	if cg, err := podCgroup(spec); err == nil {
+	if cg, err := stage1.PodCgroup(spec); err == nil {
 		st.Cgroup = cg
 	}
 	return st
-}
-
-// podCgroup is the cgroup of a pod: "stagelet-pod-<id>" beneath the spec's
-// cgroup parent (beneath the daemon's own cgroup when empty). qemu's and
-// virtiofsd's own usage is accounted there.
-func podCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
-	var parent *cgroups.Cgroup
-	var err error
-	if spec.CgroupParent == "" {
-		parent, err = cgroups.Self()
-	} else {
-		parent, err = cgroups.Resolve(spec.CgroupParent)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return parent.Child("stagelet-pod-" + spec.ID), nil
 }
 
 // maxSocketPath is the room for a path in a unix socket address that qemu
@@ -314,15 +306,19 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
-	cg, err := podCgroup(spec)
+	cg, err := stage1.PodCgroup(spec)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
 	}
 	vm.Accelerator = b.accelerator(ctx, res)
 	vm.Kernel = res.kernelVersion
 
+	_, unitLaunch := b.launcher.(stage1.UnitLauncher)
 	st := layout(spec)
 	st.Cgroup = cg
+	if unitLaunch {
+		st.Cgroup = nil // the units' cgroups, recorded once they run
+	}
 	st.VM = vm
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
@@ -331,12 +327,14 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		if retErr == nil {
 			return
 		}
-		if err := b.release(st); err != nil {
+		if err := b.release(st, spec.ID); err != nil {
 			log.Warn("kvm: releasing a failed pod", "err", err)
 		}
 	}()
-	if err := cg.Create(); err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
+	if !unitLaunch {
+		if err := cg.Create(); err != nil {
+			return nil, fmt.Errorf("kvm: %w", err)
+		}
 	}
 	if err := os.MkdirAll(st.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("kvm: %w", err)
@@ -351,34 +349,42 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		FSTag:    fsTag,
 	}
 	var tapFile *os.File
+	tapMode := ""
 	if spec.NetNSPath != "" {
 		st.NetNS, st.Tap = spec.NetNSPath, tapName
 		if err := persist(st.marshal()); err != nil {
 			return nil, fmt.Errorf("kvm: persist: %w", err)
 		}
-		nc, tap, err := setupTap(spec.NetNSPath, tapName)
+		nc, tap, err := setupTap(spec.NetNSPath, tapName, unitLaunch)
 		if err != nil {
 			return nil, fmt.Errorf("kvm: pod network: %w", err)
 		}
-		defer tap.Close() // qemu holds its own copy
-		tapFile = tap
+		defer tap.Close() // qemu holds its own copy, or opens it by name
+		tapFile, tapMode = tap, "fd"
+		if unitLaunch {
+			tapFile, tapMode = nil, "name"
+		}
 		guest.MAC, guest.IPs, guest.Routes, guest.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
 		st.VM.MAC = nc.MAC.String()
 	}
 
 	// virtiofsd, then qemu, which connects to it.
 	vfs, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
-		Name:    "stagelet-pod-" + spec.ID + "-virtiofsd",
+		Name:    fsLaunchName(spec.ID),
 		Path:    res.virtiofsd,
 		Args:    virtiofsdArgs(st),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		LogPath: filepath.Join(st.Dir, "virtiofsd.log"),
 		Cgroup:  cg,
+		Slice:   stage1.PodSlice(spec),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kvm: virtiofsd: %w", err)
 	}
 	st.Virtiofsd = vfs
+	if unitLaunch {
+		st.FSCgroup = vfs.Cgroup
+	}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
@@ -387,21 +393,28 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 
 	launch := stage1.LaunchSpec{
-		Name:    "stagelet-pod-" + spec.ID,
+		Name:    launchName(spec.ID),
 		Path:    res.qemu,
-		Args:    qemuArgs(res, st, guest, tapFile != nil, spec.ID),
+		Args:    qemuArgs(res, st, guest, tapMode, spec.ID),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		LogPath: filepath.Join(st.Dir, "qemu.log"),
 		Cgroup:  cg,
+		Slice:   stage1.PodSlice(spec),
 	}
 	if tapFile != nil {
 		launch.ExtraFiles = []*os.File{tapFile}
+	}
+	if unitLaunch {
+		launch.NetNS = spec.NetNSPath
 	}
 	qemu, err := b.launcher.Launch(ctx, launch)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: qemu: %w", err)
 	}
 	st.Qemu = qemu
+	if unitLaunch {
+		st.Cgroup = qemu.Cgroup
+	}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
@@ -478,15 +491,22 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		if st.Mounts == "" {
 			st.Mounts = def.Mounts
 		}
-		if st.Cgroup == nil {
+		_, unitLaunch := b.launcher.(stage1.UnitLauncher)
+		if st.Cgroup == nil && !unitLaunch {
 			st.Cgroup = def.Cgroup
 		}
 	}
-	return b.release(st)
+	return b.release(st, spec.ID)
 }
 
-// release kills and removes everything named in st.
-func (b *Backend) release(st *state) error {
+// launchName and fsLaunchName name a pod's qemu and virtiofsd to the
+// launcher (and their systemd units).
+func launchName(id string) string   { return "stagelet-pod-" + id }
+func fsLaunchName(id string) string { return "stagelet-pod-" + id + "-virtiofsd" }
+
+// release kills and removes everything named in st, and the launcher's
+// records of the processes launched for pod id ("": none).
+func (b *Backend) release(st *state, id string) error {
 	var errs []error
 	if st.Dir != "" {
 		b.dropDialer(st.ctlSocket())
@@ -499,8 +519,21 @@ func (b *Backend) release(st *state) error {
 			errs = append(errs, fmt.Errorf("kvm: kill pid %d: %w", p.PID, err))
 		}
 	}
-	if st.Cgroup != nil {
-		if err := st.Cgroup.Kill(); err != nil {
+	if id != "" {
+		for _, name := range []string{launchName(id), fsLaunchName(id)} {
+			ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
+			err := stage1.ReleaseLaunched(ctx, b.launcher, name)
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("kvm: %w", err))
+			}
+		}
+	}
+	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.FSCgroup} {
+		if cg == nil {
+			continue
+		}
+		if err := cg.Kill(); err != nil {
 			errs = append(errs, fmt.Errorf("kvm: %w", err))
 		}
 	}
@@ -515,8 +548,11 @@ func (b *Backend) release(st *state) error {
 			errs = append(errs, fmt.Errorf("kvm: pid %d did not exit", p.PID))
 		}
 	}
-	if st.Cgroup != nil {
-		if err := st.Cgroup.Delete(); err != nil {
+	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.FSCgroup} {
+		if cg == nil {
+			continue
+		}
+		if err := cg.Delete(); err != nil {
 			errs = append(errs, fmt.Errorf("kvm: %w", err))
 		}
 	}

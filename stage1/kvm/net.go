@@ -61,12 +61,13 @@ func inNetNS(path string, fn func() error) error {
 
 // setupTap reads eth0 of the pod's network namespace, creates the tap
 // device name there (open on the returned file, which qemu inherits; the
-// device goes when the last holder closes it) and redirects every frame
+// device goes when the last holder closes it, unless persist, when it
+// stays until teardownTap and qemu opens it by name) and redirects every frame
 // arriving on either device out of the other with tc (ingress qdisc, u32
 // match-all filter, mirred egress redirect), as Kata Containers does. The
 // guest takes eth0's MAC and addresses, so the pod keeps the identity CNI
 // gave it.
-func setupTap(netnsPath, name string) (*netConfig, *os.File, error) {
+func setupTap(netnsPath, name string, persist bool) (*netConfig, *os.File, error) {
 	var nc *netConfig
 	var tap *os.File
 	err := inNetNS(netnsPath, func() error {
@@ -79,6 +80,11 @@ func setupTap(netnsPath, name string) (*netConfig, *os.File, error) {
 		}
 		if tap, err = openTap(name); err != nil {
 			return err
+		}
+		if persist {
+			if err := unix.IoctlSetInt(int(tap.Fd()), unix.TUNSETPERSIST, 1); err != nil {
+				return fmt.Errorf("tap %s: persist: %w", name, err)
+			}
 		}
 		t, err := netlink.LinkByName(name)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -87,8 +88,11 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
 		}
 	}
 	p.b.dropDialer(p.st.ctlSocket())
-	if p.st.Cgroup != nil {
-		if err := p.st.Cgroup.Kill(); err != nil {
+	for _, cg := range []*cgroups.Cgroup{p.st.Cgroup, p.st.FSCgroup} {
+		if cg == nil {
+			continue
+		}
+		if err := cg.Kill(); err != nil {
 			return fmt.Errorf("kvm: %w", err)
 		}
 	}
@@ -116,6 +120,20 @@ func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
 		return guest, err
 	}
 	host, herr := p.st.Cgroup.Stats()
+	if herr == nil && p.st.FSCgroup != nil {
+		// Under systemd, virtiofsd has a unit (and cgroup) of its own.
+		fs, err := p.st.FSCgroup.Stats()
+		if err != nil {
+			herr = err
+		} else {
+			host.CPUUsageNanos += fs.CPUUsageNanos
+			host.MemoryUsage += fs.MemoryUsage
+			host.MemoryWorkingSet += fs.MemoryWorkingSet
+			host.MemoryRSS += fs.MemoryRSS
+			host.PageFaults += fs.PageFaults
+			host.MajorPageFaults += fs.MajorPageFaults
+		}
+	}
 	if herr != nil {
 		if err != nil {
 			return nil, err

@@ -111,8 +111,10 @@ func kernelArgs(machine string) []string {
 	return args
 }
 
-// qemuArgs is the qemu command line of a pod's VM.
-func qemuArgs(t *tools, st *state, guest *agent.GuestConfig, withTap bool, podID string) []string {
+// qemuArgs is the qemu command line of a pod's VM. tap says how qemu finds
+// the pod's tap device: "" (no network), "fd" (inherited as tapFD) or
+// "name" (opened by its name in the network namespace qemu runs in).
+func qemuArgs(t *tools, st *state, guest *agent.GuestConfig, tap string, podID string) []string {
 	vm := st.VM
 	mem := strconv.Itoa(vm.MemoryMiB) + "M"
 	args := []string{
@@ -155,9 +157,13 @@ func qemuArgs(t *tools, st *state, guest *agent.GuestConfig, withTap bool, podID
 		"-device", dev("vhost-user-fs-device", "vhost-user-fs-pci")+",chardev=fs,tag="+fsTag,
 		"-device", dev("virtio-rng-device", "virtio-rng-pci")+",rng=rng",
 	)
-	if withTap {
+	if tap != "" {
+		netdev := "tap,id=net0,fd=" + strconv.Itoa(tapFD) + ",vhost=off"
+		if tap == "name" {
+			netdev = "tap,id=net0,ifname=" + st.Tap + ",script=no,downscript=no,vhost=off"
+		}
 		args = append(args,
-			"-netdev", "tap,id=net0,fd="+strconv.Itoa(tapFD)+",vhost=off",
+			"-netdev", netdev,
 			"-device", dev("virtio-net-device", "virtio-net-pci")+",netdev=net0,mac="+guest.MAC.String(),
 		)
 	}

@@ -101,13 +101,13 @@ func New(log *slog.Logger) *Backend {
 }
 
 // NewWithLauncher returns the nspawn backend starting systemd-nspawn with
-// l; nil means the host's default launcher (stage1.DefaultLauncher).
+// l; nil means the plain launcher (the cgroupfs driver).
 func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
 	if log == nil {
 		log = slog.Default()
 	}
 	if l == nil {
-		l = stage1.DefaultLauncher(log)
+		l = &stage1.PlainLauncher{Log: log}
 	}
 	return &Backend{log: log, launcher: l}
 }
@@ -191,7 +191,7 @@ func layout(spec *stage1.PodSpec) *state {
 		Mounts:   filepath.Join(spec.RunDir, "mounts"),
 		AgentDir: filepath.Join(spec.RunDir, "agent"),
 	}
-	if cg, err := podCgroup(spec); err == nil {
+	if cg, err := stage1.PodCgroup(spec); err == nil {
 		st.Cgroup = cg
 	}
 	if cg, err := systemdCgroup(spec); err == nil {
@@ -223,22 +223,6 @@ func machineName(id string) string {
 		}
 	}
 	return "stagelet-" + string(prefix) + "-" + hex.EncodeToString(sum[:8])
-}
-
-// podCgroup is the cgroup of a pod: "stagelet-pod-<id>" beneath the spec's
-// cgroup parent (beneath the daemon's own cgroup when empty).
-func podCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
-	var parent *cgroups.Cgroup
-	var err error
-	if spec.CgroupParent == "" {
-		parent, err = cgroups.Self()
-	} else {
-		parent, err = cgroups.Resolve(spec.CgroupParent)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return parent.Child("stagelet-pod-" + spec.ID), nil
 }
 
 // validate refuses what this backend cannot do.
@@ -349,7 +333,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("nspawn: systemd-nspawn is not installed: %v", err)
 	}
-	cg, err := podCgroup(spec)
+	cg, err := stage1.PodCgroup(spec)
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: pod cgroup: %w", err)
 	}
@@ -398,6 +382,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
 		Cgroup:  cg,
+		Slice:   stage1.PodSlice(spec),
 	}
 	if st.SystemdCgroup != nil {
 		launch = joinFirst(launch, st.SystemdCgroup)

@@ -1,0 +1,32 @@
+package stage1
+
+import (
+	"github.com/stagelet/stagelet/cgroups"
+)
+
+// PodCgroup is the cgroup a pod's host processes run in under the plain
+// launcher (the cgroupfs driver): "stagelet-pod-<id>" beneath
+// spec.CgroupParent, an absolute cgroup path or one relative to the
+// daemon's own (delegated) cgroup; see cgroups.Resolve. Under a
+// UnitLauncher the pod's processes run in their units' cgroups instead.
+func PodCgroup(spec *PodSpec) (*cgroups.Cgroup, error) {
+	parent := spec.CgroupParent
+	if parent == "" || ValidSlice(parent) {
+		parent = "."
+	}
+	p, err := cgroups.Resolve(parent)
+	if err != nil {
+		return nil, err
+	}
+	return p.Child("stagelet-pod-" + spec.ID), nil
+}
+
+// PodSlice is the systemd slice a UnitLauncher puts a pod's units in: the
+// pod's cgroup parent when it is a slice (the kubelet's systemd driver
+// names "kubepods-burstable-pod<uid>.slice"), else the launcher's own.
+func PodSlice(spec *PodSpec) string {
+	if ValidSlice(spec.CgroupParent) {
+		return spec.CgroupParent
+	}
+	return ""
+}
