@@ -1,0 +1,116 @@
+#!/bin/sh
+# Builds the node VM image that `make test-node` boots: a Debian 12 system
+# as a Kubernetes node runs one — systemd as PID 1 on a pure cgroup v2
+# hierarchy, with systemd-nspawn, the CNI plugins and iptables — as a raw
+# ext4 disk image plus the Debian kernel and initramfs that boot it under
+# qemu.
+#
+# Usage: scripts/node-image.sh [DIR]
+#   DIR defaults to $STAGELET_NODE_IMAGE_DIR, else
+#   /var/cache/stagelet-node/<key>, where <key> is a checksum of this
+#   script: an image is built once per version of the script and reused.
+#   MIRROR overrides the Debian mirror (default http://deb.debian.org/debian).
+# Prints the directory on its last line.
+#
+# The image holds no test and no stagelet binary: at boot the unit
+# stagelet-node-run.service mounts the disk labelled "payload" (made by
+# scripts/test-node.sh) read-only at /payload, runs /payload/run with its
+# output on the serial console and powers the VM off, whatever the result;
+# a disk without that label boots to a plain node.
+#
+# Needs root, debootstrap and e2fsprogs (mkfs.ext4 -d).
+set -eu
+
+self=$(readlink -f "$0")
+key=$(sha256sum "$self" | cut -c1-16)
+dir=${1:-${STAGELET_NODE_IMAGE_DIR:-/var/cache/stagelet-node/$key}}
+mirror=${MIRROR:-http://deb.debian.org/debian}
+
+if [ -f "$dir/.done" ]; then
+	echo "$dir"
+	exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+	echo "node-image: needs root" >&2
+	exit 1
+fi
+for tool in debootstrap mkfs.ext4; do
+	command -v "$tool" >/dev/null 2>&1 || {
+		echo "node-image: $tool is missing (scripts/install-deps.sh installs it)" >&2
+		exit 1
+	}
+done
+
+start=$(date +%s)
+tmp="$dir.partial"
+rm -rf --one-file-system "$tmp"
+mkdir -p "$tmp"
+tree="$tmp/tree"
+trap 'rm -rf --one-file-system "$tmp"' EXIT
+
+# What a node needs: systemd and D-Bus, the nspawn stage1, pod networking,
+# and what the conformance kit's driver calls (python3, xz, busybox).
+debootstrap --variant=minbase \
+	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps \
+	bookworm "$tree" "$mirror" >"$tmp/debootstrap.log" 2>&1 || {
+	tail -20 "$tmp/debootstrap.log" >&2
+	exit 1
+}
+
+echo stagelet-node >"$tree/etc/hostname"
+printf '127.0.0.1 localhost\n127.0.1.1 stagelet-node\n' >"$tree/etc/hosts"
+printf '/dev/vda / ext4 rw,relatime 0 1\n' >"$tree/etc/fstab"
+: >"$tree/etc/machine-id" # transient, made at each boot
+# A quick, quiet boot: no getty, no network configuration, no timers.
+for u in getty@.service serial-getty@.service console-getty.service \
+	systemd-networkd.service systemd-resolved.service systemd-timesyncd.service \
+	apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
+	man-db.timer dpkg-db-backup.timer logrotate.timer; do
+	ln -sf /dev/null "$tree/etc/systemd/system/$u"
+done
+mkdir -p "$tree/payload"
+cat >"$tree/etc/systemd/system/stagelet-node-run.service" <<'UNIT'
+[Unit]
+Description=Run the payload disk's /payload/run, then power off
+ConditionPathExists=/dev/disk/by-label/payload
+After=multi-user.target
+Requires=dev-disk-by\x2dlabel-payload.device
+After=dev-disk-by\x2dlabel-payload.device
+
+[Service]
+Type=oneshot
+ExecStartPre=/bin/mount -o ro /dev/disk/by-label/payload /payload
+ExecStart=/payload/run
+StandardOutput=journal+console
+StandardError=journal+console
+TimeoutStartSec=infinity
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+ln -sf /etc/systemd/system/stagelet-node-run.service \
+	"$tree/etc/systemd/system/multi-user.target.wants/stagelet-node-run.service"
+
+kernel=$(ls "$tree"/boot/vmlinuz-* | head -n1)
+initrd=$(ls "$tree"/boot/initrd.img-* | head -n1)
+[ -f "$kernel" ] && [ -f "$initrd" ] || {
+	echo "node-image: no kernel or initramfs in the tree" >&2
+	exit 1
+}
+cp "$kernel" "$tmp/vmlinuz"
+cp "$initrd" "$tmp/initrd.img"
+rm -rf "$tree"/var/cache/apt/archives/*.deb "$tree"/var/lib/apt/lists/*
+
+# A sparse 4 GiB disk: pods' images, layers and logs go on it.
+mkfs.ext4 -q -F -L node -d "$tree" "$tmp/root.img" 4G
+rm -rf --one-file-system "$tree"
+rm -f "$tmp/debootstrap.log"
+date -u +%Y-%m-%dT%H:%M:%SZ >"$tmp/.done"
+rm -rf --one-file-system "$dir"
+mkdir -p "$(dirname "$dir")"
+mv "$tmp" "$dir"
+trap - EXIT
+echo "node-image: built in $(($(date +%s) - start))s" >&2
+echo "$dir"
