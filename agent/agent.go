@@ -220,6 +220,8 @@ func (a *Agent) handle(req *api.Request) (*api.Response, error) {
 	case api.OpShutdown:
 		a.StopAll(req.Timeout)
 		return &api.Response{}, nil
+	case api.OpSysctl:
+		return &api.Response{}, setIPCSysctls(req.Sysctls, a.dir)
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
 }

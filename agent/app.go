@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -89,7 +91,24 @@ func validateSpec(s *api.AppSpec) error {
 	if s.AppArmorProfile != "" && !lsm.AppArmorEnabled() {
 		return errdefs.FailedPrecondition("app %s: AppArmor profile %s requested, but AppArmor is not enabled where the pod runs", s.ID, s.AppArmorProfile)
 	}
+	switch s.PIDNamespace {
+	case "", api.PIDNamespacePod, api.PIDNamespaceContainer:
+	case api.PIDNamespaceTarget:
+		if s.PIDTarget == "" || s.PIDTarget == s.ID {
+			return errdefs.InvalidArgument("app %s: PID namespace target %q", s.ID, s.PIDTarget)
+		}
+	default:
+		return errdefs.InvalidArgument("app %s: unknown PID namespace mode %q", s.ID, s.PIDNamespace)
+	}
+	for _, p := range append(slices.Clone(s.MaskedPaths), s.ReadonlyPaths...) {
+		if !filepath.IsAbs(p) {
+			return errdefs.InvalidArgument("app %s: masked or read-only path %q is not absolute", s.ID, p)
+		}
+	}
 	for _, m := range s.Mounts {
+		if m.RecursiveReadonly && (!m.Readonly || (m.Propagation != "" && m.Propagation != "private")) {
+			return errdefs.InvalidArgument("app %s: mount %s: recursive read-only needs readonly and private propagation", s.ID, m.Destination)
+		}
 		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Destination) {
 			return errdefs.InvalidArgument("app %s: mount %q on %q: paths must be absolute", s.ID, m.Source, m.Destination)
 		}
@@ -236,7 +255,15 @@ func (a *Agent) launch(ap *app) error {
 	if spec.PIDNamespace == api.PIDNamespaceContainer {
 		cloneflags |= syscall.CLONE_NEWPID
 	}
-	pr, err := a.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags})
+	spawn := func() (*child, error) {
+		return a.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags})
+	}
+	var pr *child
+	if spec.PIDNamespace == api.PIDNamespaceTarget {
+		pr, err = a.spawnInTarget(spec, spawn)
+	} else {
+		pr, err = spawn()
+	}
 	if err != nil {
 		lg.close()
 		return a.failEarly(ap, err)
@@ -286,6 +313,34 @@ func (a *Agent) launch(ap *app) error {
 		return herr
 	}
 	return nil
+}
+
+// spawnInTarget runs spawn so that the child lands in the PID namespace
+// of the app spec.PIDTarget, which must be running: FailedPrecondition
+// otherwise.
+func (a *Agent) spawnInTarget(spec *api.AppSpec, spawn func() (*child, error)) (*child, error) {
+	target, err := a.get(spec.PIDTarget)
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace: %v", spec.ID, spec.PIDTarget, err)
+	}
+	target.mu.Lock()
+	running, pid := target.st.State == api.StateRunning, target.st.PID
+	target.mu.Unlock()
+	if !running {
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running", spec.ID, spec.PIDTarget)
+	}
+	ns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running (%v)", spec.ID, spec.PIDTarget, err)
+	}
+	defer ns.Close()
+	var c *child
+	err = forkInPIDNamespace(ns, func() error {
+		var err error
+		c, err = spawn()
+		return err
+	})
+	return c, err
 }
 
 // failEarly records a start that failed before a process existed.

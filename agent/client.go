@@ -160,6 +160,13 @@ func (c *Client) ReopenLog(ctx context.Context, id string) error {
 	return err
 }
 
+// SetSysctls sets IPC sysctls in the pod's IPC namespace: InvalidArgument
+// for a name the IPC namespace does not isolate.
+func (c *Client) SetSysctls(ctx context.Context, sysctls map[string]string) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpSysctl, Sysctls: sysctls})
+	return err
+}
+
 // Stats returns an app's usage, or the pod's for id "".
 func (c *Client) Stats(ctx context.Context, id string) (*api.Stats, error) {
 	r, err := c.Call(ctx, &api.Request{Op: api.OpStats, ID: id})

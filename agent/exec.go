@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 )
@@ -58,14 +56,14 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 	if !running {
 		return nil, errdefs.FailedPrecondition("app %s is not running", id)
 	}
-	// Hold the app's root (and UTS namespace) open, then check the app's
-	// process still exists: its pid cannot have been reused yet.
-	root, err := os.OpenFile("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	// Hold the app's mount (and UTS) namespace open, then check the
+	// app's process still exists: its pid cannot have been reused yet.
+	mnt, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
 	}
-	defer root.Close()
-	extra := []*os.File{root}
+	defer mnt.Close()
+	extra := []*os.File{mnt}
 	if spec.Hostname != "" {
 		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
 		if err != nil {
@@ -80,7 +78,7 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 
 	spawn := func() (*child, error) { return a.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, extra...) }
 	var c *child
-	if spec.PIDNamespace == api.PIDNamespaceContainer {
+	if spec.PIDNamespace == api.PIDNamespaceContainer || spec.PIDNamespace == api.PIDNamespaceTarget {
 		pidns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
 		if err != nil {
 			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/moby/sys/capability"
 	"golang.org/x/sys/unix"
 
@@ -43,11 +44,11 @@ const (
 )
 
 // Files of a child: syncFD is its end of the sync socket; an exec child
-// also gets the app's root directory as rootFD and, when the app has its
+// also gets the app's mount namespace as mntFD and, when the app has its
 // own hostname, the app's UTS namespace as utsFD.
 const (
 	syncFD = 3
-	rootFD = 4
+	mntFD  = 4
 	utsFD  = 5
 )
 
@@ -132,27 +133,16 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow fun
 			}
 		}
 	case cmdExecInit:
-		// A multithreaded process cannot join a mount namespace; the
-		// app's root directory (its mounts beneath it included) is
-		// entered with chroot instead. That root is the root mount of
-		// the app's namespace (pivot_root): ".." from it leads nowhere,
-		// so the classic chroot escape ends inside the app.
 		if spec.JoinUTS {
 			if err := unix.Setns(utsFD, unix.CLONE_NEWUTS); err != nil {
 				return fmt.Errorf("join uts namespace: %w", err)
 			}
 			unix.Close(utsFD)
 		}
-		if err := unix.Fchdir(rootFD); err != nil {
-			return failedPrecondition(fmt.Errorf("enter the app's root: %w", err))
+		if err := joinMountNS(mntFD); err != nil {
+			return failedPrecondition(fmt.Errorf("enter the app's mount namespace: %w", err))
 		}
-		unix.Close(rootFD)
-		if err := unix.Chroot("."); err != nil {
-			return failedPrecondition(fmt.Errorf("enter the app's root: %w", err))
-		}
-		if err := unix.Chdir("/"); err != nil {
-			return err
-		}
+		unix.Close(mntFD)
 	default:
 		return fmt.Errorf("unknown child command %q", cmd)
 	}
@@ -214,6 +204,25 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow fun
 	}
 	err = unix.Exec(path, spec.Args, env)
 	return failedPrecondition(fmt.Errorf("exec %s: %w", spec.Args[0], err))
+}
+
+// joinMountNS moves the calling thread into the mount namespace fd, whose
+// root and working directory it then has ("/" of the app after its
+// pivot_root), so that the command sees the app's mounts and its own
+// mounts go where the app's do (propagation included). The kernel lets
+// only a task that shares its file system attributes with no other join a
+// mount namespace: the Go runtime's threads share them, so this thread
+// first takes its own copy (unshare CLONE_FS). The thread is locked and
+// execs next; the runtime starts new threads from a template thread, not
+// from this one.
+func joinMountNS(fd int) error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare CLONE_FS: %w", err)
+	}
+	if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("setns: %w", err)
+	}
+	return unix.Chdir("/")
 }
 
 // compileSeccomp compiles the app's system call filter; nil when it has
@@ -357,6 +366,27 @@ func applyCreds(app *api.AppSpec, warn func(string, ...any)) error {
 // setupRoot builds the app's root in the fresh mount namespace and pivots
 // into it.
 func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
+	// A bidirectional (rshared) mount must be a peer of its source's
+	// mount, so that the app's mounts beneath it reach the source's
+	// other peers (the host's). This fresh namespace's copies of shared
+	// mounts are such peers: clone the sources now, before / turns
+	// rslave below and the copies with it.
+	shared := map[int]int{}
+	defer func() {
+		for _, fd := range shared {
+			unix.Close(fd)
+		}
+	}()
+	for i, m := range app.Mounts {
+		if m.Propagation != "rshared" {
+			continue
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, m.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return failedPrecondition(fmt.Errorf("mount %s: clone its source %s: %w", m.Destination, m.Source, err))
+		}
+		shared[i] = fd
+	}
 	// Nothing mounted from here on propagates back to the agent's namespace.
 	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("make / rslave: %w", err)
@@ -395,13 +425,19 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 	} else if err := setupDev(rootfs, app.SELinuxMountLabel, warn); err != nil {
 		return err
 	}
-	for _, m := range app.Mounts {
-		if err := bindMount(rootfs, m); err != nil {
+	for i, m := range app.Mounts {
+		tree, ok := shared[i]
+		if !ok {
+			tree = -1
+		}
+		if err := bindMount(rootfs, m, tree); err != nil {
 			return err
 		}
 	}
 	if !app.Privileged {
-		maskPaths(rootfs, app.SELinuxMountLabel, warn)
+		if err := maskPaths(app, rootfs); err != nil {
+			return err
+		}
 	}
 	if err := pivotRoot(rootfs); err != nil {
 		return err
@@ -468,7 +504,10 @@ func setupDev(rootfs, mountLabel string, warn func(string, ...any)) error {
 
 // bindMount binds m.Source onto m.Destination inside rootfs, then applies
 // read-only and propagation.
-func bindMount(rootfs string, m api.Mount) error {
+//
+// tree, unless -1, is a detached clone of the source (open_tree) to attach
+// instead of binding the source, keeping its peer group (rshared).
+func bindMount(rootfs string, m api.Mount, tree int) error {
 	st, err := os.Stat(m.Source)
 	if err != nil {
 		return failedPrecondition(fmt.Errorf("mount source: %w", err))
@@ -484,10 +523,21 @@ func bindMount(rootfs string, m api.Mount) error {
 		return &childError{code: api.CodeInvalidArgument, err: fmt.Errorf("mount %s: unknown propagation %q", m.Destination, m.Propagation)}
 	}
 	steps := []func(string) error{func(t string) error {
+		if tree >= 0 {
+			// t is a /proc/self/fd link to the target, to follow.
+			return unix.MoveMount(tree, "", unix.AT_FDCWD, t, unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_SYMLINKS)
+		}
 		return unix.Mount(m.Source, t, "", unix.MS_BIND|unix.MS_REC, "")
 	}}
 	if m.Readonly {
-		steps = append(steps, func(t string) error { return remountReadonly(t, true) })
+		// Read-only covers the bound mount; the mounts beneath it only
+		// when asked (recursive read-only, which has no fallback).
+		steps = append(steps, func(t string) error {
+			if m.RecursiveReadonly {
+				return recursiveReadonly(t)
+			}
+			return remountReadonly(t, false)
+		})
 	}
 	steps = append(steps, func(t string) error {
 		return unix.Mount("", t, "", prop|unix.MS_REC, "")
@@ -519,50 +569,91 @@ func remountReadonly(path string, recursive bool) error {
 	return nil
 }
 
-// Paths hidden from unprivileged apps, and paths made read-only, as other
-// container runtimes do.
+// recursiveReadonly makes the mount at path and every mount beneath it
+// read-only; kernels without mount_setattr (before 5.12) cannot, and get
+// an error rather than a mount that is writable underneath.
+func recursiveReadonly(path string) error {
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if err := unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_RECURSIVE, attr); err != nil {
+		return &childError{code: api.CodeFailedPrecondition, err: fmt.Errorf("recursive read-only mount: mount_setattr: %w", err)}
+	}
+	return nil
+}
+
+// DefaultMaskedPaths and DefaultReadonlyPaths are what an unprivileged
+// app gets when its spec names none, as other container runtimes do.
 var (
-	maskedPaths = []string{
+	DefaultMaskedPaths = []string{
 		"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
 		"/sys/firmware", "/sys/devices/virtual/powercap",
 	}
-	readonlyPaths = []string{
+	DefaultReadonlyPaths = []string{
 		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 	}
 )
 
-// maskPaths applies maskedPaths and readonlyPaths beneath rootfs; a path
-// the kernel does not have is skipped.
-func maskPaths(rootfs, mountLabel string, warn func(string, ...any)) {
-	for _, p := range maskedPaths {
-		full := filepath.Join(rootfs, p) // inside fresh proc/sys mounts
-		st, err := os.Lstat(full)
+// maskPaths hides the app's masked paths and makes its read-only paths
+// read-only, beneath rootfs (paths resolved inside it); a path the root
+// does not have is skipped. A path that exists but cannot be masked is an
+// error: the app would see what it was promised not to.
+func maskPaths(app *api.AppSpec, rootfs string) error {
+	masked, readonly := app.MaskedPaths, app.ReadonlyPaths
+	if masked == nil {
+		masked = DefaultMaskedPaths
+	}
+	if readonly == nil {
+		readonly = DefaultReadonlyPaths
+	}
+	for _, p := range masked {
+		err := atExisting(rootfs, p, func(dir bool) []func(string) error {
+			if dir {
+				return []func(string) error{func(t string) error {
+					return unix.Mount("tmpfs", t, "tmpfs", unix.MS_RDONLY, lsm.MountData("size=0", app.SELinuxMountLabel))
+				}}
+			}
+			return []func(string) error{func(t string) error { return unix.Mount("/dev/null", t, "", unix.MS_BIND, "") }}
+		})
 		if err != nil {
-			continue
-		}
-		if st.IsDir() {
-			err = unix.Mount("tmpfs", full, "tmpfs", unix.MS_RDONLY, lsm.MountData("size=0", mountLabel))
-		} else {
-			err = unix.Mount("/dev/null", full, "", unix.MS_BIND, "")
-		}
-		if err != nil {
-			warn("mask %s: %v", p, err)
+			return fmt.Errorf("mask %s: %w", p, err)
 		}
 	}
-	for _, p := range readonlyPaths {
-		full := filepath.Join(rootfs, p)
-		if _, err := os.Lstat(full); err != nil {
-			continue
-		}
-		err := unix.Mount(full, full, "", unix.MS_BIND|unix.MS_REC, "")
-		if err == nil {
-			err = remountReadonly(full, true)
-		}
+	for _, p := range readonly {
+		err := atExisting(rootfs, p, func(bool) []func(string) error {
+			// Each step opens the path anew: the second one reaches the
+			// bind the first one made.
+			return []func(string) error{
+				func(t string) error { return unix.Mount(t, t, "", unix.MS_BIND|unix.MS_REC, "") },
+				func(t string) error { return remountReadonly(t, true) },
+			}
+		})
 		if err != nil {
-			warn("read-only %s: %v", p, err)
+			return fmt.Errorf("read-only %s: %w", p, err)
 		}
 	}
+	return nil
+}
+
+// atExisting runs the steps for the target p resolves to inside rootfs,
+// when it exists, each on the path opened anew; steps is told whether the
+// target is a directory.
+func atExisting(rootfs, p string, steps func(dir bool) []func(string) error) error {
+	full, err := securejoin.SecureJoin(rootfs, p)
+	if err != nil {
+		return err
+	}
+	st, err := os.Lstat(full)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	for _, step := range steps(st.IsDir()) {
+		if err := atTarget(rootfs, full, step); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pivotRoot makes rootfs the root and detaches the old one.

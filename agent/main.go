@@ -21,10 +21,11 @@ import (
 
 // Main runs `stagelet agent ARGS` and returns the process exit code:
 //
-//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D] [--netns PATH]
+//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D] [--netns PATH] [--private-ipc]
 //
 // With --netns the agent first re-executes itself inside that network
-// namespace, so that it and every app it starts live there.
+// namespace, with --private-ipc inside a new IPC namespace, so that it and
+// every app it starts live there.
 // serves the agent protocol on a unix socket (mode 0600; a stale socket is
 // replaced) until OpShutdown or SIGTERM/SIGINT (both stop every app first),
 // then returns 0. As PID 1 it mounts /proc if missing and makes its own
@@ -50,13 +51,14 @@ func Main(args []string) int {
 	level := fset.String("log-level", "info", "log level: debug, info, warn, error")
 	stopTimeout := fset.Duration("shutdown-timeout", 10*time.Second, "how long apps get between SIGTERM and SIGKILL when the agent is terminated by a signal")
 	netns := fset.String("netns", "", "network namespace to run in (a bind-mounted netns file); the agent re-executes itself inside it")
+	privateIPC := fset.Bool("private-ipc", false, "run in a new IPC namespace (the agent re-executes itself in it): for a pod that does not share the host's")
 	if err := fset.Parse(args); err != nil {
 		return 2
 	}
-	if *netns != "" {
+	if *netns != "" || *privateIPC {
 		// Does not return on success.
-		err := reexecInNetNS(*netns, args)
-		fmt.Fprintf(os.Stderr, "stagelet agent: --netns %s: %v\n", *netns, err)
+		err := reexecInNamespaces(*netns, *privateIPC, args)
+		fmt.Fprintf(os.Stderr, "stagelet agent: --netns %q --private-ipc=%v: %v\n", *netns, *privateIPC, err)
 		return 1
 	}
 	if *socket == "" || *stateDir == "" || fset.NArg() != 0 {

@@ -32,6 +32,7 @@ const (
 	OpReopenLog = "reopenlog" // Request.ID
 	OpStats     = "stats"     // Request.ID ("" = the whole pod) -> Response.Stats
 	OpShutdown  = "shutdown"  // Request.Timeout: stop every app, then the agent exits
+	OpSysctl    = "sysctl"    // Request.Sysctls: IPC sysctls, set in the pod's IPC namespace
 )
 
 // Request is one call to the agent.
@@ -42,6 +43,9 @@ type Request struct {
 	Signal  int           `json:"signal,omitempty"`
 	Timeout time.Duration `json:"timeout,omitempty"` // 0 means none
 	Cmd     []string      `json:"cmd,omitempty"`
+	// Sysctls are name → value ("kernel.shm_rmid_forced" or
+	// "kernel/shm_rmid_forced"); only those the IPC namespace isolates.
+	Sysctls map[string]string `json:"sysctls,omitempty"`
 }
 
 // Error classes carried in Response.Code; the client maps them back to
@@ -82,6 +86,9 @@ type Mount struct {
 	Readonly    bool   `json:"readonly,omitempty"`
 	// Propagation: "private" (default), "rslave" or "rshared".
 	Propagation string `json:"propagation,omitempty"`
+	// RecursiveReadonly: with Readonly, the mounts beneath the source
+	// are read-only too; Readonly alone makes the top mount read-only.
+	RecursiveReadonly bool `json:"recursiveReadonly,omitempty"`
 }
 
 // Resources are the app's cgroup limits; zero means unlimited/default.
@@ -138,8 +145,19 @@ type AppSpec struct {
 
 	// PIDNamespace: "" or "pod" runs the app in the pod's PID namespace
 	// (the agent's); "container" gives it one of its own, where it is
-	// PID 1 and exec'd commands join it.
+	// PID 1 and exec'd commands join it; "target" runs it in the PID
+	// namespace of the app PIDTarget (which must be running), as
+	// kubectl debug --target asks.
 	PIDNamespace string `json:"pidNamespace,omitempty"`
+	PIDTarget    string `json:"pidTarget,omitempty"`
+
+	// MaskedPaths are hidden from the app (an empty read-only tmpfs on a
+	// directory, /dev/null on a file), ReadonlyPaths made read-only;
+	// nil means the agent's defaults (DefaultMaskedPaths,
+	// DefaultReadonlyPaths). A path the root does not have is skipped.
+	// Privileged apps get neither.
+	MaskedPaths   []string `json:"maskedPaths,omitempty"`
+	ReadonlyPaths []string `json:"readonlyPaths,omitempty"`
 
 	// LogPath is where the app's stdout/stderr go in CRI log format;
 	// empty means discard.
@@ -151,6 +169,7 @@ type AppSpec struct {
 const (
 	PIDNamespacePod       = "pod"
 	PIDNamespaceContainer = "container"
+	PIDNamespaceTarget    = "target"
 )
 
 // App states.
