@@ -36,6 +36,33 @@ func validateContainerConfig(c *ContainerConfig) error {
 		if !filepath.IsAbs(m.HostPath) {
 			return errdefs.InvalidArgument("config.mounts[%d].host_path: %q must be an absolute path", i, m.HostPath)
 		}
+		if m.RecursiveReadonly {
+			// As the kubelet and containerd define it: a recursively
+			// read-only mount is read-only and propagates nothing.
+			if !m.Readonly {
+				return errdefs.InvalidArgument("config.mounts[%d]: recursive_read_only needs readonly", i)
+			}
+			if m.Propagation != "" && m.Propagation != "private" {
+				return errdefs.InvalidArgument("config.mounts[%d]: recursive_read_only needs private propagation, not %s", i, m.Propagation)
+			}
+		}
+	}
+	sec := &c.Security
+	if sec.RunAsGroup != nil && sec.RunAsUser == nil && sec.RunAsUsername == "" {
+		return errdefs.InvalidArgument("config.linux.security_context.run_as_group: given without run_as_user or run_as_username")
+	}
+	for _, list := range []struct {
+		field string
+		paths []string
+	}{{"masked_paths", sec.MaskedPaths}, {"readonly_paths", sec.ReadonlyPaths}} {
+		for _, p := range list.paths {
+			if !filepath.IsAbs(p) {
+				return errdefs.InvalidArgument("config.linux.security_context.%s: %q must be an absolute path", list.field, p)
+			}
+		}
+	}
+	if sec.PIDMode == PIDModeTarget && sec.PIDTarget == "" {
+		return errdefs.InvalidArgument("config.linux.security_context.namespace_options: pid TARGET without target_id")
 	}
 	if filepath.IsAbs(c.LogPath) || strings.Contains(c.LogPath, "..") {
 		return errdefs.InvalidArgument("config.log_path: %q must be relative to the pod's log directory", c.LogPath)
@@ -202,7 +229,16 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	}
 	b.mu.Lock()
 	podCfg := p.rec.Config
+	var target *ContainerRecord
+	if t := rec.Config.Security.PIDTarget; t != "" {
+		if tc, ok := b.ctrs[t]; ok && tc.rec.PodID == rec.PodID {
+			target = tc.rec
+		}
+	}
 	b.mu.Unlock()
+	if rec.Config.Security.PIDMode == PIDModeTarget && target == nil {
+		return errdefs.NotFound("config.linux.security_context.namespace_options.target_id: container %q is not in pod sandbox %s", rec.Config.Security.PIDTarget, rec.PodID)
+	}
 	app, err := buildAppSpec(rec.ID, &podCfg, &rec.Config, img, rootfs)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -93,6 +94,8 @@ type fakePod struct {
 	lists int  // ListContainers calls
 	apps  map[string]*api.AppStatus
 	specs map[string]*api.AppSpec
+	// sysctls are those SetSysctls was given.
+	sysctls map[string]string
 }
 
 func (p *fakePod) isAlive() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.alive }
@@ -212,6 +215,12 @@ func (p *fakePod) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	return &api.ExecResult{Stdout: []byte(fmt.Sprint(cmd))}, nil
 }
 func (p *fakePod) ReopenLog(ctx context.Context, id string) error { return nil }
+func (p *fakePod) SetSysctls(ctx context.Context, sysctls map[string]string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sysctls = maps.Clone(sysctls)
+	return nil
+}
 func (p *fakePod) Stats(ctx context.Context, id string) (*api.Stats, error) {
 	return &api.Stats{Timestamp: time.Now(), CPUUsageNanos: 1}, nil
 }

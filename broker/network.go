@@ -58,12 +58,26 @@ func checkSysctls(c *PodConfig) error {
 				return errdefs.InvalidArgument("config.linux.sysctls: %q would change the host's network settings (the pod uses the host network)", k)
 			}
 		case network.SysctlIPC:
-			return errdefs.New(errdefs.ErrUnimplemented, "config.linux.sysctls: %q: IPC sysctls are not supported yet", k)
+			if c.HostIPC {
+				return errdefs.InvalidArgument("config.linux.sysctls: %q would change the host's IPC settings (the pod uses the host's IPC namespace)", k)
+			}
 		default:
 			return errdefs.InvalidArgument("config.linux.sysctls: %q is not namespaced: it would change the whole node", k)
 		}
 	}
 	return nil
+}
+
+// sysctlsOf are the pod's sysctls the namespace ns (network.SysctlNet,
+// network.SysctlIPC) isolates.
+func sysctlsOf(c *PodConfig, ns string) map[string]string {
+	out := map[string]string{}
+	for k, v := range c.Sysctls {
+		if network.SysctlNamespace(k) == ns {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // setupNetwork gives a pod that does not use the host network its own
@@ -89,8 +103,8 @@ func (b *Broker) setupNetwork(ctx context.Context, rec *PodRecord) error {
 	if _, err := b.opts.Network.NewNetNS(rec.ID); err != nil {
 		return fmt.Errorf("pod netns: %w", err)
 	}
-	if len(rec.Config.Sysctls) > 0 {
-		if err := network.ApplySysctls(rec.NetNS, rec.Config.Sysctls); err != nil {
+	if net := sysctlsOf(&rec.Config, network.SysctlNet); len(net) > 0 {
+		if err := network.ApplySysctls(rec.NetNS, net); err != nil {
 			return err
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -205,6 +206,36 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		Options:      rec.Options,
 		Resources:    podResources(c.Resources),
 		AgentBinary:  b.opts.AgentBinary,
+		FailedLogDir: b.failedLogDir(),
+	}
+}
+
+// failedLogDir keeps the backends' logs of pods that failed to start.
+func (b *Broker) failedLogDir() string { return filepath.Join(b.opts.RunDir, "failed-pods") }
+
+// keepFailedLogs is how many logs of failed pods failedLogDir keeps.
+const keepFailedLogs = 32
+
+// pruneFailedLogs removes all but the newest keepFailedLogs files of
+// failedLogDir.
+func (b *Broker) pruneFailedLogs() {
+	ents, err := os.ReadDir(b.failedLogDir())
+	if err != nil || len(ents) <= keepFailedLogs {
+		return
+	}
+	type file struct {
+		name string
+		mod  time.Time
+	}
+	var files []file
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			files = append(files, file{e.Name(), fi.ModTime()})
+		}
+	}
+	slices.SortFunc(files, func(a, b file) int { return b.mod.Compare(a.mod) })
+	for _, f := range files[min(keepFailedLogs, len(files)):] {
+		os.Remove(filepath.Join(b.failedLogDir(), f.name))
 	}
 }
 
@@ -231,6 +262,7 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 		}
 		os.RemoveAll(rec.RunDir)
 		b.rec.deletePod(rec.ID)
+		b.pruneFailedLogs()
 	}()
 	if err := os.MkdirAll(rec.RunDir, 0o700); err != nil {
 		return err
@@ -252,6 +284,14 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	h, err := be.StartPod(ctx, spec, persist)
 	if err != nil {
 		return fmt.Errorf("stage1 %s: start pod: %w", be.Name(), err)
+	}
+	if ipc := sysctlsOf(&rec.Config, network.SysctlIPC); len(ipc) > 0 {
+		// In the pod's IPC namespace, which the agent runs in; before
+		// any container can start.
+		if err := h.SetSysctls(ctx, ipc); err != nil {
+			h.Stop(context.WithoutCancel(ctx), 0)
+			return fmt.Errorf("config.linux.sysctls: %w", err)
+		}
 	}
 	b.mu.Lock()
 	p.handle = h

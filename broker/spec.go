@@ -181,10 +181,11 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 	var mounts []api.Mount
 	for _, m := range cfg.Mounts {
 		mounts = append(mounts, api.Mount{
-			Source:      m.HostPath,
-			Destination: m.ContainerPath,
-			Readonly:    m.Readonly,
-			Propagation: m.Propagation,
+			Source:            m.HostPath,
+			Destination:       m.ContainerPath,
+			Readonly:          m.Readonly,
+			Propagation:       m.Propagation,
+			RecursiveReadonly: m.RecursiveReadonly,
 		})
 	}
 	logPath := ""
@@ -203,6 +204,8 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 		if !pod.HostPID {
 			return nil, errdefs.InvalidArgument("config.linux.security_context.namespace_options.pid: NODE, but the pod sandbox does not share the host's PID namespace")
 		}
+	case PIDModeTarget:
+		pidns = api.PIDNamespaceTarget
 	}
 	// Last: where SELinux is enabled, the labels reserve an MCS level that
 	// the container's removal gives back.
@@ -235,6 +238,9 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 			OOMScoreAdj: int(r.OOMScoreAdj),
 		},
 		PIDNamespace:        pidns,
+		PIDTarget:           sec.PIDTarget,
+		MaskedPaths:         slices.Clone(sec.MaskedPaths),
+		ReadonlyPaths:       slices.Clone(sec.ReadonlyPaths),
 		Seccomp:             lsmSec.seccomp,
 		SeccompProfile:      lsmSec.seccompProfile,
 		SELinuxProcessLabel: lsmSec.seLinuxProcess,

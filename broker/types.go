@@ -64,6 +64,9 @@ type Mount struct {
 	SelinuxRelabel bool   `json:"selinuxRelabel,omitempty"`
 	// Propagation: "private", "rslave" or "rshared".
 	Propagation string `json:"propagation,omitempty"`
+	// RecursiveReadonly makes the mounts beneath a read-only mount
+	// read-only too; Readonly alone covers the top mount only.
+	RecursiveReadonly bool `json:"recursiveReadonly,omitempty"`
 }
 
 // Resources are a container's limits (CRI LinuxContainerResources).
@@ -111,7 +114,10 @@ type Security struct {
 	NoNewPrivs         bool    `json:"noNewPrivs,omitempty"`
 	// PIDMode is the container's PID namespace: "container" (its own),
 	// "pod" (shared with the pod's containers) or "node" (the host's).
-	PIDMode          string   `json:"pidMode,omitempty"`
+	PIDMode string `json:"pidMode,omitempty"`
+	// PIDTarget is the container whose PID namespace PIDMode "target"
+	// joins (kubectl debug --target).
+	PIDTarget        string   `json:"pidTarget,omitempty"`
 	AddCapabilities  []string `json:"addCapabilities,omitempty"`
 	DropCapabilities []string `json:"dropCapabilities,omitempty"`
 	// Seccomp and AppArmor are the profiles asked for; SELinux the parts
@@ -119,6 +125,11 @@ type Security struct {
 	Seccomp  SecurityProfile `json:"seccomp,omitzero"`
 	AppArmor SecurityProfile `json:"apparmor,omitzero"`
 	SELinux  *SELinuxOptions `json:"selinux,omitempty"`
+	// MaskedPaths and ReadonlyPaths are what the kubelet asks to hide and
+	// to make read-only; nil means the runtime's defaults. Privileged
+	// containers get neither.
+	MaskedPaths   []string `json:"maskedPaths,omitempty"`
+	ReadonlyPaths []string `json:"readonlyPaths,omitempty"`
 }
 
 // ContainerMetadata identifies a container within its pod.
@@ -158,6 +169,7 @@ const (
 	PIDModeContainer = "container"
 	PIDModePod       = "pod"
 	PIDModeNode      = "node"
+	PIDModeTarget    = "target"
 )
 
 // Container states.

@@ -62,11 +62,12 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 	}
 	for _, m := range c.GetMounts() {
 		cc.Mounts = append(cc.Mounts, broker.Mount{
-			ContainerPath:  m.GetContainerPath(),
-			HostPath:       m.GetHostPath(),
-			Readonly:       m.GetReadonly(),
-			SelinuxRelabel: m.GetSelinuxRelabel(),
-			Propagation:    propagation(m.GetPropagation()),
+			ContainerPath:     m.GetContainerPath(),
+			HostPath:          m.GetHostPath(),
+			Readonly:          m.GetReadonly(),
+			SelinuxRelabel:    m.GetSelinuxRelabel(),
+			Propagation:       propagation(m.GetPropagation()),
+			RecursiveReadonly: m.GetRecursiveReadOnly(),
 		})
 	}
 	if len(c.GetDevices()) > 0 {
@@ -106,7 +107,11 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 				case runtimeapi.NamespaceMode_NODE:
 					sec.PIDMode = broker.PIDModeNode
 				case runtimeapi.NamespaceMode_TARGET:
-					return nil, errdefs.New(errdefs.ErrUnimplemented, "config.linux.security_context.namespace_options.pid: TARGET (sharing another container's PID namespace) is not supported yet")
+					if ns.GetTargetId() == "" {
+						return nil, errdefs.InvalidArgument("config.linux.security_context.namespace_options: pid TARGET without target_id")
+					}
+					sec.PIDMode = broker.PIDModeTarget
+					sec.PIDTarget = ns.GetTargetId()
 				}
 			}
 			if caps := sc.GetCapabilities(); caps != nil {
@@ -120,6 +125,8 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 			if sec.AppArmor, err = securityProfile("apparmor", sc.GetApparmor(), sc.GetApparmorProfile(), false); err != nil {
 				return nil, err
 			}
+			sec.MaskedPaths = sc.GetMaskedPaths()
+			sec.ReadonlyPaths = sc.GetReadonlyPaths()
 			if o := sc.GetSelinuxOptions(); o != nil {
 				sec.SELinux = &broker.SELinuxOptions{User: o.GetUser(), Role: o.GetRole(), Type: o.GetType(), Level: o.GetLevel()}
 			}
@@ -282,11 +289,12 @@ func (s *Server) ContainerStatus(ctx context.Context, r *runtimeapi.ContainerSta
 	}
 	for _, m := range c.Mounts {
 		st.Mounts = append(st.Mounts, &runtimeapi.Mount{
-			ContainerPath:  m.ContainerPath,
-			HostPath:       m.HostPath,
-			Readonly:       m.Readonly,
-			SelinuxRelabel: m.SelinuxRelabel,
-			Propagation:    fromPropagation(m.Propagation),
+			ContainerPath:     m.ContainerPath,
+			HostPath:          m.HostPath,
+			Readonly:          m.Readonly,
+			SelinuxRelabel:    m.SelinuxRelabel,
+			Propagation:       fromPropagation(m.Propagation),
+			RecursiveReadOnly: m.RecursiveReadonly,
 		})
 	}
 	if rec.App != nil {

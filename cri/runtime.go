@@ -40,11 +40,16 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 		netCond,
 	}
 	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: conds}}
+	// Every stage1's agent makes read-only mounts recursively read-only
+	// with mount_setattr when asked.
+	features := func() *runtimeapi.RuntimeHandlerFeatures {
+		return &runtimeapi.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: true}
+	}
 	for _, h := range s.b.Handlers() {
-		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: h, Features: &runtimeapi.RuntimeHandlerFeatures{}})
+		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: h, Features: features()})
 	}
 	// The empty handler: the node default, as the kubelet expects.
-	resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: "", Features: &runtimeapi.RuntimeHandlerFeatures{}})
+	resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: "", Features: features()})
 	if r.GetVerbose() {
 		counts, _ := json.Marshal(s.b.DecisionCounts())
 		pol := s.b.Policy()

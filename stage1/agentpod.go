@@ -74,6 +74,12 @@ func (p *AgentPod) StartContainer(ctx context.Context, id string) (*api.AppStatu
 	return p.Client.Start(ctx, id)
 }
 
+// SetSysctls sets IPC sysctls through the agent, which runs in the pod's
+// IPC namespace.
+func (p *AgentPod) SetSysctls(ctx context.Context, sysctls map[string]string) error {
+	return p.Client.SetSysctls(ctx, sysctls)
+}
+
 // StopContainer sends SIGTERM, waits up to timeout, then SIGKILL; an
 // exited app is returned as it is.
 func (p *AgentPod) StopContainer(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error) {

@@ -72,6 +72,10 @@ type PodSpec struct {
 	Resources PodResources
 	// AgentBinary is the stagelet binary to run as the pod's agent.
 	AgentBinary string
+	// FailedLogDir is where a backend keeps what explains a pod that
+	// failed to start (its launcher's log, as <ID>-<what>.log): RunDir
+	// goes with the failed pod. Empty: nothing is kept.
+	FailedLogDir string
 }
 
 // PodResources are a pod's total limits.
@@ -137,6 +141,10 @@ type Pod interface {
 	ReopenLog(ctx context.Context, id string) error
 	// Stats of one container, or of the whole pod for id "".
 	Stats(ctx context.Context, id string) (*api.Stats, error)
+	// SetSysctls sets sysctls the pod's IPC namespace isolates
+	// (kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*) there, before
+	// any container starts. InvalidArgument for any other name.
+	SetSysctls(ctx context.Context, sysctls map[string]string) error
 
 	// Stop stops every app (SIGTERM, timeout, SIGKILL) and the pod's
 	// isolation. Idempotent. The pod's host resources stay until
