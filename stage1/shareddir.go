@@ -28,6 +28,13 @@ import (
 type SharedDir struct {
 	// Host is the directory on the host; InPod is where the agent sees it.
 	Host, InPod string
+	// BindShared places the source of a bidirectional (rshared) mount at
+	// a host path beneath Host, which exists (a directory or a file like
+	// the source), so that the agent sees it there as a peer of the
+	// source's mount: a bind through the propagating directory arrives
+	// as a slave, which propagates nothing back. Nil: the pod cannot
+	// have such mounts (InvalidArgument).
+	BindShared func(src, host string) error
 }
 
 // Prepare creates the directory and makes it a shared mount point (a bind
@@ -136,7 +143,19 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *ContainerSpec, exist
 				return nil, errdefs.InvalidArgument("container %s: mount source %q is not absolute", spec.ID, m.Source)
 			}
 			target := filepath.Join(dir, "m"+strconv.Itoa(i))
-			if err := Bind(m.Source, target); err != nil {
+			bind := Bind
+			if m.Propagation == "rshared" {
+				if d.BindShared == nil {
+					return nil, errdefs.InvalidArgument("container %s: mount %s: bidirectional mount propagation cannot reach this pod", spec.ID, m.Destination)
+				}
+				bind = func(src, dst string) error {
+					if err := makeTarget(src, dst); err != nil {
+						return err
+					}
+					return d.BindShared(src, dst)
+				}
+			}
+			if err := bind(m.Source, target); err != nil {
 				return nil, fmt.Errorf("container %s: mount %s: %w", spec.ID, m.Destination, err)
 			}
 			inPod.Mounts[i].Source = target
@@ -251,25 +270,29 @@ func RemoveUnmounted(dir string) error {
 // Bind binds src (recursively) onto dst, creating dst as a directory or an
 // empty file to match src.
 func Bind(src, dst string) error {
-	fi, err := os.Stat(src)
-	if err != nil {
-		return errdefs.FailedPrecondition("mount source: %v", err)
-	}
-	if fi.IsDir() {
-		if err := os.MkdirAll(dst, 0o755); err != nil {
-			return err
-		}
-	} else {
-		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			return err
-		}
-		f.Close()
+	if err := makeTarget(src, dst); err != nil {
+		return err
 	}
 	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
 	}
 	return nil
+}
+
+// makeTarget creates dst as a directory or an empty file to match src.
+func makeTarget(src, dst string) error {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return errdefs.FailedPrecondition("mount source: %v", err)
+	}
+	if fi.IsDir() {
+		return os.MkdirAll(dst, 0o755)
+	}
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // SharedDirPod is an AgentPod whose containers reach the pod through a
@@ -278,6 +301,13 @@ func Bind(src, dst string) error {
 type SharedDirPod struct {
 	AgentPod
 	Dir SharedDir
+	// UnbindSourcesOnStart undoes the host-side binds of a container's
+	// mount sources once it started: the app holds its own mounts in its
+	// own namespace by then, and a bind left in the host's namespace
+	// would keep the host from removing a volume's mount points (EBUSY)
+	// while the container runs, where runc's containers do not. Not for
+	// a pod that reaches the binds through a file server (a VM).
+	UnbindSourcesOnStart bool
 }
 
 // NewSharedDirPod returns a SharedDirPod talking through c.
@@ -303,6 +333,46 @@ func (p *SharedDirPod) CreateContainer(ctx context.Context, spec *ContainerSpec)
 		return nil, err
 	}
 	return st, nil
+}
+
+// StartContainer implements Pod: the agent starts the app; with
+// UnbindSourcesOnStart the host-side binds of its mount sources are then
+// undone (a failure to is logged by the caller's error only if the start
+// itself worked: the app runs either way).
+func (p *SharedDirPod) StartContainer(ctx context.Context, id string) (*api.AppStatus, error) {
+	st, err := p.AgentPod.StartContainer(ctx, id)
+	if err != nil || !p.UnbindSourcesOnStart {
+		return st, err
+	}
+	if err := p.Dir.UnbindSources(id); err != nil {
+		return st, fmt.Errorf("container %s started; releasing the host's binds of its mount sources: %w", id, err)
+	}
+	return st, nil
+}
+
+// UnbindSources unmounts the binds of a container's mount sources
+// (<Host>/<id>/m<N>) and removes their mount points; the rootfs and log
+// binds stay. Idempotent.
+func (d SharedDir) UnbindSources(id string) error {
+	dir, err := d.containerDir(id)
+	if err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if n := e.Name(); len(n) > 1 && n[0] == 'm' && strings.Trim(n[1:], "0123456789") == "" {
+			if err := RemoveUnmounted(filepath.Join(dir, n)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // known tells whether the agent knows a container.

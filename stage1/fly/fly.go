@@ -1,8 +1,10 @@
 // Package fly is the stage1 with the least isolation: the pod's agent runs
-// on the host as a supervisor, in the host's PID and IPC namespaces and in
-// the host's network (or the pod's network namespace when it has one), and
-// starts each app with pivot_root into the app's root filesystem. The pod is a cgroup holding the agent and its apps; the agent
-// is launched detached so that pods outlive the daemon.
+// on the host as a supervisor, in the host's PID namespace, in the host's
+// IPC namespace when the pod asks for it (else one of the pod's own), and
+// in the host's network (or the pod's network namespace when it has one),
+// and starts each app with pivot_root into the app's root filesystem. The
+// pod is a cgroup holding the agent and its apps; the agent is launched
+// detached so that pods outlive the daemon.
 //
 // Every host resource a pod takes (its cgroup, the agent process) is
 // recorded in the state handed to Persist before it is taken, so DestroyPod
@@ -161,7 +163,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	proc, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    spec.AgentBinary,
-		Args:    agentArgs(st.Socket, agentDir, spec.NetNSPath),
+		Args:    agentArgs(st.Socket, agentDir, spec.NetNSPath, spec.HostIPC),
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
 		Cgroup:  cg,
 		Slice:   stage1.PodSlice(spec),
@@ -312,11 +314,15 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
 }
 
 // agentArgs is the agent's command line; with a pod network namespace the
-// agent (and so every app) runs inside it.
-func agentArgs(socket, stateDir, netns string) []string {
+// agent (and so every app) runs inside it, and a pod that does not share
+// the host's IPC namespace gets one of its own.
+func agentArgs(socket, stateDir, netns string, hostIPC bool) []string {
 	args := []string{"agent", "--socket", socket, "--state-dir", stateDir}
 	if netns != "" {
 		args = append(args, "--netns", netns)
+	}
+	if !hostIPC {
+		args = append(args, "--private-ipc")
 	}
 	return args
 }

@@ -230,8 +230,15 @@ type vmInfo struct {
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
-func (s *state) ctlSocket() string { return filepath.Join(s.Dir, "ctl.sock") }
-func (s *state) fsSocket() string  { return filepath.Join(s.Dir, "fs.sock") }
+// The sockets of qemu and virtiofsd in state.Dir, their working directory:
+// they are given the names, so a long run directory does not matter.
+const (
+	ctlSocketName = "ctl.sock"
+	fsSocketName  = "fs.sock"
+)
+
+func (s *state) ctlSocket() string { return filepath.Join(s.Dir, ctlSocketName) }
+func (s *state) fsSocket() string  { return filepath.Join(s.Dir, fsSocketName) }
 
 func parseState(b []byte) (*state, error) {
 	var s state
@@ -260,10 +267,6 @@ func layout(spec *stage1.PodSpec) *state {
 	return st
 }
 
-// maxSocketPath is the room for a path in a unix socket address that qemu
-// and virtiofsd accept.
-const maxSocketPath = 107
-
 // validate refuses what this backend cannot do.
 func validate(spec *stage1.PodSpec) error {
 	if spec.ID == "" || spec.RunDir == "" {
@@ -274,9 +277,6 @@ func validate(spec *stage1.PodSpec) error {
 	}
 	if !filepath.IsAbs(spec.RunDir) {
 		return errdefs.InvalidArgument("kvm: run dir %q is not absolute", spec.RunDir)
-	}
-	if n := len(filepath.Join(spec.RunDir, "vm", "ctl.sock")); n > maxSocketPath {
-		return errdefs.InvalidArgument("kvm: run dir %q too long for a unix socket path (%d > %d)", spec.RunDir, n, maxSocketPath)
 	}
 	if strings.ContainsAny(spec.RunDir, ",=") {
 		return errdefs.InvalidArgument("kvm: run dir %q: ',' and '=' separate qemu's options", spec.RunDir)
@@ -374,6 +374,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Path:    res.virtiofsd,
 		Args:    virtiofsdArgs(st),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		Dir:     st.Dir,
 		LogPath: filepath.Join(st.Dir, "virtiofsd.log"),
 		Cgroup:  cg,
 		Slice:   stage1.PodSlice(spec),
@@ -397,6 +398,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Path:    res.qemu,
 		Args:    qemuArgs(res, st, guest, tapMode, spec.ID),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		Dir:     st.Dir,
 		LogPath: filepath.Join(st.Dir, "qemu.log"),
 		Cgroup:  cg,
 		Slice:   stage1.PodSlice(spec),

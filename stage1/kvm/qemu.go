@@ -141,8 +141,10 @@ func qemuArgs(t *tools, st *state, guest *agent.GuestConfig, tap string, podID s
 		"-append", strings.Join(append(append(kernelArgs(vm.Machine), guest.Cmdline()...), "--", "agent", "guest"), " "),
 		"-chardev", "file,id=con,path="+st.Dir+"/console.log",
 		"-serial", "chardev:con",
-		"-chardev", "socket,id=ctl,path="+st.ctlSocket()+",server=on,wait=off",
-		"-chardev", "socket,id=fs,path="+st.fsSocket(),
+		// Relative to the working directory, st.Dir: a unix socket
+		// address holds 107 bytes, whatever the run directory's length.
+		"-chardev", "socket,id=ctl,path="+ctlSocketName+",server=on,wait=off",
+		"-chardev", "socket,id=fs,path="+fsSocketName,
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 	)
 	dev := func(microvm, pci string) string {
@@ -182,7 +184,7 @@ func accelArgs(accel string) []string {
 // of the shared mount, so binds made beneath it on the host later appear.
 func virtiofsdArgs(st *state) []string {
 	return []string{
-		"--socket-path=" + st.fsSocket(),
+		"--socket-path=" + fsSocketName, // relative to st.Dir
 		"-o", "source=" + st.Mounts,
 		"-o", "cache=auto",
 		"-o", "sandbox=namespace",

@@ -376,10 +376,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 
 	launch := stage1.LaunchSpec{
-		Name:    launchName(spec.ID),
-		Path:    nspawnPath,
-		Args:    nspawnArgs(spec, st),
-		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		Name: launchName(spec.ID),
+		Path: nspawnPath,
+		Args: nspawnArgs(spec, st),
+		// No seccomp filter of nspawn's own: the agent gives each app
+		// the filter the CRI asks for (RuntimeDefault, Localhost), and
+		// Unconfined means none, as in runc.
+		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_SECCOMP=0"},
 		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
 		Cgroup:  cg,
 		Slice:   stage1.PodSlice(spec),
@@ -391,6 +394,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
+	defer func() {
+		if retErr != nil {
+			retErr = keepLog(log, retErr, launch.LogPath, spec)
+		}
+	}()
 	st.NSpawn = proc
 	if unitLaunch {
 		st.Cgroup = proc.Cgroup
@@ -400,7 +408,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	pod := b.newPod(spec, st)
 	if err := waitReady(ctx, pod); err != nil {
-		return nil, fmt.Errorf("nspawn: agent (log %s): %w", launch.LogPath, err)
+		return nil, fmt.Errorf("nspawn: agent: %w", err)
 	}
 	if leader, err := findLeader(proc.PID); err != nil {
 		log.Warn("nspawn: container leader not found; teardown relies on the pod cgroup", "err", err)
@@ -412,6 +420,33 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.Cgroup.String(), "network", st.Network)
 	return pod, nil
+}
+
+// logTail is how much of nspawn's log a start failure quotes.
+const logTail = 1024
+
+// keepLog keeps nspawn's log of a pod that failed to start in
+// spec.FailedLogDir (the pod's run directory goes with the pod) and adds
+// where it is, and its last lines, to err.
+func keepLog(log *slog.Logger, err error, logPath string, spec *stage1.PodSpec) error {
+	b, rerr := os.ReadFile(logPath)
+	if rerr != nil {
+		return fmt.Errorf("%w (systemd-nspawn's log %s: %v)", err, logPath, rerr)
+	}
+	tail := strings.TrimSpace(string(b[max(0, len(b)-logTail):]))
+	if tail == "" {
+		tail = "(empty)"
+	}
+	kept := logPath
+	if spec.FailedLogDir != "" {
+		kept = filepath.Join(spec.FailedLogDir, spec.ID+"-nspawn.log")
+		if werr := os.MkdirAll(spec.FailedLogDir, 0o700); werr != nil {
+			log.Warn("nspawn: keeping the log of a failed pod", "err", werr)
+		} else if werr := os.WriteFile(kept, b, 0o600); werr != nil {
+			log.Warn("nspawn: keeping the log of a failed pod", "err", werr)
+		}
+	}
+	return fmt.Errorf("%w; systemd-nspawn's log, kept at %s, ends: %s", err, kept, tail)
 }
 
 // joinFirst wraps a launch so that the process first joins the cgroups of
@@ -609,6 +644,8 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	c := agent.NewClient(agent.UnixDialer(st.socket()))
 	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
 	p.SharedDirPod = stage1.NewSharedDirPod(c, st.shared())
+	p.UnbindSourcesOnStart = true
+	p.Dir.BindShared = p.bindShared
 	return p
 }
 

@@ -1,10 +1,69 @@
 package nspawn
 
-import "github.com/stagelet/stagelet/stage1"
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
 
 // shared is the pod's propagating directory: <RunDir>/mounts on the host,
 // bound at /mnt/stagelet in the container. Containers reach the pod
 // through it (stage1.SharedDirPod).
 func (st *state) shared() stage1.SharedDir {
 	return stage1.SharedDir{Host: st.Mounts, InPod: podMounts}
+}
+
+// bindShared is the pod's stage1.SharedDir.BindShared. systemd-nspawn makes
+// every mount of its container a slave of the host's, so a bind beneath
+// the propagating directory reaches the container as a slave. Instead, a
+// recursive clone of src (open_tree: a peer of src's mount, when that is
+// shared) is attached at host's place inside the container's own mount
+// namespace, from a thread of the daemon that joins it. Nothing of it is
+// mounted in the host's namespace.
+func (p *Pod) bindShared(src, host string) error {
+	inPod, err := p.Dir.Map(host)
+	if err != nil {
+		return err
+	}
+	leader := p.st.Leader
+	if leader == nil || !leader.Alive() {
+		return errdefs.FailedPrecondition("nspawn: the pod's init is not known or not running: a bidirectional mount cannot be placed")
+	}
+	ns, err := os.Open("/proc/" + strconv.Itoa(leader.PID) + "/ns/mnt")
+	if err != nil {
+		return errdefs.FailedPrecondition("nspawn: the pod's mount namespace: %v", err)
+	}
+	defer ns.Close()
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("nspawn: clone %s: %w", src, err)
+	}
+	defer unix.Close(tree)
+	done := make(chan error, 1)
+	go func() {
+		// The thread leaves the daemon's mount namespace: it stays
+		// locked, so it ends with this goroutine and runs nothing else.
+		runtime.LockOSThread()
+		// Only a thread with file system attributes of its own may join
+		// a mount namespace.
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			done <- fmt.Errorf("unshare CLONE_FS: %w", err)
+			return
+		}
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+			done <- fmt.Errorf("join the pod's mount namespace: %w", err)
+			return
+		}
+		done <- unix.MoveMount(tree, "", unix.AT_FDCWD, inPod, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	}()
+	if err := <-done; err != nil {
+		return fmt.Errorf("nspawn: place %s at %s in the pod: %w", src, inPod, err)
+	}
+	return nil
 }
