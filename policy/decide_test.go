@@ -109,6 +109,11 @@ type decideCase struct {
 
 func runDecide(t *testing.T, p *Policy, tests []decideCase) {
 	t.Helper()
+	runDecideCaps(t, p, caps, tests)
+}
+
+func runDecideCaps(t *testing.T, p *Policy, caps map[string]stage1.Capabilities, tests []decideCase) {
+	t.Helper()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := p.Decide(tc.pod, caps)
@@ -446,5 +451,61 @@ func TestDecideDoesNotModify(t *testing.T) {
 	d.Options["memory"] = "1T"
 	if p.Rules[5].Options["memory"] != "1024M" {
 		t.Error("the decision's options alias the rule's")
+	}
+}
+
+// TestDefaultPolicyHostNamespaces: with the capabilities the built-in
+// stage1s declare (nspawn keeps its own PID and IPC namespaces), the
+// embedded default runs every pod admission let through on the most
+// isolated stage1 that gives it what it asks for, says so in the reasons,
+// and annotations still never lower isolation.
+func TestDefaultPolicyHostNamespaces(t *testing.T) {
+	real := map[string]stage1.Capabilities{
+		"fly":    {Isolation: stage1.IsolationHost, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
+		"nspawn": {Isolation: stage1.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod"},
+		"kvm":    {Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
+	}
+	p := Default()
+	if err := p.Validate(real); err != nil {
+		t.Fatalf("embedded default does not validate:\n%v", err)
+	}
+	fellBack := func(what string) []string {
+		return []string{`stage1 "nspawn" declares no ` + what + `, which the pod needs; conflicts.`}
+	}
+	runDecideCaps(t, p, real, []decideCase{
+		{name: "hostPID", pod: Pod{Namespace: "monitoring", HostPID: true}, stage1: "fly", reasons: fellBack("host PID namespace")},
+		{name: "hostIPC", pod: Pod{Namespace: "default", HostIPC: true}, stage1: "fly", reasons: fellBack("host IPC namespace")},
+		{name: "hostPID and hostNetwork", pod: Pod{Namespace: "default", HostPID: true, HostNetwork: true}, stage1: "fly"},
+		{name: "hostNetwork stays on nspawn", pod: Pod{Namespace: "default", HostNetwork: true}, stage1: "nspawn"},
+		{name: "privileged hostPID", pod: Pod{Namespace: "default", HostPID: true, Privileged: true}, stage1: "fly"},
+		{name: "ordinary pod", pod: Pod{Namespace: "default"}, stage1: "nspawn"},
+		// Asking for a stage1 that cannot share the namespace refuses,
+		// never moves the pod elsewhere.
+		{name: "hostPID with the kvm handler", pod: Pod{Namespace: "default", Handler: "kvm", HostPID: true},
+			class: errdefs.ErrInvalidArgument, msg: []string{`runtime handler "kvm" asks for stage1 "kvm", which declares no host PID namespace`}},
+		{name: "hostIPC with the nspawn handler", pod: Pod{Namespace: "default", Handler: "nspawn", HostIPC: true},
+			class: errdefs.ErrInvalidArgument, msg: []string{"declares no host IPC namespace"}},
+		{name: "hostPID raised to kvm by annotation", pod: Pod{Namespace: "default", HostPID: true, Annotations: ann(AnnotationStage1, "kvm")},
+			class: errdefs.ErrInvalidArgument, msg: []string{"declares no host PID namespace"}},
+		// Annotations alone never lower isolation: fly is not theirs to
+		// ask for, with or without host namespaces.
+		{name: "annotation asks fly", pod: Pod{Namespace: "default", Annotations: ann(AnnotationStage1, "fly")},
+			class: errdefs.ErrPermissionDenied, msg: []string{"annotations.allow"}},
+		{name: "annotation asks fly for a hostPID pod", pod: Pod{Namespace: "default", HostPID: true, Annotations: ann(AnnotationStage1, "fly")},
+			class: errdefs.ErrPermissionDenied, msg: []string{"annotations.allow"}},
+		{name: "fly handler outside kube-system", pod: Pod{Namespace: "default", Handler: "fly", HostPID: true},
+			class: errdefs.ErrPermissionDenied, msg: []string{`not allowed in namespace "default"`}},
+	})
+
+	// The operator can still refuse such pods with a rule of their own.
+	strict := mustPolicy(t, "strict.yaml", strings.Replace(string(DefaultYAML()), "\nrules:\n", `
+rules:
+  - name: no-host-pid
+    match: {host_pid: true}
+    refuse: "hostPID pods are not allowed on this node"
+`, 1))
+	_, err := strict.Decide(Pod{Namespace: "default", HostPID: true}, real)
+	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "no-host-pid") {
+		t.Errorf("operator's refusal: %v", err)
 	}
 }
