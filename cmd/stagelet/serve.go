@@ -20,6 +20,7 @@ import (
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/cri"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/staticbin"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -92,6 +93,11 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding the stagelet binary for pod agents: %w", err)
+	}
+	// The same binary is every pod's agent, in roots that hold no C
+	// library: a dynamic build would fail every nspawn and kvm pod.
+	if err := staticbin.Check("/proc/self/exe"); err != nil {
+		return fmt.Errorf("the stagelet binary %s cannot run as the pods' agent: %w; build it static (CGO_ENABLED=0, as make build does)", self, err)
 	}
 	regs := image.Config{Registries: map[string]image.RegistryHost{}}
 	for host, r := range cfg.Registries {
