@@ -246,7 +246,7 @@ func startAgent(t testing.TB) *testAgent {
 
 // startAgentAs starts an agent; with pid1 it is PID 1 of a new PID and
 // mount namespace.
-func startAgentAs(t testing.TB, pid1 bool) *testAgent {
+func startAgentAs(t testing.TB, pid1 bool, extraArgs ...string) *testAgent {
 	t.Helper()
 	needRoot(t)
 	dir := t.TempDir()
@@ -268,7 +268,7 @@ func startAgentAs(t testing.TB, pid1 bool) *testAgent {
 		}
 	})
 	sock := filepath.Join(dir, "agent.sock")
-	ta.cmd = exec.Command(os.Args[0], "agent", "--socket", sock, "--state-dir", ta.state, "--log-level", "debug")
+	ta.cmd = exec.Command(os.Args[0], append([]string{"agent", "--socket", sock, "--state-dir", ta.state, "--log-level", "debug"}, extraArgs...)...)
 	ta.cmd.Env = append(os.Environ(), trampolineEnv+"="+stageletBin)
 	ta.cmd.Stdout, ta.cmd.Stderr = ta.logs, ta.logs
 	ta.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -1022,9 +1022,7 @@ func TestPrivileged(t *testing.T) {
 	if n := len(strings.Fields(string(res.Stdout))); n != len(hostDev) {
 		t.Errorf("privileged /dev has %d entries, the host's %d", n, len(hostDev))
 	}
-	// An exec shares the app's root, not its mount namespace: read the
-	// app's own mount table.
-	res = ta.exec("p", "grep", " /sys ", fmt.Sprintf("/proc/%d/mounts", ta.appPID("p")))
+	res = ta.exec("p", "grep", " /sys ", "/proc/self/mounts")
 	if !strings.Contains(string(res.Stdout), " rw,") {
 		t.Errorf("privileged /sys: %q", res.Stdout)
 	}
@@ -1078,9 +1076,9 @@ func TestExecCannotEscapeChroot(t *testing.T) {
 		t.Fatal(err)
 	}
 	ta.run(&api.AppSpec{ID: "e", Rootfs: rootfs, Args: []string{"sleep", "1000"}, Capabilities: []string{"CAP_SYS_CHROOT"}})
-	// An exec is chrooted into the app's root, in the agent's mount
-	// namespace, with CAP_SYS_CHROOT: breaking out must end at the app's
-	// root all the same.
+	// An exec runs in the app's mount namespace, whose root is the app's
+	// (pivot_root), with CAP_SYS_CHROOT: breaking out must end at the
+	// app's root all the same.
 	res := ta.exec("e", "escape")
 	if res.ExitCode != 0 {
 		t.Fatalf("escape: %+v", res)
