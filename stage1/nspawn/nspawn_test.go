@@ -284,11 +284,16 @@ func seq() int {
 // run creates and starts a container and waits until it runs.
 func (p *pod) run(id string, rootfs string, mounts []api.Mount, args ...string) {
 	p.t.Helper()
+	p.runSpec(api.AppSpec{ID: id, Name: id, Rootfs: rootfs, Args: args, Env: []string{"PATH=/bin"}, Mounts: mounts})
+}
+
+// runSpec creates and starts a container and waits until it runs.
+func (p *pod) runSpec(spec api.AppSpec) {
+	p.t.Helper()
+	id := spec.ID
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := p.pod.CreateContainer(ctx, &stage1.ContainerSpec{AppSpec: api.AppSpec{
-		ID: id, Name: id, Rootfs: rootfs, Args: args, Env: []string{"PATH=/bin"}, Mounts: mounts,
-	}})
+	_, err := p.pod.CreateContainer(ctx, &stage1.ContainerSpec{AppSpec: spec})
 	if err != nil {
 		p.t.Fatalf("CreateContainer %s: %v", id, err)
 	}
@@ -551,10 +556,12 @@ func TestLateMounts(t *testing.T) {
 		t.Errorf("write to a read-only mount: %+v, %v", res, err)
 	}
 
+	// Once the container runs, the host keeps only the rootfs bind: the
+	// app holds its own mounts of the sources.
 	st, _ := parseState(p.pod.State())
 	dir := filepath.Join(st.Mounts, "late")
-	if ms, _ := stage1.MountsUnder(dir); len(ms) != 4 {
-		t.Errorf("mounts of the container: %v, want rootfs and three sources", ms)
+	if ms, _ := stage1.MountsUnder(dir); len(ms) != 1 || ms[0] != filepath.Join(dir, "rootfs") {
+		t.Errorf("host mounts of the running container: %v, want the rootfs only", ms)
 	}
 	if _, err := p.pod.StopContainer(ctx, "late", time.Second); err != nil {
 		t.Fatal(err)
@@ -674,12 +681,22 @@ func TestStartPodNSpawnFails(t *testing.T) {
 	b := New(testLogger(t))
 	spec := &stage1.PodSpec{
 		ID: "failing", RunDir: stage1test.ShortRunDir(t), CgroupParent: stage1test.CgroupParent(t),
-		HostNetwork: true, AgentBinary: "/bin/false",
+		HostNetwork: true, AgentBinary: "/bin/false", FailedLogDir: t.TempDir(),
 	}
 	var last []byte
 	_, err := b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil })
 	if err == nil {
 		t.Fatal("StartPod with a failing agent succeeded")
+	}
+	// nspawn's log outlives the pod's run directory, and the error says
+	// where it is and how it ends.
+	kept := filepath.Join(spec.FailedLogDir, "failing-nspawn.log")
+	log, rerr := os.ReadFile(kept)
+	if rerr != nil || len(log) == 0 {
+		t.Errorf("nspawn's log not kept at %s: %q %v", kept, log, rerr)
+	}
+	if !strings.Contains(err.Error(), "kept at "+kept) || !strings.Contains(err.Error(), lastLine(log)) {
+		t.Errorf("error %q names neither %s nor the log's end %q", err, kept, lastLine(log))
 	}
 	st, perr := parseState(last)
 	if perr != nil || st.Cgroup == nil || st.NSpawn == nil {
@@ -848,5 +865,108 @@ func TestNoMountsLeakAcrossPods(t *testing.T) {
 	}
 	if left := inOther(); len(left) != 0 {
 		t.Errorf("the first pod's binds remain in the second pod's namespaces:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// TestSeccompUnconfined: nspawn installs no filter of its own, so an app
+// without a seccomp profile is unconfined, as the CRI defines it.
+func TestSeccompUnconfined(t *testing.T) {
+	needRoot(t)
+	p := startPod(t, New(testLogger(t)), nil)
+	p.run("u", stage1test.BusyboxRootfs(t), nil, "/bin/sleep", "1000")
+	if got := p.exec("u", "grep", "^Seccomp:", "/proc/self/status"); strings.Fields(got)[1] != "0" {
+		t.Errorf("an app without a profile: %q, want Seccomp: 0", got)
+	}
+}
+
+// sharedSource is a directory that is a shared mount on the host, as a
+// kubelet volume with mount propagation is.
+func sharedSource(t *testing.T) string {
+	t.Helper()
+	src := t.TempDir()
+	if err := syscall.Mount(src, src, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(src, syscall.MNT_DETACH) })
+	if err := syscall.Mount("", src, "", syscall.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+func hostMounted(t *testing.T, path string) bool {
+	t.Helper()
+	ms, err := stage1.MountsUnder(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Contains(ms, path)
+}
+
+// TestMountPropagationThroughNSpawn: host → container (rslave and
+// rshared) and container → host (rshared only) across nspawn's namespace,
+// which makes every mount it inherits a slave.
+func TestMountPropagationThroughNSpawn(t *testing.T) {
+	needRoot(t)
+	p := startPod(t, New(testLogger(t)), nil)
+	src := sharedSource(t)
+	for _, d := range []string{"late", "from-shared", "from-slave"} {
+		os.Mkdir(filepath.Join(src, d), 0o755)
+		t.Cleanup(func() { syscall.Unmount(filepath.Join(src, d), syscall.MNT_DETACH) })
+	}
+	p.runSpec(api.AppSpec{ID: "prop", Rootfs: stage1test.BusyboxRootfs(t), Args: []string{"/bin/sleep", "1000"},
+		Env: []string{"PATH=/bin"}, Privileged: true, Mounts: []api.Mount{
+			{Source: src, Destination: "/shared", Propagation: "rshared"},
+			{Source: src, Destination: "/slave", Propagation: "rslave"},
+			{Source: src, Destination: "/private"},
+		}})
+	// Host → container.
+	if err := syscall.Mount("tmpfs", filepath.Join(src, "late"), "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	mi := p.exec("prop", "cat", "/proc/self/mountinfo")
+	for dest, want := range map[string]bool{"/shared/late": true, "/slave/late": true, "/private/late": false} {
+		if got := strings.Contains(mi, " "+dest+" "); got != want {
+			t.Errorf("a host mount seen at %s: %v, want %v", dest, got, want)
+		}
+	}
+	// Container → host.
+	p.exec("prop", "mount", "-t", "tmpfs", "tmpfs", "/shared/from-shared")
+	p.exec("prop", "mount", "-t", "tmpfs", "tmpfs", "/slave/from-slave")
+	if !hostMounted(t, filepath.Join(src, "from-shared")) {
+		t.Error("a mount beneath the rshared mount did not reach the host")
+	}
+	if hostMounted(t, filepath.Join(src, "from-slave")) {
+		t.Error("a mount beneath the rslave mount reached the host")
+	}
+}
+
+// TestHostRemovesVolumeMountPoint: while a container runs, the host can
+// unmount and remove a mount point inside a volume the container mounts
+// (as with runc, where the container's copies are in other namespaces
+// only): no bind of the daemon's in the host's namespace holds it busy.
+func TestHostRemovesVolumeMountPoint(t *testing.T) {
+	needRoot(t)
+	p := startPod(t, New(testLogger(t)), nil)
+	src := t.TempDir()
+	sub := filepath.Join(src, "tmpfs")
+	os.Mkdir(sub, 0o755)
+	if err := syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(sub, syscall.MNT_DETACH) })
+	p.run("v", stage1test.BusyboxRootfs(t), []api.Mount{{Source: src, Destination: "/mnt", Readonly: true}}, "/bin/sleep", "1000")
+	// Read-only at the top only: the tmpfs beneath stays writable.
+	p.exec("v", "touch", "/mnt/tmpfs/file")
+	if err := syscall.Unmount(sub, syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(src); err != nil {
+		t.Errorf("removing the volume while the container runs: %v", err)
 	}
 }
