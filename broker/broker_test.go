@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -760,5 +761,106 @@ func TestExecSyncOneRoundTrip(t *testing.T) {
 	wantClass(t, err, errdefs.ErrFailedPrecondition)
 	if fp.execs != 2 {
 		t.Fatalf("exec into an exited container asked the agent: %d calls", fp.execs)
+	}
+}
+
+// IPC sysctls reach the pod (its agent, in the pod's IPC namespace) before
+// RunPod returns; a host-IPC pod's are refused; only net.* sysctls go to
+// the network namespace.
+func TestIPCSysctlsGoToThePod(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	ctx := context.Background()
+	c := podCfg("ipc")
+	c.Sysctls = map[string]string{"kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "100", "kernel.sem": "1 2 3 4"}
+	id, err := b.RunPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.be.mu.Lock()
+	p := e.be.pods[id]
+	e.be.mu.Unlock()
+	p.mu.Lock()
+	got := p.sysctls
+	p.mu.Unlock()
+	if !maps.Equal(got, c.Sysctls) {
+		t.Errorf("the pod got sysctls %v, want %v", got, c.Sysctls)
+	}
+
+	h := podCfg("ipc-host")
+	h.HostIPC = true
+	h.Sysctls = map[string]string{"kernel.msgmax": "1"}
+	_, err = b.RunPod(ctx, h)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	if !strings.Contains(err.Error(), "kernel.msgmax") {
+		t.Errorf("the refusal does not name the sysctl: %v", err)
+	}
+}
+
+// The container security fields the CRI conformance suite checks: their
+// validation, and what reaches the agent.
+func TestContainerSecurityFields(t *testing.T) {
+	b := newEnv(t).broker(t)
+	ctx := context.Background()
+	pod, err := b.RunPod(ctx, podCfg("sec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.RunPod(ctx, podCfg("other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gid := int64(1002)
+	for name, mut := range map[string]func(*ContainerConfig){
+		"group without user": func(c *ContainerConfig) { c.Security.RunAsGroup = &gid },
+		"relative masked":    func(c *ContainerConfig) { c.Security.MaskedPaths = []string{"proc/kcore"} },
+		"relative read-only": func(c *ContainerConfig) { c.Security.ReadonlyPaths = []string{"tmp"} },
+		"rro not read-only": func(c *ContainerConfig) {
+			c.Mounts = []Mount{{ContainerPath: "/m", HostPath: "/tmp", RecursiveReadonly: true}}
+		},
+		"rro with rslave": func(c *ContainerConfig) {
+			c.Mounts = []Mount{{ContainerPath: "/m", HostPath: "/tmp", Readonly: true, RecursiveReadonly: true, Propagation: "rslave"}}
+		},
+		"target without id": func(c *ContainerConfig) { c.Security.PIDMode = PIDModeTarget },
+	} {
+		c := ctrCfg("bad-" + strings.ReplaceAll(name, " ", "-"))
+		mut(c)
+		_, err := b.CreateContainer(ctx, pod, c)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	uid := int64(1001)
+	c := ctrCfg("fields")
+	c.Security.RunAsUser, c.Security.RunAsGroup = &uid, &gid
+	c.Security.MaskedPaths = []string{"/bin/ls"}
+	c.Security.ReadonlyPaths = []string{"/tmp"}
+	c.Mounts = []Mount{{ContainerPath: "/m", HostPath: "/tmp", Readonly: true, RecursiveReadonly: true}}
+	target, err := b.CreateContainer(ctx, pod, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := b.ContainerStatus(ctx, target)
+	a := rec.App
+	if a.GID != 1002 || !slices.Equal(a.MaskedPaths, []string{"/bin/ls"}) || !slices.Equal(a.ReadonlyPaths, []string{"/tmp"}) || !a.Mounts[0].RecursiveReadonly {
+		t.Errorf("app spec: gid %d masked %v read-only %v mounts %+v", a.GID, a.MaskedPaths, a.ReadonlyPaths, a.Mounts)
+	}
+
+	d := ctrCfg("debug")
+	d.Security.PIDMode, d.Security.PIDTarget = PIDModeTarget, target
+	id, err := b.CreateContainer(ctx, pod, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = b.ContainerStatus(ctx, id)
+	if rec.App.PIDNamespace != api.PIDNamespaceTarget || rec.App.PIDTarget != target {
+		t.Errorf("PID target: %q %q", rec.App.PIDNamespace, rec.App.PIDTarget)
+	}
+	// A target in another pod, or none at all, is not found.
+	for _, tgt := range []string{target, "no-such-container"} {
+		d := ctrCfg("debug-other-" + tgt[:4])
+		d.Security.PIDMode, d.Security.PIDTarget = PIDModeTarget, tgt
+		_, err := b.CreateContainer(ctx, other, d)
+		wantClass(t, err, errdefs.ErrNotFound)
 	}
 }

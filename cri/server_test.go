@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/stagelet/stagelet/broker"
+
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -89,5 +91,39 @@ func TestContainerConfigFrom(t *testing.T) {
 	}
 	if _, err := containerConfigFrom(&runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"}}); toStatus(err).Message() != "config.image: must be set" {
 		t.Fatalf("got %v", err)
+	}
+}
+
+func TestContainerConfigFromSecurityFields(t *testing.T) {
+	cc, err := containerConfigFrom(&runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
+		Image:    &runtimeapi.ImageSpec{Image: "busybox"},
+		Mounts: []*runtimeapi.Mount{
+			{ContainerPath: "/rro", HostPath: "/tmp", Readonly: true, RecursiveReadOnly: true},
+			{ContainerPath: "/both", HostPath: "/tmp", Propagation: runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL},
+		},
+		Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+			MaskedPaths:      []string{"/proc/kcore"},
+			ReadonlyPaths:    []string{"/proc/sys"},
+			NamespaceOptions: &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_TARGET, TargetId: "abc"},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cc.Security
+	if !cc.Mounts[0].RecursiveReadonly || cc.Mounts[1].Propagation != "rshared" || cc.Mounts[1].RecursiveReadonly ||
+		s.MaskedPaths[0] != "/proc/kcore" || s.ReadonlyPaths[0] != "/proc/sys" || s.PIDMode != broker.PIDModeTarget || s.PIDTarget != "abc" {
+		t.Fatalf("converted: %+v %+v", cc.Mounts, s)
+	}
+	_, err = containerConfigFrom(&runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
+		Image:    &runtimeapi.ImageSpec{Image: "busybox"},
+		Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+			NamespaceOptions: &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_TARGET},
+		}},
+	})
+	if toStatus(err).Code() != codes.InvalidArgument {
+		t.Fatalf("TARGET without target_id: %v", err)
 	}
 }

@@ -46,6 +46,10 @@ func TestStatusListsRuntimeHandlers(t *testing.T) {
 		if h.Name != "" { // the default handler may be listed under ""
 			names = append(names, h.Name)
 		}
+		// Every stage1's agent makes recursively read-only mounts.
+		if !h.GetFeatures().GetRecursiveReadOnlyMounts() {
+			t.Errorf("handler %q: recursive read-only mounts not advertised", h.Name)
+		}
 	}
 	slices.Sort(names)
 	if !slices.Equal(names, []string{"fly"}) {
