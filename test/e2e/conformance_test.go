@@ -114,8 +114,7 @@ func mapValues(m map[string]string) []string {
 
 // The container security fields critest checks, through CRI on nspawn:
 // masked and read-only paths, an absent seccomp profile meaning
-// unconfined, run_as_group without a user refused, and a container
-// sharing another's PID namespace (kubectl debug --target).
+// unconfined, run_as_group without a user refused.
 func TestContainerSecurityFields(t *testing.T) {
 	e := newNspawnEnv(t)
 	podID, podCfg := e.nspawnPod("security")
@@ -141,24 +140,37 @@ func TestContainerSecurityFields(t *testing.T) {
 	_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: g, SandboxConfig: podCfg})
 	requireCode(t, err, codes.InvalidArgument, "CreateContainer with run_as_group and no user")
 
-	target := e.nspawnContainer("target", "sleep", "3601")
-	target.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_CONTAINER
-	targetID := e.createAndStart(podID, podCfg, target)
-	e.waitContainerState(targetID, running, stateTimeout)
-	debug := e.nspawnContainer("debug", "sleep", "3602")
-	debug.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_TARGET
-	debug.Linux.SecurityContext.NamespaceOptions.TargetId = targetID
-	debugID := e.createAndStart(podID, podCfg, debug)
-	e.waitContainerState(debugID, running, stateTimeout)
-	if got := e.execOK(debugID, "sh", "-c", "tr '\\0' ' ' </proc/1/cmdline"); got != "sleep 3601 " {
-		t.Errorf("PID 1 of the debug container's namespace runs %q, want the target's sleep 3601", got)
-	}
+}
 
-	other := e.nspawnContainer("other-target", "true")
-	other.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_TARGET
-	other.Linux.SecurityContext.NamespaceOptions.TargetId = "0123456789abcdef"
-	_, err = e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: other, SandboxConfig: podCfg})
-	requireCode(t, err, codes.NotFound, "CreateContainer targeting a container not in the pod")
+// A container may share the PID namespace of another container of its pod
+// (namespace_options.pid TARGET, what kubectl debug --target asks), on
+// nspawn and on fly; a target outside the pod is not found.
+func TestPIDNamespaceTarget(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("debug-target", s)
+		podID := e.runStage1Pod(cfg, s)
+		target := e.netContainer(s, "target", "sleep", "3601")
+		target.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_CONTAINER
+		targetID := e.createAndStart(podID, cfg, target)
+		e.waitContainerState(targetID, running, stateTimeout)
+		debug := e.netContainer(s, "debug", "sleep", "3602")
+		debug.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_TARGET
+		debug.Linux.SecurityContext.NamespaceOptions.TargetId = targetID
+		debugID := e.createAndStart(podID, cfg, debug)
+		e.waitContainerState(debugID, running, stateTimeout)
+		if got := e.execOK(debugID, "sh", "-c", "tr '\\0' ' ' </proc/1/cmdline"); got != "sleep 3601 " {
+			t.Errorf("PID 1 of the debug container's namespace runs %q, want the target's sleep 3601", got)
+		}
+		if got := e.execOK(debugID, "readlink", "/proc/self/ns/pid"); got != e.execOK(targetID, "readlink", "/proc/self/ns/pid") {
+			t.Errorf("the debug container's PID namespace %s is not the target's", got)
+		}
+
+		other := e.netContainer(s, "other-target", "true")
+		other.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_TARGET
+		other.Linux.SecurityContext.NamespaceOptions.TargetId = "0123456789abcdef"
+		_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: other, SandboxConfig: cfg})
+		requireCode(t, err, codes.NotFound, "CreateContainer targeting a container not in the pod")
+	})
 }
 
 // Mount propagation through the daemon: what the host mounts beneath an
