@@ -120,6 +120,11 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 		ws = <-c.wait
 		drain(&copies, c.stdout, c.stderr)
 		if !errors.Is(herr, errdefs.ErrDeadlineExceeded) {
+			// What the child wrote before it died says why (a Go
+			// runtime's fatal error, say).
+			if out := bytes.TrimSpace(stderr.buf.Bytes()); len(out) > 0 {
+				herr = fmt.Errorf("%w; exit code %d, stderr: %s", herr, exitCode(ws), out[:min(len(out), 2048)])
+			}
 			return nil, fmt.Errorf("exec in %s: %w", id, herr)
 		}
 		timedOut = true
