@@ -21,6 +21,8 @@ for t in cpio lz4 xz:xz-utils zstd; do
 	cmd=${t%%:*} pkg=${t#*:}
 	command -v "$cmd" >/dev/null 2>&1 || need="$need $pkg"
 done
+# make conformance: the kit's critest.sh and the expectations check.
+command -v python3 >/dev/null 2>&1 || need="$need python3"
 # The systemd launcher's test bed (make systemd-testbed).
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 
