@@ -44,8 +44,8 @@ func ipcSysctlPath(proc, name string) (string, error) {
 // the writer, which is the pod's for the agent and every app it starts.
 // Where /proc/sys is read-only (systemd-nspawn mounts it so), a private
 // proc mount beneath scratch is written through instead, then detached.
-// InvalidArgument for a name the IPC namespace does not isolate or a value
-// the kernel refuses; nothing is written then.
+// InvalidArgument for a name the IPC namespace does not isolate (checked
+// before anything is written) or a value the kernel refuses.
 func setIPCSysctls(sysctls map[string]string, scratch string) error {
 	names := make([]string, 0, len(sysctls))
 	for k, v := range sysctls {

@@ -83,7 +83,11 @@
 // `conflicts:` entry for the missing capability routes the pod to its
 // fallback (re-checked) or refuses it (InvalidArgument; refusing is the
 // default). If the pod itself asked for the stage1, by handler or
-// annotation, it is refused: the request is impossible.
+// annotation, it is refused: the request is impossible. The embedded
+// default gives hostPID and hostIPC pods fly (the kubelet's admission has
+// already decided that they may share the host's namespaces, and fly is
+// the most isolated stage1 that does) and refuses hostNetwork pods only on
+// a stage1 without the host's network.
 //
 // Every refusal is a *Refusal whose message names the rule, handler
 // mapping, allow-list or conflict setting that refused; Decision.Reasons

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -308,6 +309,9 @@ type SharedDirPod struct {
 	// while the container runs, where runc's containers do not. Not for
 	// a pod that reaches the binds through a file server (a VM).
 	UnbindSourcesOnStart bool
+	// Log receives what goes wrong after a container started; nil means
+	// slog.Default().
+	Log *slog.Logger
 }
 
 // NewSharedDirPod returns a SharedDirPod talking through c.
@@ -337,15 +341,19 @@ func (p *SharedDirPod) CreateContainer(ctx context.Context, spec *ContainerSpec)
 
 // StartContainer implements Pod: the agent starts the app; with
 // UnbindSourcesOnStart the host-side binds of its mount sources are then
-// undone (a failure to is logged by the caller's error only if the start
-// itself worked: the app runs either way).
+// undone. The app runs either way: a bind that cannot be undone is logged
+// and stays until RemoveContainer.
 func (p *SharedDirPod) StartContainer(ctx context.Context, id string) (*api.AppStatus, error) {
 	st, err := p.AgentPod.StartContainer(ctx, id)
 	if err != nil || !p.UnbindSourcesOnStart {
 		return st, err
 	}
 	if err := p.Dir.UnbindSources(id); err != nil {
-		return st, fmt.Errorf("container %s started; releasing the host's binds of its mount sources: %w", id, err)
+		log := p.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("container started; the host's binds of its mount sources stay until it is removed", "container", id, "err", err)
 	}
 	return st, nil
 }

@@ -644,7 +644,7 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	c := agent.NewClient(agent.UnixDialer(st.socket()))
 	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
 	p.SharedDirPod = stage1.NewSharedDirPod(c, st.shared())
-	p.UnbindSourcesOnStart = true
+	p.UnbindSourcesOnStart, p.SharedDirPod.Log = true, p.log
 	p.Dir.BindShared = p.bindShared
 	return p
 }
