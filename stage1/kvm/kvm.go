@@ -230,8 +230,7 @@ type vmInfo struct {
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
-// The sockets of qemu and virtiofsd in state.Dir, their working directory:
-// they are given the names, so a long run directory does not matter.
+// The sockets of qemu and virtiofsd, in state.Dir.
 const (
 	ctlSocketName = "ctl.sock"
 	fsSocketName  = "fs.sock"
@@ -239,6 +238,21 @@ const (
 
 func (s *state) ctlSocket() string { return filepath.Join(s.Dir, ctlSocketName) }
 func (s *state) fsSocket() string  { return filepath.Join(s.Dir, fsSocketName) }
+
+// sockDir is the working directory of qemu and virtiofsd: two levels above
+// the VM directory (the run directory's pods directory). They are given
+// their sockets as paths relative to it (sockName: "<pod>/vm/fs.sock"),
+// which fit a unix socket address (107 bytes) however long the run
+// directory is, and stay unique on the host: virtiofsd names its pid file
+// (/run/virtiofsd/<path, / as .>.pid) after the path it is given.
+// maxSocketName is the room for a path in a unix socket address.
+const maxSocketName = 107
+
+func (s *state) sockDir() string { return filepath.Dir(filepath.Dir(s.Dir)) }
+
+func (s *state) sockName(name string) string {
+	return filepath.Join(filepath.Base(filepath.Dir(s.Dir)), filepath.Base(s.Dir), name)
+}
 
 func parseState(b []byte) (*state, error) {
 	var s state
@@ -277,6 +291,9 @@ func validate(spec *stage1.PodSpec) error {
 	}
 	if !filepath.IsAbs(spec.RunDir) {
 		return errdefs.InvalidArgument("kvm: run dir %q is not absolute", spec.RunDir)
+	}
+	if n := len(layout(spec).sockName(ctlSocketName)); n > maxSocketName {
+		return errdefs.InvalidArgument("kvm: pod id %q too long for a socket name (%d > %d)", spec.ID, n, maxSocketName)
 	}
 	if strings.ContainsAny(spec.RunDir, ",=") {
 		return errdefs.InvalidArgument("kvm: run dir %q: ',' and '=' separate qemu's options", spec.RunDir)
@@ -374,7 +391,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Path:    res.virtiofsd,
 		Args:    virtiofsdArgs(st),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		Dir:     st.Dir,
+		Dir:     st.sockDir(),
 		LogPath: filepath.Join(st.Dir, "virtiofsd.log"),
 		Cgroup:  cg,
 		Slice:   stage1.PodSlice(spec),
@@ -398,7 +415,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Path:    res.qemu,
 		Args:    qemuArgs(res, st, guest, tapMode, spec.ID),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		Dir:     st.Dir,
+		Dir:     st.sockDir(),
 		LogPath: filepath.Join(st.Dir, "qemu.log"),
 		Cgroup:  cg,
 		Slice:   stage1.PodSlice(spec),

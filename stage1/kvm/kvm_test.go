@@ -344,9 +344,25 @@ func TestValidate(t *testing.T) {
 	// qemu and virtiofsd get their sockets' names relative to the VM
 	// directory, so a run directory longer than a socket address fits.
 	long := ok
-	long.RunDir = "/" + strings.Repeat("x", 200)
+	long.RunDir = "/" + strings.Repeat("x", 200) + "/pods/p"
 	if err := validate(&long); err != nil {
 		t.Errorf("long run dir refused: %v", err)
+	}
+	// The names are relative to the pods directory and carry the pod's
+	// ID: virtiofsd's pid file is named after the path it is given, so
+	// two pods' must differ.
+	st := layout(&long)
+	if st.sockDir() != "/"+strings.Repeat("x", 200)+"/pods" || st.sockName(fsSocketName) != "p/vm/fs.sock" {
+		t.Errorf("socket dir %q name %q", st.sockDir(), st.sockName(fsSocketName))
+	}
+	if filepath.Join(st.sockDir(), st.sockName(ctlSocketName)) != st.ctlSocket() {
+		t.Errorf("relative name %q does not lead to %q", st.sockName(ctlSocketName), st.ctlSocket())
+	}
+	longID := ok
+	longID.ID = strings.Repeat("i", 100)
+	longID.RunDir = "/run/pods/" + longID.ID
+	if err := validate(&longID); err == nil {
+		t.Error("a pod id too long for a socket name accepted")
 	}
 	for name, mut := range map[string]func(*stage1.PodSpec){
 		"hostNetwork": func(s *stage1.PodSpec) { s.HostNetwork = true },

@@ -141,10 +141,9 @@ func qemuArgs(t *tools, st *state, guest *agent.GuestConfig, tap string, podID s
 		"-append", strings.Join(append(append(kernelArgs(vm.Machine), guest.Cmdline()...), "--", "agent", "guest"), " "),
 		"-chardev", "file,id=con,path="+st.Dir+"/console.log",
 		"-serial", "chardev:con",
-		// Relative to the working directory, st.Dir: a unix socket
-		// address holds 107 bytes, whatever the run directory's length.
-		"-chardev", "socket,id=ctl,path="+ctlSocketName+",server=on,wait=off",
-		"-chardev", "socket,id=fs,path="+fsSocketName,
+		// Relative to the working directory, st.sockDir().
+		"-chardev", "socket,id=ctl,path="+st.sockName(ctlSocketName)+",server=on,wait=off",
+		"-chardev", "socket,id=fs,path="+st.sockName(fsSocketName),
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 	)
 	dev := func(microvm, pci string) string {
@@ -184,7 +183,7 @@ func accelArgs(accel string) []string {
 // of the shared mount, so binds made beneath it on the host later appear.
 func virtiofsdArgs(st *state) []string {
 	return []string{
-		"--socket-path=" + fsSocketName, // relative to st.Dir
+		"--socket-path=" + st.sockName(fsSocketName), // relative to st.sockDir()
 		"-o", "source=" + st.Mounts,
 		"-o", "cache=auto",
 		"-o", "sandbox=namespace",
