@@ -25,7 +25,7 @@ func (b *Broker) validatePodConfig(c *PodConfig) error {
 	if err := validatePodConfig(c); err != nil {
 		return err
 	}
-	slice := stage1.ValidSlice(c.CgroupParent)
+	slice := stage1.SliceOf(c.CgroupParent) != ""
 	switch {
 	case c.CgroupParent == "":
 	case b.opts.SystemdCgroup && !slice:

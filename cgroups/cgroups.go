@@ -98,6 +98,10 @@ func hostV2() bool {
 	return st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
+// PureV2 reports whether this host runs a pure cgroup v2 hierarchy
+// (/sys/fs/cgroup is cgroup2), rather than cgroup v1 or hybrid.
+func PureV2() bool { return hostV2() }
+
 // env is what the caller's cgroups are computed from.
 type env struct {
 	v2     bool

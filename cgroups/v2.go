@@ -176,7 +176,8 @@ const LeafName = "supervisor"
 // systemd asks of a service with Delegate=yes, and returns the cgroup it
 // was in: the parent for the cgroups it creates from then on. It does not
 // move when the caller is in the root cgroup (which is exempt from the
-// rule) or already in a cgroup named leaf. Other processes left in the
+// rule; the root of a cgroup namespace is not) or already in a cgroup
+// named leaf. Other processes left in the
 // cgroup are not moved: creating a cgroup beneath it then fails with
 // ErrLayout, naming them.
 func EnterLeaf(leaf string) (*Cgroup, error) {
@@ -212,7 +213,7 @@ var delegated atomic.Pointer[Cgroup]
 // returns dir, the parent for the cgroups pid creates; see EnterLeaf.
 func moveIntoLeaf(root, dir, leaf string, pid int) (string, error) {
 	dir = filepath.Clean(dir)
-	if dir == filepath.Clean(root) {
+	if dir == filepath.Clean(root) && isHierarchyRoot(dir) {
 		return dir, nil
 	}
 	if filepath.Base(dir) == leaf {
@@ -231,6 +232,15 @@ func moveIntoLeaf(root, dir, leaf string, pid int) (string, error) {
 		return "", fmt.Errorf("cgroups: move into %s: %w", to, err)
 	}
 	return dir, nil
+}
+
+// isHierarchyRoot tells the root cgroup of the hierarchy, which is exempt
+// from the no-internal-process rule, from the root of a cgroup namespace
+// (a container's view, as systemd-nspawn gives its payload), which is an
+// ordinary cgroup and is not: only the real root has no cgroup.type.
+func isHierarchyRoot(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "cgroup.type"))
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // Path returns c's cgroup path (as in /proc/PID/cgroup, "/a/b") in pure v2

@@ -271,3 +271,33 @@ func TestMoveIntoLeaf(t *testing.T) {
 		t.Errorf("move at the root = %s, %v", p, err)
 	}
 }
+
+// The root of a cgroup namespace (what systemd-nspawn shows its payload)
+// is an ordinary cgroup: a process there moves into the leaf like anywhere
+// else, where a process at the hierarchy's real root stays.
+func TestMoveIntoLeafAtNamespaceRoot(t *testing.T) {
+	d := unifiedTestCgroup(t)
+	c := &Cgroup{Paths: map[string]string{Unified: d}}
+	cmd := exec.Command("/bin/sh", "-c", "read x")
+	w, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { w.Close(); cmd.Wait() }()
+	if isHierarchyRoot(d) {
+		t.Fatalf("%s has no cgroup.type: taken for the real root", d)
+	}
+	if !isHierarchyRoot(v2RootOf(d)) {
+		t.Fatalf("the real root %s is not taken for one", v2RootOf(d))
+	}
+	parent, err := moveIntoLeaf(d, d, LeafName, cmd.Process.Pid)
+	if err != nil || parent != d {
+		t.Fatalf("moveIntoLeaf at a namespace root = %s, %v; want %s", parent, err, d)
+	}
+	if got := read(t, filepath.Join(d, LeafName), "cgroup.procs"); got != strconv.Itoa(cmd.Process.Pid) {
+		t.Errorf("leaf holds %q, want the child", got)
+	}
+}

@@ -166,7 +166,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("cgroup_parent: %q must be a clean path without ..", c.CgroupParent))
 		}
 	case CgroupDriverSystemd:
-		if c.CgroupParent != "" && !stage1.ValidSlice(c.CgroupParent) {
+		if c.CgroupParent != "" && stage1.SliceOf(c.CgroupParent) == "" {
 			errs = append(errs, fmt.Errorf("cgroup_parent: %q: with cgroup_driver systemd it must be a slice such as stagelet.slice", c.CgroupParent))
 		}
 	default:

@@ -11,7 +11,7 @@ import (
 // UnitLauncher the pod's processes run in their units' cgroups instead.
 func PodCgroup(spec *PodSpec) (*cgroups.Cgroup, error) {
 	parent := spec.CgroupParent
-	if parent == "" || ValidSlice(parent) {
+	if parent == "" || SliceOf(parent) != "" {
 		parent = "."
 	}
 	p, err := cgroups.Resolve(parent)
@@ -23,10 +23,8 @@ func PodCgroup(spec *PodSpec) (*cgroups.Cgroup, error) {
 
 // PodSlice is the systemd slice a UnitLauncher puts a pod's units in: the
 // pod's cgroup parent when it is a slice (the kubelet's systemd driver
-// names "kubepods-burstable-pod<uid>.slice"), else the launcher's own.
+// names "kubepods-burstable-pod<uid>.slice", as that slice's cgroup path;
+// see SliceOf), else "": the launcher's own.
 func PodSlice(spec *PodSpec) string {
-	if ValidSlice(spec.CgroupParent) {
-		return spec.CgroupParent
-	}
-	return ""
+	return SliceOf(spec.CgroupParent)
 }

@@ -235,6 +235,41 @@ func ValidSlice(name string) bool {
 		!strings.Contains(base, "--") && validUnitName(base)
 }
 
+// SliceOf returns the slice a cgroup parent names for the systemd driver:
+// a slice unit name ("kubepods-burstable-pod<uid>.slice"), or the cgroup
+// path systemd gives it, as the kubelet sends it
+// ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice");
+// "" when parent is neither. A path must be the slice's own: a slice's
+// place in the tree follows from its name, so a path that puts it
+// elsewhere cannot be honoured.
+func SliceOf(parent string) string {
+	if ValidSlice(parent) {
+		return parent
+	}
+	if !strings.HasPrefix(parent, "/") {
+		return ""
+	}
+	name := parent[strings.LastIndexByte(parent, '/')+1:]
+	if !ValidSlice(name) || slicePath(name) != parent {
+		return ""
+	}
+	return name
+}
+
+// slicePath is the cgroup path of a valid slice name: each dash opens a
+// level ("a-b.slice" is "/a.slice/a-b.slice").
+func slicePath(name string) string {
+	base := strings.TrimSuffix(name, ".slice")
+	var b strings.Builder
+	for i := range base {
+		if base[i] == '-' {
+			b.WriteString("/" + base[:i] + ".slice")
+		}
+	}
+	b.WriteString("/" + name)
+	return b.String()
+}
+
 // Launch implements Launcher: it starts the transient unit and waits for
 // its start job. Errors: InvalidArgument (a spec it cannot run: no path,
 // no log, a name that is not a unit name, ExtraFiles), AlreadyExists (the

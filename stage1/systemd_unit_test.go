@@ -110,6 +110,25 @@ func TestValidSlice(t *testing.T) {
 	}
 }
 
+func TestSliceOf(t *testing.T) {
+	for parent, want := range map[string]string{
+		"stagelet.slice": "stagelet.slice",
+		// The kubelet's systemd driver sends the slice's cgroup path.
+		"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0c7d_8c7d.slice": "kubepods-burstable-pod0c7d_8c7d.slice",
+		"/test.slice": "test.slice",
+		// A path that puts the slice where its name does not.
+		"/kubepods.slice/kubepods-pod1.slice/kubepods-burstable-pod1.slice": "",
+		"/a.slice/b.slice":         "",
+		"/kubepods/burstable/pod1": "",
+		"stagelet":                 "",
+		"/":                        "",
+	} {
+		if got := SliceOf(parent); got != want {
+			t.Errorf("SliceOf(%q) = %q, want %q", parent, got, want)
+		}
+	}
+}
+
 func TestPodSlice(t *testing.T) {
 	if got := PodSlice(&PodSpec{CgroupParent: "kubepods-besteffort-podx.slice"}); got != "kubepods-besteffort-podx.slice" {
 		t.Errorf("PodSlice = %q", got)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -192,6 +193,24 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	return nil
 }
 
+// systemdServiceRoot returns the cgroup of the systemd service the daemon
+// runs in the root of, on a pure cgroup v2 host where systemd is PID 1, and
+// "" otherwise (no systemd, cgroup v1, or already in a leaf of the
+// service, where systemd 254's DelegateSubgroup= starts it).
+func systemdServiceRoot() string {
+	if _, err := os.Stat("/run/systemd/system"); err != nil {
+		return ""
+	}
+	self, err := cgroups.Self()
+	if err != nil {
+		return ""
+	}
+	if p := self.Path(); strings.HasSuffix(p, ".service") {
+		return p
+	}
+	return ""
+}
+
 // placePods prepares where pods' host processes go, per the cgroup driver,
 // and returns the launcher that starts them and the cgroup parent of pods
 // the kubelet gives none. systemd: transient units in slices (systemd must
@@ -202,10 +221,19 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 func placePods(log *slog.Logger, cfg *config.Config) (stage1.Launcher, string, error) {
 	parent := cfg.PodCgroupParent()
 	if cfg.CgroupDriver == config.CgroupDriverSystemd {
-		l, err := stage1.NewLauncher(log, true, parent)
+		l, err := stage1.NewLauncher(log, true, stage1.SliceOf(parent))
 		return l, parent, err
 	}
 	l, _ := stage1.NewLauncher(log, false, "")
+	if svc := systemdServiceRoot(); svc != "" && !filepath.IsAbs(parent) {
+		// Pods beside a supervisor leaf in this cgroup would need
+		// controllers enabled in it, and then systemd could not place
+		// the next daemon of a restart there: the service would fail
+		// with status 219/CGROUP and leave its pods without a daemon.
+		abs := "/" + parent
+		log.Info("the daemon runs in the root of its systemd service's cgroup (no DelegateSubgroup=supervisor, which needs systemd 254): pods go beneath the cgroup root, as the kubelet's cgroupfs driver puts them", "service", svc, "cgroup_parent", abs)
+		parent = abs
+	}
 	if !filepath.IsAbs(parent) {
 		base, err := cgroups.EnterLeaf(cgroups.LeafName)
 		if err != nil {

@@ -247,6 +247,24 @@ func validate(spec *stage1.PodSpec) error {
 	return nil
 }
 
+// nspawnEnv is systemd-nspawn's environment. On a pure cgroup v2 host it
+// asks for the unified hierarchy inside the container too: nspawn picks
+// the container's cgroup mode from the systemd version it finds in the
+// image, and the stage1 tree holds no systemd, so it would otherwise mount
+// cgroup v1 hierarchies that no controller can join, and the agent could
+// not give apps their limits.
+//
+// It also turns off nspawn's own seccomp filter: the agent gives each app
+// the filter the CRI asks for (RuntimeDefault, Localhost), and Unconfined
+// means none, as in runc.
+func nspawnEnv(pureV2 bool) []string {
+	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_SECCOMP=0"}
+	if pureV2 {
+		env = append(env, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1")
+	}
+	return env
+}
+
 // nspawnArgs is the systemd-nspawn command line of a pod.
 func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 	args := []string{
@@ -376,13 +394,10 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 
 	launch := stage1.LaunchSpec{
-		Name: launchName(spec.ID),
-		Path: nspawnPath,
-		Args: nspawnArgs(spec, st),
-		// No seccomp filter of nspawn's own: the agent gives each app
-		// the filter the CRI asks for (RuntimeDefault, Localhost), and
-		// Unconfined means none, as in runc.
-		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_SECCOMP=0"},
+		Name:    launchName(spec.ID),
+		Path:    nspawnPath,
+		Args:    nspawnArgs(spec, st),
+		Env:     nspawnEnv(cgroups.PureV2()),
 		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
 		Cgroup:  cg,
 		Slice:   stage1.PodSlice(spec),

@@ -286,19 +286,38 @@ func (d *Daemon) recordCgroups(pid int) {
 	if err != nil {
 		return
 	}
-	mounts := cgroupMounts()
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for _, dir := range daemonCgroupDirs(string(b), cgroupMounts()) {
+		d.cgroupDirs[dir] = true
+	}
+}
+
+// supervisorLeaf is the leaf of its cgroup a daemon moves into on a pure
+// cgroup v2 host (cgroups.LeafName), so that its cgroup can delegate
+// controllers to the pods' cgroups beside it.
+const supervisorLeaf = "supervisor"
+
+// daemonCgroupDirs maps a daemon's /proc/PID/cgroup to the directories its
+// relative cgroup parent is resolved beneath, in every mounted hierarchy,
+// cgroup v1 and v2 alike. In v2 a daemon found in its supervisor leaf
+// (read after it moved there) resolves beneath the cgroup above the leaf.
+func daemonCgroupDirs(procCgroup string, mounts []cgroupMount) []string {
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
 		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 {
 			continue
 		}
 		ctrls, path := parts[1], parts[2]
+		if ctrls == "" && filepath.Base(path) == supervisorLeaf {
+			path = filepath.Dir(path)
+		}
 		for _, m := range mounts {
 			if m.matches(ctrls) {
-				d.cgroupDirs[filepath.Join(m.point, path)] = true
+				out = append(out, filepath.Join(m.point, path))
 			}
 		}
 	}
+	return out
 }
 
 // podCgroupRoots are the directories of the configured cgroup parent in
@@ -396,6 +415,12 @@ func (d *Daemon) removeCgroups() ([]string, error) {
 			if err != nil {
 				errs = append(errs, fmt.Errorf("rmdir cgroup %s: %w", p, err))
 			}
+		}
+	}
+	// The daemon's empty leaf, once it stopped, is its own: not a leak.
+	for dir := range d.cgroupDirs {
+		if err := syscall.Rmdir(filepath.Join(dir, supervisorLeaf)); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("rmdir the daemon's leaf: %w", err))
 		}
 	}
 	sort.Strings(leftover)
