@@ -321,8 +321,14 @@ func loopbackServer(body string) []string {
 }
 
 // checkPortForward forwards to a server on the pod's loopback, several
-// connections over one session.
-func checkPortForward(t *testing.T, e *env, podID string, body string) {
+// connections over one session. web is the server's container.
+func checkPortForward(t *testing.T, e *env, podID, web, body string) {
+	// A connection the pod refuses ends the whole forwarding in client-go:
+	// wait for the server first, from inside the pod.
+	waitFor(t, stateTimeout, "the server listening in the pod", func() (bool, string) {
+		r := e.execSync(web, wget("http://127.0.0.1:8080/")...)
+		return r.ExitCode == 0, string(r.Stderr)
+	})
 	local := e.forward(podID, 8080)
 	for range 3 {
 		e.waitHTTP(fmt.Sprintf("http://127.0.0.1:%d/", local), body+"\n")
@@ -358,8 +364,8 @@ func TestStreamingPortForward(t *testing.T) {
 	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
 		cfg := e.netPodConfig("pf", s)
 		pod := e.runStage1Pod(cfg, s)
-		e.createAndStart(pod, cfg, e.netContainer(s, "web", loopbackServer("served-in-"+s.handler)...))
-		checkPortForward(t, e, pod, "served-in-"+s.handler)
+		web := e.createAndStart(pod, cfg, e.netContainer(s, "web", loopbackServer("served-in-"+s.handler)...))
+		checkPortForward(t, e, pod, web, "served-in-"+s.handler)
 	})
 }
 
@@ -370,9 +376,9 @@ func TestStreamingKVM(t *testing.T) {
 	e := newKVMEnv(t)
 	cfg := e.netPodConfig("vm", kvmStage1)
 	pod := e.runStage1Pod(cfg, kvmStage1)
-	e.createAndStart(pod, cfg, e.netContainer(kvmStage1, "web", loopbackServer("served-in-the-vm")...))
+	web := e.createAndStart(pod, cfg, e.netContainer(kvmStage1, "web", loopbackServer("served-in-the-vm")...))
 	ctr := e.createAndStart(pod, cfg, e.netContainer(kvmStage1, "app", "sleep", "100000"))
-	checkPortForward(t, e, pod, "served-in-the-vm")
+	checkPortForward(t, e, pod, web, "served-in-the-vm")
 	checkExec(t, e, ctr)
 	checkAttach(t, e, pod, cfg, kvmStage1.podNetNS())
 }
@@ -385,7 +391,7 @@ func TestStreamingAcrossRestart(t *testing.T) {
 	cfg := e.netPodConfig("restart", nspawnStage1)
 	pod := e.runStage1Pod(cfg, nspawnStage1)
 	ctr := e.createAndStart(pod, cfg, e.netContainer(nspawnStage1, "app", "sleep", "100000"))
-	e.createAndStart(pod, cfg, e.netContainer(nspawnStage1, "web", loopbackServer("still-served")...))
+	web := e.createAndStart(pod, cfg, e.netContainer(nspawnStage1, "web", loopbackServer("still-served")...))
 
 	// A session under way when the daemon stops, and a URL not used yet.
 	u := e.execURL(&runtimeapi.ExecRequest{ContainerId: ctr, Cmd: []string{"sh", "-c", "echo started; exec sleep 99999"}, Stdout: true})
@@ -417,5 +423,5 @@ func TestStreamingAcrossRestart(t *testing.T) {
 	if out, _, err := e.streamExec(ctr, false, nil, "echo", "after the restart"); err != nil || out != "after the restart\n" {
 		t.Errorf("exec after the restart: %q %v", out, err)
 	}
-	checkPortForward(t, e, pod, "still-served")
+	checkPortForward(t, e, pod, web, "still-served")
 }
