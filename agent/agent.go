@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -122,8 +123,8 @@ func (a *Agent) Done() <-chan struct{} { return a.done }
 func (a *Agent) Close() { a.doneOnce.Do(func() { close(a.done) }) }
 
 // Serve answers requests on l, one request and one response per
-// connection, until Done; it then closes l and returns nil. It returns an
-// error when l fails.
+// connection (then frames, for a session), until Done; it then closes l
+// and returns nil. It returns an error when l fails.
 func (a *Agent) Serve(l net.Listener) error {
 	go func() {
 		<-a.done
@@ -151,8 +152,12 @@ func (a *Agent) serveConn(c net.Conn) {
 	defer c.Close()
 	var req api.Request
 	var resp *api.Response
-	if err := json.NewDecoder(c).Decode(&req); err != nil {
+	dec := json.NewDecoder(c)
+	if err := dec.Decode(&req); err != nil {
 		resp = errResponse(errdefs.InvalidArgument("bad request: %v", err))
+	} else if isSession(req.Op) {
+		a.serveSession(c, io.MultiReader(dec.Buffered(), c), &req)
+		return
 	} else {
 		resp = a.Handle(&req)
 	}

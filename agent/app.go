@@ -38,6 +38,7 @@ type app struct {
 	removed  bool
 	proc     *os.Process
 	log      *criLog
+	io       *appIO // the app's stdio for attach sessions; set by launch
 	startErr error
 	oomBase  uint64
 	// started is closed when the start attempt ended, exited when the app
@@ -256,7 +257,7 @@ func (a *Agent) launch(ap *app) error {
 		cloneflags |= syscall.CLONE_NEWPID
 	}
 	spawn := func() (*child, error) {
-		return a.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags})
+		return a.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags}, childIO{stdin: spec.Stdin, tty: spec.TTY})
 	}
 	var pr *child
 	if spec.PIDNamespace == api.PIDNamespaceTarget {
@@ -268,26 +269,42 @@ func (a *Agent) launch(ap *app) error {
 		lg.close()
 		return a.failEarly(ap, err)
 	}
+	aio := newAppIO(spec.StdinOnce)
 	var copies sync.WaitGroup
-	for _, s := range []struct {
-		name string
-		r    *os.File
-	}{{streamStdout, pr.stdout}, {streamStderr, pr.stderr}} {
+	// Output goes to the CRI log and to every attach session.
+	copyOut := func(stream string, typ byte, r io.Reader) {
 		copies.Add(1)
 		go func() {
 			defer copies.Done()
-			if err := lg.copyStream(s.name, s.r); err != nil {
-				a.log.Warn("app log", "app", spec.ID, "stream", s.name, "err", err)
+			if err := lg.copyStream(stream, io.TeeReader(r, aio.output(typ))); err != nil {
+				a.log.Warn("app log", "app", spec.ID, "stream", stream, "err", err)
 			}
 		}()
+	}
+	if !spec.TTY {
+		copyOut(streamStdout, api.FrameStdout, pr.stdout)
+		copyOut(streamStderr, api.FrameStderr, pr.stderr)
+		if pr.stdin != nil {
+			aio.setStdin(pr.stdin, nil)
+		}
 	}
 	ap.mu.Lock()
 	ap.proc = pr.proc
 	ap.log = lg
+	ap.io = aio
 	ap.mu.Unlock()
 	go a.monitor(ap, pr, &copies)
 
-	herr := a.handshake(pr, &procSpec{App: spec, Args: spec.Args}, ap.cg, spec.ID)
+	herr := a.handshake(pr, &procSpec{App: spec, Args: spec.Args, TTY: spec.TTY}, ap.cg, spec.ID)
+	if herr == nil && spec.TTY {
+		// A terminal's output is the app's stdout, as in containerd.
+		copyOut(streamStdout, api.FrameStdout, pr.pty)
+		if spec.Stdin {
+			aio.setStdin(pr.pty, pr.pty)
+		} else {
+			aio.setStdin(nil, pr.pty)
+		}
+	}
 	ap.mu.Lock()
 	if herr != nil {
 		ap.startErr = herr
@@ -365,73 +382,106 @@ func (a *Agent) failEarly(ap *app, err error) error {
 }
 
 // child is a started `agent init|exec-init` with the agent's ends of its
-// sync socket and output pipes.
+// sync socket and stdio: pipes for stdout and stderr and, when asked, for
+// stdin; or, for a child on a terminal, the terminal's master (after the
+// handshake).
 type child struct {
 	proc   *os.Process
 	wait   <-chan syscall.WaitStatus
 	sync   net.Conn
+	stdin  *os.File // nil: the child's stdin is /dev/null
 	stdout *os.File
 	stderr *os.File
+	pty    *terminal // set by the handshake of a child on a terminal
 }
 
-// spawn starts `agent <cmd>` with stdin on /dev/null, stdout and stderr on
-// pipes and the sync socket as fd 3, extra files after it.
-func (a *Agent) spawn(cmd string, sys *syscall.SysProcAttr, extra ...*os.File) (*child, error) {
-	var closers []io.Closer
-	closeAll := func() {
-		for _, c := range closers {
-			c.Close()
+// childIO is the stdio a child gets.
+type childIO struct {
+	// stdin: a pipe whose write end the agent keeps (else /dev/null).
+	stdin bool
+	// tty: the child opens a terminal and sends its master in the
+	// handshake; its stdio starts on /dev/null and the agent gets no pipes.
+	tty bool
+}
+
+// closeStdio closes the agent's ends of the child's stdio.
+func (c *child) closeStdio() {
+	for _, f := range []*os.File{c.stdin, c.stdout, c.stderr} {
+		if f != nil {
+			f.Close()
 		}
+	}
+	if c.pty != nil {
+		c.pty.Close()
+	}
+}
+
+// spawn starts `agent <cmd>` with the sync socket as fd 3, extra files
+// after it, and stdio as cio says.
+func (a *Agent) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, extra ...*os.File) (*child, error) {
+	var theirs []*os.File // the child's ends, closed once it started
+	c := &child{}
+	fail := func(err error) (*child, error) {
+		for _, f := range theirs {
+			f.Close()
+		}
+		if c.sync != nil {
+			c.sync.Close()
+		}
+		c.closeStdio()
+		return nil, err
 	}
 	parent, childSock, err := socketPair()
 	if err != nil {
 		return nil, err
 	}
-	closers = append(closers, childSock)
-	outR, outW, err := os.Pipe()
+	c.sync = parent
+	theirs = append(theirs, childSock)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
-		parent.Close()
-		closeAll()
-		return nil, err
+		return fail(err)
 	}
-	closers = append(closers, outW)
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		parent.Close()
-		outR.Close()
-		closeAll()
-		return nil, err
+	theirs = append(theirs, devnull)
+	stdio := []*os.File{devnull, devnull, devnull}
+	if cio.stdin && !cio.tty {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fail(err)
+		}
+		c.stdin, stdio[0] = w, r
+		theirs = append(theirs, r)
 	}
-	closers = append(closers, errW)
-	devnull, err := os.Open(os.DevNull)
-	if err != nil {
-		parent.Close()
-		outR.Close()
-		errR.Close()
-		closeAll()
-		return nil, err
+	if !cio.tty {
+		for i, mine := range []**os.File{&c.stdout, &c.stderr} {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return fail(err)
+			}
+			*mine, stdio[i+1] = r, w
+			theirs = append(theirs, w)
+		}
 	}
-	closers = append(closers, devnull)
 	attr := &os.ProcAttr{
 		Dir:   "/",
 		Env:   []string{},
-		Files: append([]*os.File{devnull, outW, errW, childSock}, extra...),
+		Files: append(append(stdio, childSock), extra...),
 		Sys:   sys,
 	}
 	p, wait, err := a.reaper.start(a.exe, []string{"stagelet", "agent", cmd}, attr)
-	closeAll()
 	if err != nil {
-		parent.Close()
-		outR.Close()
-		errR.Close()
-		return nil, errdefs.FailedPrecondition("start %s: %v", cmd, err)
+		return fail(errdefs.FailedPrecondition("start %s: %v", cmd, err))
 	}
-	return &child{proc: p, wait: wait, sync: parent, stdout: outR, stderr: errR}, nil
+	for _, f := range theirs {
+		f.Close()
+	}
+	c.proc, c.wait = p, wait
+	return c, nil
 }
 
 // handshake moves the child into cg, sends it spec and reads its messages
 // until it executes the command (nil) or reports a failure (an error of
-// the class it names). The sync socket is closed on return.
+// the class it names). A child on a terminal sends its master, kept in
+// c.pty. The sync socket is closed on return.
 func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id string) error {
 	defer c.sync.Close()
 	if cg != nil {
@@ -442,7 +492,12 @@ func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id strin
 	if err := json.NewEncoder(c.sync).Encode(spec); err != nil {
 		return fmt.Errorf("app %s: send spec to init: %w", id, err)
 	}
-	dec := json.NewDecoder(c.sync)
+	rr, err := newRightsReader(c.sync)
+	if err != nil {
+		return err
+	}
+	defer rr.close()
+	dec := json.NewDecoder(rr)
 	execing := false
 	for {
 		var m syncMsg
@@ -451,6 +506,9 @@ func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id strin
 				return fmt.Errorf("app %s: %w", id, errdefs.ErrDeadlineExceeded)
 			}
 			if execing && errors.Is(err, io.EOF) {
+				if spec.TTY && c.pty == nil {
+					return fmt.Errorf("app %s: init ran the command without a terminal", id)
+				}
 				return nil // close-on-exec closed the socket: the command runs
 			}
 			return fmt.Errorf("app %s: init died during setup (%v)", id, err)
@@ -460,6 +518,15 @@ func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id strin
 			return errdefs.New(classOf(m.Code), "%s", m.Error)
 		case m.Warn != "":
 			a.log.Warn("app init", "app", id, "warning", m.Warn)
+		case m.PTY:
+			f := rr.take("pty-master")
+			if f == nil || c.pty != nil {
+				if f != nil {
+					f.Close()
+				}
+				return fmt.Errorf("app %s: init sent a bad terminal message", id)
+			}
+			c.pty = newTerminal(f)
 		case m.Exec:
 			execing = true
 		}
@@ -477,11 +544,15 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 			a.log.Warn("kill what is left of the app", "app", ap.id, "err", err)
 		}
 	}
-	drain(copies, c.stdout, c.stderr)
+	drain(copies, c.outputs()...)
 	ap.mu.Lock()
-	lg := ap.log
+	lg, aio := ap.log, ap.io
 	ap.mu.Unlock()
 	lg.close()
+	aio.end()
+	if c.stdin != nil {
+		c.stdin.Close()
+	}
 	oom := false
 	if ap.cg != nil {
 		if n, err := ap.cg.OOMKills(); err == nil && n > ap.oomBase {
@@ -523,9 +594,24 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	close(ap.exited)
 }
 
+// outputs are the agent's ends of the child's output: its pipes or its
+// terminal.
+func (c *child) outputs() []io.Closer {
+	var out []io.Closer
+	for _, f := range []*os.File{c.stdout, c.stderr} {
+		if f != nil {
+			out = append(out, f)
+		}
+	}
+	if c.pty != nil {
+		out = append(out, c.pty)
+	}
+	return out
+}
+
 // drain waits for the output copiers to reach EOF, at most drainTimeout,
 // then closes the read ends (which ends the copiers).
-func drain(copies *sync.WaitGroup, files ...*os.File) {
+func drain[C io.Closer](copies *sync.WaitGroup, files ...C) {
 	done := make(chan struct{})
 	go func() {
 		copies.Wait()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -34,30 +35,49 @@ func NewClient(dial Dialer) *Client { return &Client{dial: dial} }
 // Call sends one request and returns the agent's response. Agent error codes
 // come back as errdefs classes; a transport failure is ErrUnavailable.
 func (c *Client) Call(ctx context.Context, req *api.Request) (*api.Response, error) {
+	conn, resp, _, err := c.roundTrip(ctx, req)
+	if conn != nil {
+		conn.Close()
+	}
+	return resp, err
+}
+
+// roundTrip opens a stream, sends req and reads the response. It returns
+// the stream (nil when it failed before a response) and a reader of what
+// follows the response on it. The stream's deadline is ctx's for the
+// exchange and cleared after it.
+func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *api.Response, io.Reader, error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("agent: dial: %v: %w", err, errdefs.ErrUnavailable)
+		return nil, nil, nil, fmt.Errorf("agent: dial: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	fail := func(err error) (net.Conn, *api.Response, io.Reader, error) {
+		stop()
+		conn.Close()
+		return nil, nil, nil, err
+	}
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return nil, fmt.Errorf("agent: %s: send: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+		return fail(fmt.Errorf("agent: %s: send: %v: %w", req.Op, err, errdefs.ErrUnavailable))
 	}
+	dec := json.NewDecoder(conn)
 	var resp api.Response
-	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
+	if err := dec.Decode(&resp); err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("agent: %s: %v: %w", req.Op, ctx.Err(), errdefs.ErrDeadlineExceeded)
+			return fail(fmt.Errorf("agent: %s: %v: %w", req.Op, ctx.Err(), errdefs.ErrDeadlineExceeded))
 		}
-		return nil, fmt.Errorf("agent: %s: receive: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+		return fail(fmt.Errorf("agent: %s: receive: %v: %w", req.Op, err, errdefs.ErrUnavailable))
 	}
+	stop() // when ctx ended meanwhile, a session on the stream ends with it
 	if resp.Code != api.CodeOK {
-		return &resp, errdefs.New(classOf(resp.Code), "%s", resp.Error)
+		conn.Close()
+		return nil, &resp, nil, errdefs.New(classOf(resp.Code), "%s", resp.Error)
 	}
-	return &resp, nil
+	conn.SetDeadline(time.Time{})
+	return conn, &resp, io.MultiReader(dec.Buffered(), conn), nil
 }
 
 func classOf(code string) error {
@@ -180,4 +200,186 @@ func (c *Client) Stats(ctx context.Context, id string) (*api.Stats, error) {
 func (c *Client) Shutdown(ctx context.Context, timeout time.Duration) error {
 	_, err := c.Call(ctx, &api.Request{Op: api.OpShutdown, Timeout: timeout})
 	return err
+}
+
+// StreamIO are the streams of an exec or attach session. Nil streams are
+// not used: without Stdin no input is sent, without Stdout or Stderr that
+// output is not asked for.
+type StreamIO struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// TTY: the exec'd command runs on a terminal (its output comes on
+	// Stdout); for attach, the app's own setting decides.
+	TTY bool
+	// Resize delivers terminal sizes; nil means none.
+	Resize <-chan api.TerminalSize
+}
+
+func (s *StreamIO) stdio() *api.Stdio {
+	return &api.Stdio{Stdin: s.Stdin != nil, Stdout: s.Stdout != nil, Stderr: s.Stderr != nil, TTY: s.TTY}
+}
+
+// ExecStream runs cmd in a running app with its stdio connected to sio
+// and returns its exit code once it exited and its output was copied.
+// Stdin is read until it ends (its end is passed on: a terminal gets its
+// end-of-file character); the caller unblocks a pending read by closing
+// it after the call. Ending ctx ends the session, and the agent kills the
+// command. NotFound, InvalidArgument, FailedPrecondition (the app does not
+// run, the command cannot be executed), ErrUnavailable (the agent went
+// away).
+func (c *Client) ExecStream(ctx context.Context, id string, cmd []string, sio StreamIO) (int32, error) {
+	end, err := c.session(ctx, &api.Request{Op: api.OpExecStream, ID: id, Cmd: cmd, Stdio: sio.stdio()}, &sio)
+	if err != nil {
+		return 0, err
+	}
+	return end.ExitCode, nil
+}
+
+// Attach connects sio to a running app's stdio until the app exits (and
+// its output was copied), Stdin ends (the client detaches; an app with
+// StdinOnce and no terminal then has its stdin closed and the session
+// lasts until it exits) or ctx ends (detaching). NotFound,
+// FailedPrecondition (not running), ErrUnavailable.
+func (c *Client) Attach(ctx context.Context, id string, sio StreamIO) error {
+	_, err := c.session(ctx, &api.Request{Op: api.OpAttach, ID: id, Stdio: sio.stdio()}, &sio)
+	return err
+}
+
+// session runs an exec or attach session and returns how it ended.
+func (c *Client) session(ctx context.Context, req *api.Request, sio *StreamIO) (*api.SessionEnd, error) {
+	conn, _, in, err := c.roundTrip(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	fw := newFrameWriter(conn)
+	done := make(chan struct{})
+	defer close(done)
+	if sio.Stdin != nil {
+		go func() {
+			_, _ = io.Copy(streamWriter{fw, api.FrameStdin}, sio.Stdin)
+			_ = fw.write(api.FrameEOF, nil)
+		}()
+	}
+	if sio.Resize != nil {
+		go func() {
+			for {
+				select {
+				case size, ok := <-sio.Resize:
+					if !ok {
+						return
+					}
+					if fw.writeJSON(api.FrameResize, size) != nil {
+						return
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	fr := newFrameReader(in)
+	for {
+		typ, p, err := fr.read()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("agent: %s: %w", req.Op, ctx.Err())
+			}
+			return nil, fmt.Errorf("agent: %s: session: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+		}
+		var w io.Writer
+		switch typ {
+		case api.FrameStdout:
+			w = sio.Stdout
+		case api.FrameStderr:
+			w = sio.Stderr
+		case api.FrameEnd:
+			var end api.SessionEnd
+			if err := json.Unmarshal(p, &end); err != nil {
+				return nil, fmt.Errorf("agent: %s: bad end of session: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+			}
+			if end.Code != api.CodeOK {
+				return &end, errdefs.New(classOf(end.Code), "%s", end.Error)
+			}
+			return &end, nil
+		}
+		if w != nil {
+			if _, err := w.Write(p); err != nil {
+				return nil, fmt.Errorf("agent: %s: client stream: %w", req.Op, err)
+			}
+		}
+	}
+}
+
+// PortForwardLinger is how long a port-forward waits for the pod's side to
+// finish once the client's side ended (as socat and containerd do): a
+// server that never answers a half-closed connection does not hold the
+// session forever.
+const PortForwardLinger = 5 * time.Second
+
+// PortForward connects stream to TCP port on the loopback of the pod's
+// network namespace, dialled by the agent inside the pod, and copies
+// bytes both ways until the pod's side ends (then the caller closes
+// stream), or the client's side ended and the pod's side followed within
+// PortForwardLinger, or ctx ends. InvalidArgument (bad port),
+// FailedPrecondition (nothing accepts connections on the port),
+// ErrUnavailable.
+func (c *Client) PortForward(ctx context.Context, port int32, stream io.ReadWriter) error {
+	req := &api.Request{Op: api.OpPortForward, Port: port}
+	conn, _, in, err := c.roundTrip(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	fw := newFrameWriter(conn)
+	up := make(chan struct{})
+	go func() {
+		defer close(up)
+		_, _ = io.Copy(streamWriter{fw, api.FrameData}, stream)
+		_ = fw.write(api.FrameEOF, nil)
+	}()
+	down := make(chan error, 1)
+	go func() {
+		fr := newFrameReader(in)
+		for {
+			typ, p, err := fr.read()
+			if err != nil {
+				if ctx.Err() != nil {
+					err = ctx.Err()
+				} else {
+					err = fmt.Errorf("session: %v: %w", err, errdefs.ErrUnavailable)
+				}
+				down <- fmt.Errorf("agent: %s: %w", req.Op, err)
+				return
+			}
+			switch typ {
+			case api.FrameData:
+				if _, err := stream.Write(p); err != nil {
+					down <- fmt.Errorf("agent: %s: client stream: %w", req.Op, err)
+					return
+				}
+			case api.FrameEOF:
+				down <- nil
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-down:
+		return err
+	case <-up:
+	}
+	t := time.NewTimer(PortForwardLinger)
+	defer t.Stop()
+	select {
+	case err := <-down:
+		return err
+	case <-t.C:
+		return nil
+	}
 }

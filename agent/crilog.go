@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -121,7 +122,8 @@ func (l *criLog) close() error {
 	return err
 }
 
-// copyStream reads r until EOF and writes it to l as lines of stream. A
+// copyStream reads r until EOF and writes it to l as lines of stream
+// (without a "\r" before the newline, as containerd writes them). A
 // line longer than maxLogLine becomes P chunks ended by an F chunk; a last
 // line without a newline is written as F at EOF. It returns the first
 // write error (copying goes on after it) or a read error other than EOF
@@ -138,7 +140,9 @@ func (l *criLog) copyStream(stream string, r io.Reader) error {
 		line, err := br.ReadSlice('\n')
 		switch {
 		case err == nil:
-			note(l.writeLine(stream, false, line[:len(line)-1]))
+			// A terminal ends lines with "\r\n"; the log keeps the text.
+			line = bytes.TrimSuffix(line[:len(line)-1], []byte{'\r'})
+			note(l.writeLine(stream, false, line))
 		case errors.Is(err, bufio.ErrBufferFull):
 			note(l.writeLine(stream, true, line))
 		default:

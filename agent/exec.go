@@ -38,61 +38,12 @@ func (b *capBuffer) Write(p []byte) (int, error) {
 // InvalidArgument (empty command), FailedPrecondition (the app does not
 // run; the command cannot be executed).
 func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
-	if len(cmd) == 0 || cmd[0] == "" {
-		return nil, errdefs.InvalidArgument("exec: empty command")
-	}
-	ap, err := a.get(id)
-	if err != nil {
-		return nil, err
-	}
 	var deadline time.Time
 	if timeout > 0 {
 		deadline = time.Now().Add(timeout)
 	}
-
-	ap.mu.Lock()
-	running, pid, proc, spec := ap.st.State == api.StateRunning, ap.st.PID, ap.proc, ap.spec
-	ap.mu.Unlock()
-	if !running {
-		return nil, errdefs.FailedPrecondition("app %s is not running", id)
-	}
-	// Hold the app's mount (and UTS) namespace open, then check the
-	// app's process still exists: its pid cannot have been reused yet.
-	mnt, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
+	c, ap, ps, err := a.spawnExec(id, cmd, childIO{}, nil)
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
-	}
-	defer mnt.Close()
-	extra := []*os.File{mnt}
-	if spec.Hostname != "" {
-		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
-		if err != nil {
-			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
-		}
-		defer uts.Close()
-		extra = append(extra, uts)
-	}
-	if err := proc.Signal(syscall.Signal(0)); err != nil {
-		return nil, errdefs.FailedPrecondition("app %s is not running", id)
-	}
-
-	spawn := func() (*child, error) { return a.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, extra...) }
-	var c *child
-	if spec.PIDNamespace == api.PIDNamespaceContainer || spec.PIDNamespace == api.PIDNamespaceTarget {
-		pidns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
-		if err != nil {
-			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
-		}
-		defer pidns.Close()
-		err = forkInPIDNamespace(pidns, func() error {
-			var err error
-			c, err = spawn()
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-	} else if c, err = spawn(); err != nil {
 		return nil, err
 	}
 	defer c.proc.Release()
@@ -111,7 +62,6 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 	if !deadline.IsZero() {
 		c.sync.SetDeadline(deadline)
 	}
-	ps := &procSpec{App: spec, Args: cmd, JoinUTS: spec.Hostname != ""}
 	herr := a.handshake(c, ps, ap.cg, id)
 	timedOut := false
 	var ws syscall.WaitStatus
@@ -152,4 +102,68 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 	}
 	a.log.Debug("exec", "app", id, "cmd", cmd, "code", res.ExitCode, "timedOut", timedOut)
 	return res, nil
+}
+
+// spawnExec starts `agent exec-init` for cmd in a running app's mount, UTS
+// and PID namespaces, with stdio as cio says, and returns the child before
+// its handshake, with the app and the spec to send it. NotFound,
+// InvalidArgument (empty command), FailedPrecondition (the app does not
+// run).
+func (a *Agent) spawnExec(id string, cmd []string, cio childIO, size *api.TerminalSize) (*child, *app, *procSpec, error) {
+	if len(cmd) == 0 || cmd[0] == "" {
+		return nil, nil, nil, errdefs.InvalidArgument("exec: empty command")
+	}
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ap.mu.Lock()
+	running, pid, proc, spec := ap.st.State == api.StateRunning, ap.st.PID, ap.proc, ap.spec
+	ap.mu.Unlock()
+	if !running {
+		return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running", id)
+	}
+	// Hold the app's mount (and UTS) namespace open, then check the
+	// app's process still exists: its pid cannot have been reused yet.
+	mnt, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
+	if err != nil {
+		return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+	}
+	defer mnt.Close()
+	extra := []*os.File{mnt}
+	if spec.Hostname != "" {
+		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
+		if err != nil {
+			return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+		}
+		defer uts.Close()
+		extra = append(extra, uts)
+	}
+	if err := proc.Signal(syscall.Signal(0)); err != nil {
+		return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running", id)
+	}
+
+	spawn := func() (*child, error) {
+		return a.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, cio, extra...)
+	}
+	var c *child
+	if spec.PIDNamespace == api.PIDNamespaceContainer || spec.PIDNamespace == api.PIDNamespaceTarget {
+		pidns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+		if err != nil {
+			return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+		}
+		defer pidns.Close()
+		err = forkInPIDNamespace(pidns, func() error {
+			var err error
+			c, err = spawn()
+			return err
+		})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+	} else if c, err = spawn(); err != nil {
+		return nil, nil, nil, err
+	}
+	ps := &procSpec{App: spec, Args: cmd, JoinUTS: spec.Hostname != "", TTY: cio.tty, Size: size}
+	return c, ap, ps, nil
 }

@@ -31,6 +31,8 @@ import (
 //	  send procSpec  ───────────────────▶   read procSpec
 //	                                        set up root, credentials
 //	  log warnings   ◀───────────────────   {"warn": ...}  (any number)
+//	  keep master    ◀───────────────────   {"pty": true} + the terminal's
+//	                                        master (SCM_RIGHTS), with TTY
 //	                 ◀───────────────────   {"exec": true} then execve
 //	  EOF: exec worked                      (fd 3 is close-on-exec)
 //	  {"error": ...}: start failed ◀──────  or {"error": ...} and exit 1
@@ -59,6 +61,10 @@ type procSpec struct {
 	Args []string `json:"args"`
 	// JoinUTS (exec): fd utsFD is the app's UTS namespace, to join.
 	JoinUTS bool `json:"joinUTS,omitempty"`
+	// TTY: open a terminal in the root, send its master to the agent and
+	// run the command on its slave; Size is its initial size.
+	TTY  bool              `json:"tty,omitempty"`
+	Size *api.TerminalSize `json:"size,omitempty"`
 }
 
 // syncMsg is one message from the child.
@@ -67,6 +73,7 @@ type syncMsg struct {
 	Error string `json:"error,omitempty"`
 	Code  string `json:"code,omitempty"`
 	Exec  bool   `json:"exec,omitempty"`
+	PTY   bool   `json:"pty,omitempty"`
 }
 
 // childError is a setup failure with the error class to report.
@@ -101,7 +108,14 @@ func childMain(cmd string) int {
 		report(syncMsg{Error: "read spec: " + err.Error(), Code: api.CodeInternal})
 		return 1
 	}
-	err := runChild(cmd, &spec, warn, func() { report(syncMsg{Exec: true}) })
+	sendPTY := func(master int) error {
+		b, err := json.Marshal(syncMsg{PTY: true})
+		if err != nil {
+			return err
+		}
+		return unix.Sendmsg(syncFD, append(b, '\n'), unix.UnixRights(master), nil, 0)
+	}
+	err := runChild(cmd, &spec, warn, sendPTY, func() { report(syncMsg{Exec: true}) })
 	code := api.CodeFailedPrecondition
 	var ce *childError
 	if errors.As(err, &ce) {
@@ -111,7 +125,7 @@ func childMain(cmd string) int {
 	return 1
 }
 
-func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow func()) error {
+func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY func(master int) error, execNow func()) error {
 	app := spec.App
 	if app == nil || len(spec.Args) == 0 {
 		return &childError{code: api.CodeInvalidArgument, err: errors.New("empty spec")}
@@ -145,6 +159,15 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow fun
 		unix.Close(mntFD)
 	default:
 		return fmt.Errorf("unknown child command %q", cmd)
+	}
+	env := app.Env
+	if spec.TTY {
+		if err := takeTerminal(app.UID, spec.Size, sendPTY); err != nil {
+			return err
+		}
+		if _, ok := envValue(env, "TERM"); !ok {
+			env = append(slices.Clip(env), "TERM=xterm")
+		}
 	}
 
 	cwd := app.Cwd
@@ -186,7 +209,6 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), execNow fun
 			return fmt.Errorf("no_new_privs: %w", err)
 		}
 	}
-	env := app.Env
 	if _, ok := envValue(env, "PATH"); !ok {
 		env = append(slices.Clip(env), "PATH="+defaultPath)
 	}
@@ -223,6 +245,23 @@ func joinMountNS(fd int) error {
 		return fmt.Errorf("setns: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// takeTerminal opens a terminal in the root the child is in, hands its
+// master to the agent and makes the slave the child's controlling terminal
+// and stdio.
+func takeTerminal(uid uint32, size *api.TerminalSize, sendPTY func(int) error) error {
+	master, slave, err := openTerminal(uid, size)
+	if err != nil {
+		return failedPrecondition(err)
+	}
+	err = sendPTY(master)
+	unix.Close(master)
+	if err != nil {
+		unix.Close(slave)
+		return fmt.Errorf("send the terminal to the agent: %w", err)
+	}
+	return becomeTerminal(slave)
 }
 
 // compileSeccomp compiles the app's system call filter; nil when it has

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -214,6 +215,43 @@ func (p *fakePod) ExecSync(ctx context.Context, id string, cmd []string, timeout
 	}
 	return &api.ExecResult{Stdout: []byte(fmt.Sprint(cmd))}, nil
 }
+
+// ExecStream writes the command to stdout, then echoes stdin; the exit
+// code is the number of arguments.
+func (p *fakePod) ExecStream(ctx context.Context, id string, cmd []string, sio stage1.StreamIO) (int32, error) {
+	p.mu.Lock()
+	p.execs++
+	a, err := p.app(id)
+	p.mu.Unlock()
+	if err != nil || a.State != api.StateRunning {
+		return 0, errdefs.FailedPrecondition("app %s is not running", id)
+	}
+	fmt.Fprint(sio.Stdout, cmd)
+	if sio.Stdin != nil {
+		io.Copy(sio.Stdout, sio.Stdin)
+	}
+	return int32(len(cmd)), nil
+}
+
+// Attach echoes stdin to stdout until stdin ends.
+func (p *fakePod) Attach(ctx context.Context, id string, sio stage1.StreamIO) error {
+	p.mu.Lock()
+	a, err := p.app(id)
+	p.mu.Unlock()
+	if err != nil || a.State != api.StateRunning {
+		return errdefs.FailedPrecondition("app %s is not running", id)
+	}
+	_, err = io.Copy(sio.Stdout, sio.Stdin)
+	return err
+}
+
+// PortForward answers "port N: " and echoes the stream.
+func (p *fakePod) PortForward(ctx context.Context, port int32, stream io.ReadWriter) error {
+	fmt.Fprintf(stream, "port %d: ", port)
+	_, err := io.Copy(stream, stream)
+	return err
+}
+
 func (p *fakePod) ReopenLog(ctx context.Context, id string) error { return nil }
 func (p *fakePod) SetSysctls(ctx context.Context, sysctls map[string]string) error {
 	p.mu.Lock()

@@ -248,9 +248,14 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 		AppArmorProfile:     lsmSec.appArmor,
 		LogPath:             logPath,
 		TTY:                 cfg.TTY,
+		Stdin:               cfg.Stdin,
+		StdinOnce:           cfg.Stdin && cfg.StdinOnce,
 	}
 	if hasEnv(spec.Env, "HOSTNAME") == "" && hostname != "" {
 		spec.Env = append(spec.Env, "HOSTNAME="+hostname)
+	}
+	if cfg.TTY && hasEnv(spec.Env, "TERM") == "" {
+		spec.Env = append(spec.Env, "TERM=xterm") // as Docker and containerd give a terminal
 	}
 	if hasEnv(spec.Env, "PATH") == "" {
 		spec.Env = append(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")

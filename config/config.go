@@ -9,10 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -58,6 +61,18 @@ type CNI struct {
 	PluginDirs []string `yaml:"plugin_dirs"`
 }
 
+// Streaming configures the server that exec, attach and port-forward
+// sessions connect to (the URLs Exec, Attach and PortForward return; the
+// kubelet proxies them). It has no authentication beyond the one-time
+// tokens in its URLs: keep it on loopback unless something in front of
+// it restricts who reaches it.
+type Streaming struct {
+	// Address is the IP address to listen on.
+	Address string `yaml:"address"`
+	// Port is the TCP port; 0 means any free port.
+	Port int `yaml:"port"`
+}
+
 // Config is the node configuration.
 type Config struct {
 	Version int `yaml:"version"`
@@ -81,6 +96,8 @@ type Config struct {
 	KVM KVM `yaml:"kvm"`
 	// CNI locates the pod network configuration and plugins.
 	CNI CNI `yaml:"cni"`
+	// Streaming is where exec, attach and port-forward sessions connect.
+	Streaming Streaming `yaml:"streaming"`
 	// Policy decides each pod's stage1. Absent: the embedded default
 	// policy. PolicyFile names a policy file instead (relative to this
 	// file's directory); the two are exclusive.
@@ -172,6 +189,12 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("cgroup_driver: %q: want cgroupfs or systemd", c.CgroupDriver))
 	}
+	if _, err := netip.ParseAddr(c.Streaming.Address); err != nil {
+		errs = append(errs, fmt.Errorf("streaming.address: %q: want an IP address", c.Streaming.Address))
+	}
+	if c.Streaming.Port < 0 || c.Streaming.Port > 65535 {
+		errs = append(errs, fmt.Errorf("streaming.port: %d: want 0 (any free port) to 65535", c.Streaming.Port))
+	}
 	for host, r := range c.Registries {
 		if host == "" || strings.ContainsAny(host, "/ ") {
 			errs = append(errs, fmt.Errorf("registries: %q is not a registry host", host))
@@ -183,6 +206,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// StreamingAddr is the host:port the streaming server listens on.
+func (c *Config) StreamingAddr() string {
+	return net.JoinHostPort(c.Streaming.Address, strconv.Itoa(c.Streaming.Port))
 }
 
 // LoadPolicy returns the policy the configuration names: policy_file (read

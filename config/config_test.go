@@ -56,6 +56,21 @@ func TestParse(t *testing.T) {
 		{name: "bad version", yaml: "version: 7\n", wantErr: "version: 7 is not supported"},
 		{name: "bad mirror", yaml: "registries:\n  a.io:\n    mirrors: [\"ftp://x\"]\n", wantErr: "scheme \"ftp\""},
 		{name: "dotdot cgroup", yaml: "cgroup_parent: ../x\n", wantErr: "cgroup_parent"},
+		{name: "streaming defaults to loopback, any port", yaml: "", check: func(t *testing.T, c *Config) {
+			if got := c.StreamingAddr(); got != "127.0.0.1:0" {
+				t.Errorf("streaming address = %q", got)
+			}
+		}},
+		{name: "streaming on IPv6", yaml: "streaming: {address: \"::1\", port: 10010}\n", check: func(t *testing.T, c *Config) {
+			if got := c.StreamingAddr(); got != "[::1]:10010" {
+				t.Errorf("streaming address = %q", got)
+			}
+		}},
+		{name: "streaming address must be an IP", yaml: "streaming: {address: localhost}\n", wantErr: "streaming.address: \"localhost\": want an IP address"},
+		{name: "streaming address must be set", yaml: "streaming: {address: \"\"}\n", wantErr: "streaming.address"},
+		{name: "streaming port range", yaml: "streaming: {port: 70000}\n", wantErr: "streaming.port: 70000"},
+		{name: "streaming negative port", yaml: "streaming: {port: -1}\n", wantErr: "streaming.port: -1"},
+		{name: "streaming unknown key", yaml: "streaming:\n  adress: 127.0.0.1\n", wantErr: "line 2: field adress not found"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -34,6 +34,9 @@ type Server struct {
 	// CgroupDriver reported by RuntimeConfig: "cgroupfs" or "systemd".
 	cgroupDriver runtimeapi.CgroupDriver
 	startedAt    time.Time
+	// stream serves exec, attach and port-forward sessions; nil answers
+	// those calls Unimplemented.
+	stream *StreamServer
 }
 
 // Options configure a Server.
@@ -41,6 +44,8 @@ type Options struct {
 	Version       string
 	SystemdCgroup bool
 	Log           *slog.Logger
+	// Stream serves the URLs Exec, Attach and PortForward return.
+	Stream *StreamServer
 }
 
 // New returns a CRI server backed by b.
@@ -48,7 +53,7 @@ func New(b *broker.Broker, opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	s := &Server{b: b, log: opts.Log, version: opts.Version, startedAt: time.Now(), cgroupDriver: runtimeapi.CgroupDriver_CGROUPFS}
+	s := &Server{b: b, log: opts.Log, version: opts.Version, startedAt: time.Now(), cgroupDriver: runtimeapi.CgroupDriver_CGROUPFS, stream: opts.Stream}
 	if opts.SystemdCgroup {
 		s.cgroupDriver = runtimeapi.CgroupDriver_SYSTEMD
 	}

@@ -3,6 +3,7 @@ package stage1
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/stagelet/stagelet/agent"
@@ -19,8 +20,9 @@ type PathMapper func(hostPath string) (string, error)
 func IdentityPaths(p string) (string, error) { return p, nil }
 
 // AgentPod implements every container method of Pod by calling the pod's
-// agent, mapping host paths in a ContainerSpec with MapPaths. Backends embed
-// it and add State, Details and Stop. It holds no state of its own beyond
+// agent, mapping host paths in a ContainerSpec with MapPaths; exec, attach
+// and port-forward sessions run over the same agent connection, whatever
+// its transport. Backends embed it and add State, Details and Stop. It holds no state of its own beyond
 // the client; it is safe for concurrent use.
 type AgentPod struct {
 	*agent.Client
@@ -114,4 +116,21 @@ func (p *AgentPod) ExecSync(ctx context.Context, id string, cmd []string, timeou
 // ReopenLog reopens an app's log file.
 func (p *AgentPod) ReopenLog(ctx context.Context, id string) error {
 	return p.Client.ReopenLog(ctx, id)
+}
+
+// ExecStream runs cmd in an app with streamed stdio; see
+// agent.Client.ExecStream.
+func (p *AgentPod) ExecStream(ctx context.Context, id string, cmd []string, sio StreamIO) (int32, error) {
+	return p.Client.ExecStream(ctx, id, cmd, sio)
+}
+
+// Attach connects sio to a running app's stdio; see agent.Client.Attach.
+func (p *AgentPod) Attach(ctx context.Context, id string, sio StreamIO) error {
+	return p.Client.Attach(ctx, id, sio)
+}
+
+// PortForward connects stream to port inside the pod, through its agent;
+// see agent.Client.PortForward.
+func (p *AgentPod) PortForward(ctx context.Context, port int32, stream io.ReadWriter) error {
+	return p.Client.PortForward(ctx, port, stream)
 }

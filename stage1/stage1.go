@@ -12,10 +12,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 )
 
@@ -91,6 +93,9 @@ type ContainerSpec struct {
 	api.AppSpec
 }
 
+// StreamIO are the streams of an exec or attach session.
+type StreamIO = agent.StreamIO
+
 // Persist stores a backend's opaque state with the pod record. A backend
 // calls it before it takes each host resource, so that after a crash
 // DestroyPod finds everything that may have been taken.
@@ -145,6 +150,18 @@ type Pod interface {
 	// (kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*) there, before
 	// any container starts. InvalidArgument for any other name.
 	SetSysctls(ctx context.Context, sysctls map[string]string) error
+
+	// ExecStream runs cmd in a running container with its stdio
+	// connected to sio and returns its exit code, as
+	// agent.Client.ExecStream.
+	ExecStream(ctx context.Context, id string, cmd []string, sio StreamIO) (int32, error)
+	// Attach connects sio to a running container's stdio, as
+	// agent.Client.Attach.
+	Attach(ctx context.Context, id string, sio StreamIO) error
+	// PortForward connects stream to a TCP port on the loopback of the
+	// pod's network namespace (the host's for a pod in the host network),
+	// dialled from inside the pod, as agent.Client.PortForward.
+	PortForward(ctx context.Context, port int32, stream io.ReadWriter) error
 
 	// Stop stops every app (SIGTERM, timeout, SIGKILL) and the pod's
 	// isolation. Idempotent. The pod's host resources stay until

@@ -7,6 +7,19 @@
 // multiplexed stream over a VM's serial port). The client writes one
 // Request as a JSON document, the agent answers with one Response and
 // closes the stream. Paths in an AppSpec are as the agent sees them.
+//
+// Sessions (OpExecStream, OpAttach, OpPortForward) start the same way; when
+// their Response carries no error the stream goes on in frames, each a
+// type byte, a big-endian uint32 payload length and the payload:
+//
+//	client → agent: FrameStdin, FrameEOF (no more stdin), FrameResize
+//	                (exec, attach); FrameData, FrameEOF (port-forward)
+//	agent → client: FrameStdout, FrameStderr, then one FrameEnd (exec,
+//	                attach); FrameData, FrameEOF (port-forward)
+//
+// Closing the stream ends a session: the agent kills an exec'd command
+// whose client went away, detaches an attach and closes a forwarded
+// connection. Neither side depends on the transport's half-close.
 package api
 
 import (
@@ -33,7 +46,27 @@ const (
 	OpStats     = "stats"     // Request.ID ("" = the whole pod) -> Response.Stats
 	OpShutdown  = "shutdown"  // Request.Timeout: stop every app, then the agent exits
 	OpSysctl    = "sysctl"    // Request.Sysctls: IPC sysctls, set in the pod's IPC namespace
+
+	// Sessions: frames follow a successful Response.
+	OpExecStream  = "execstream"  // Request.ID, Request.Cmd, Request.Stdio: run a command with its stdio streamed
+	OpAttach      = "attach"      // Request.ID, Request.Stdio: connect to a running app's stdio
+	OpPortForward = "portforward" // Request.Port: a TCP connection to the pod's loopback
 )
+
+// Frame types of a session.
+const (
+	FrameStdin  byte = 'i' // client → agent: bytes for the command's stdin
+	FrameStdout byte = 'o' // agent → client: the command's stdout (a terminal's output)
+	FrameStderr byte = 'e' // agent → client: the command's stderr
+	FrameResize byte = 'w' // client → agent: TerminalSize as JSON
+	FrameData   byte = 'd' // port-forward bytes, both ways
+	FrameEOF    byte = 'z' // the sender sends no more stdin (or port-forward data)
+	FrameEnd    byte = 'x' // agent → client: SessionEnd as JSON; the last frame
+)
+
+// MaxFramePayload bounds a frame's payload; a longer frame is a protocol
+// error.
+const MaxFramePayload = 1 << 20
 
 // Request is one call to the agent.
 type Request struct {
@@ -46,6 +79,38 @@ type Request struct {
 	// Sysctls are name → value ("kernel.shm_rmid_forced" or
 	// "kernel/shm_rmid_forced"); only those the IPC namespace isolates.
 	Sysctls map[string]string `json:"sysctls,omitempty"`
+	// Stdio says which streams an exec or attach session carries.
+	Stdio *Stdio `json:"stdio,omitempty"`
+	// Port is the TCP port a port-forward session connects to.
+	Port int32 `json:"port,omitempty"`
+}
+
+// Stdio is the shape of an exec or attach session.
+type Stdio struct {
+	Stdin  bool `json:"stdin,omitempty"`
+	Stdout bool `json:"stdout,omitempty"`
+	Stderr bool `json:"stderr,omitempty"`
+	// TTY: an exec'd command runs on a terminal of its own (its output
+	// comes as FrameStdout); for attach it must match the app's TTY.
+	TTY bool `json:"tty,omitempty"`
+	// Size is a terminal's initial size (exec with TTY); nil means the
+	// kernel's default.
+	Size *TerminalSize `json:"size,omitempty"`
+}
+
+// TerminalSize is a terminal's size in characters.
+type TerminalSize struct {
+	Width  uint16 `json:"width"`
+	Height uint16 `json:"height"`
+}
+
+// SessionEnd is how an exec or attach session ended: an exec'd command's
+// exit code, or an error (Code, Error as in Response) when the session
+// failed after it started.
+type SessionEnd struct {
+	ExitCode int32  `json:"exitCode"`
+	Code     string `json:"code,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // Error classes carried in Response.Code; the client maps them back to
@@ -162,7 +227,15 @@ type AppSpec struct {
 	// LogPath is where the app's stdout/stderr go in CRI log format;
 	// empty means discard.
 	LogPath string `json:"logPath,omitempty"`
-	TTY     bool   `json:"tty,omitempty"`
+	// TTY runs the app on a terminal the agent holds; its output is
+	// logged as stdout.
+	TTY bool `json:"tty,omitempty"`
+	// Stdin keeps the app's stdin open (a pipe, or the terminal with
+	// TTY) for attach sessions; without it stdin is /dev/null.
+	// StdinOnce closes it when the first attach session that wrote to it
+	// ends (a terminal gets its end-of-file character).
+	Stdin     bool `json:"stdin,omitempty"`
+	StdinOnce bool `json:"stdinOnce,omitempty"`
 }
 
 // PID namespace modes of an app.

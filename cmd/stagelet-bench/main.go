@@ -2,8 +2,10 @@
 // stagelet, starts a registry on 127.0.0.1 holding the busybox image and a
 // daemon on temporary directories (as the e2e suite does), then times N
 // pod starts (RunPodSandbox + CreateContainer + StartContainer until the
-// container is RUNNING) and N ExecSync calls of `true`, and prints their
-// median and p90 and the daemon's resident memory. It tears everything down
+// container is RUNNING), N ExecSync calls of `true` and N exec sessions
+// over the streaming server (the Exec call, then client-go's SPDY client
+// as kubectl uses it), and prints their median and p90 and the daemon's
+// resident memory. It tears everything down
 // before it exits, also on failure or interrupt. It needs root.
 //
 //	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet]
@@ -16,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -25,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/test/e2e/harness"
@@ -62,8 +67,13 @@ func main() {
 type result struct {
 	podStart []time.Duration
 	exec     []time.Duration
-	rssIdle  uint64
-	rssAfter uint64
+	// streamTrue: Exec call to the exit status of `true`, the first (and
+	// only) byte its session receives; streamEcho: Exec call to the first
+	// byte of `echo`'s output.
+	streamTrue []time.Duration
+	streamEcho []time.Duration
+	rssIdle    uint64
+	rssAfter   uint64
 }
 
 func run(ctx context.Context, n int, bin, stage1 string, podNet bool, log *slog.Logger) (err error) {
@@ -219,10 +229,63 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		}
 		res.exec = append(res.exec, time.Since(began))
 	}
+	for i := range n {
+		d, err := streamExec(ctx, rt, firstCtr, []string{"true"})
+		if err != nil {
+			return nil, fmt.Errorf("streaming exec %d: %w", i, err)
+		}
+		res.streamTrue = append(res.streamTrue, d)
+		if d, err = streamExec(ctx, rt, firstCtr, []string{"echo", "x"}); err != nil {
+			return nil, fmt.Errorf("streaming exec %d: %w", i, err)
+		}
+		res.streamEcho = append(res.streamEcho, d)
+	}
 	if res.rssAfter, err = d.RSS(); err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// streamExec runs cmd through the streaming server as kubectl exec does
+// and returns the time from the Exec call to the first byte of output,
+// or to the end of the session for a command without output.
+func streamExec(ctx context.Context, rt runtimeapi.RuntimeServiceClient, ctr string, cmd []string) (time.Duration, error) {
+	began := time.Now()
+	resp, err := rt.Exec(ctx, &runtimeapi.ExecRequest{ContainerId: ctr, Cmd: cmd, Stdout: true, Stderr: true})
+	if err != nil {
+		return 0, err
+	}
+	u, err := url.Parse(resp.Url)
+	if err != nil {
+		return 0, err
+	}
+	ex, err := remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+	if err != nil {
+		return 0, err
+	}
+	out := &firstByte{}
+	if err := ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: out, Stderr: io.Discard}); err != nil {
+		return 0, err
+	}
+	if out.at.IsZero() {
+		return time.Since(began), nil
+	}
+	return out.at.Sub(began), nil
+}
+
+// firstByte records when its first byte was written.
+type firstByte struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+func (f *firstByte) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	if f.at.IsZero() && len(p) > 0 {
+		f.at = time.Now()
+	}
+	f.mu.Unlock()
+	return len(p), nil
 }
 
 func waitRunning(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) error {
@@ -273,6 +336,8 @@ func report(w io.Writer, n int, what string, r *result) {
 	fmt.Fprintf(w, row, "measure", "median", "p90")
 	fmt.Fprintf(w, row, "pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", ms(median(r.podStart)), ms(percentile(r.podStart, 90)))
 	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
+	fmt.Fprintf(w, row, "streaming exec true: Exec call to its exit status (first byte)", ms(median(r.streamTrue)), ms(percentile(r.streamTrue, 90)))
+	fmt.Fprintf(w, row, "streaming exec echo: Exec call to the first byte of output", ms(median(r.streamEcho)), ms(percentile(r.streamEcho, 90)))
 	fmt.Fprintln(w)
 	const rss = "%-72s %10s\n"
 	fmt.Fprintf(w, rss, "daemon RSS (VmRSS) before the runs", mib(r.rssIdle))

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
 
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/cgroups"
@@ -162,14 +163,26 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err := os.Chmod(sock, 0o660); err != nil {
 		return err
 	}
-	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd})
+	// The streaming library logs through klog: send it to our log.
+	klog.SetSlogLogger(log.With("component", "streaming"))
+	streams, err := cri.NewStreamServer(b, cfg.StreamingAddr(), log.With("component", "streaming"))
+	if err != nil {
+		return err
+	}
+	defer streams.Close()
+	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
 	unary, stream := srv.Interceptors()
 	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
 	srv.Register(g)
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- g.Serve(lis) }()
-	log.Info("stagelet serving", "socket", sock, "stateDir", state, "runDir", run, "config", cfg.Source,
+	go func() {
+		if err := streams.Serve(); err != nil {
+			errc <- fmt.Errorf("streaming server: %w", err)
+		}
+	}()
+	log.Info("stagelet serving", "socket", sock, "streaming", streams.Addr(), "stateDir", state, "runDir", run, "config", cfg.Source,
 		"stage1s", b.Stage1s(), "policy", pol.Source, "default", pol.DefaultStage1, "handlers", b.Handlers(), "version", version)
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
