@@ -21,7 +21,8 @@ for t in cpio lz4 xz:xz-utils zstd; do
 	cmd=${t%%:*} pkg=${t#*:}
 	command -v "$cmd" >/dev/null 2>&1 || need="$need $pkg"
 done
-# The systemd launcher's test bed (make systemd-testbed).
+# The node VM image (mkfs.ext4 -d) and the systemd launcher test bed.
+command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 
 if [ -n "$need" ]; then
