@@ -3,7 +3,7 @@ BIN     := bin/stagelet
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build guest run deps test unit e2e conformance bench lint clean systemd-testbed test-systemd
+.PHONY: all build guest run deps test unit e2e conformance bench lint clean systemd-testbed test-systemd test-node
 
 all: build guest
 
@@ -60,6 +60,14 @@ systemd-testbed: deps
 # The systemd launcher against a booted systemd (root).
 test-systemd: systemd-testbed
 	STAGELET_TEST_SYSTEMD_ROOT=$(TESTBED) $(GO) test -count=1 -v -run 'Systemd' ./stage1/ ./stage1/fly/
+
+# stagelet on a node as Kubernetes nodes run it: a Debian 12 VM with
+# systemd as PID 1 and pure cgroup v2, booted under qemu, running the
+# service of contrib/systemd/stagelet.service under both cgroup drivers,
+# then critest (scripts/test-node.sh; the image is cached after the first
+# build).
+test-node: deps build
+	./scripts/test-node.sh $(BIN)
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command.
 bench: deps build guest

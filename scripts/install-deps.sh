@@ -23,7 +23,8 @@ for t in cpio lz4 xz:xz-utils zstd; do
 done
 # make conformance: the kit's critest.sh and the expectations check.
 command -v python3 >/dev/null 2>&1 || need="$need python3"
-# The systemd launcher's test bed (make systemd-testbed).
+# The node VM image (mkfs.ext4 -d) and the systemd launcher test bed.
+command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 
 if [ -n "$need" ]; then

@@ -1,0 +1,160 @@
+#!/bin/bash
+# make test-node: stagelet on a node as Kubernetes nodes run it — systemd as
+# PID 1, a pure cgroup v2 hierarchy — in a VM booted under qemu.
+#
+#   scripts/test-node.sh STAGELET_BINARY
+#
+# It builds (or reuses) the node image (scripts/node-image.sh) and a payload
+# disk with the binary, the node tests (test/node, compiled static),
+# contrib/systemd/stagelet.service and, when ../shared/conformance exists,
+# the CRI conformance kit. In the VM the node tests install and drive the
+# service under both cgroup drivers, then critest runs against the nspawn
+# stage1 with the systemd driver. critest also runs on this host first, and
+# the two runs must fail the same specs. Everything it makes goes in one
+# temporary directory, removed at the end, whatever happens.
+#
+# Environment: NODE_TIMEOUT (seconds the VM may run, default 2400),
+# NODE_TESTS (a -test.run pattern for the node tests; critest runs only
+# when it is unset),
+# NODE_MEMORY (MiB, default 3072), NODE_ACCEL (qemu accelerator, default
+# tcg: KVM does not work on every machine this runs on), REGISTRY (critest's registry on this
+# host, default 127.0.0.1:5055).
+set -euo pipefail
+
+BIN=${1:?usage: scripts/test-node.sh STAGELET_BINARY}
+BIN=$(readlink -f "$BIN")
+top=$(cd "$(dirname "$0")/.." && pwd)
+kit=$(readlink -f "$top/../shared/conformance" 2>/dev/null || true)
+timeout_s=${NODE_TIMEOUT:-2400}
+tests=${NODE_TESTS:-}
+[ -z "$tests" ] || kit=
+mem=${NODE_MEMORY:-3072}
+
+[ "$(id -u)" = 0 ] || { echo "test-node: needs root" >&2; exit 1; }
+command -v qemu-system-x86_64 >/dev/null || { echo "test-node: needs qemu-system-x86_64" >&2; exit 1; }
+
+W=$(mktemp -d /var/tmp/stagelet-node.XXXXXX)
+QPID=
+cleanup() {
+	if [ -n "$QPID" ] && kill -0 "$QPID" 2>/dev/null; then
+		kill "$QPID" 2>/dev/null || true
+		wait "$QPID" 2>/dev/null || true
+	fi
+	rm -rf --one-file-system "$W"
+}
+trap cleanup EXIT
+t0=$(date +%s)
+
+img=$("$top/scripts/node-image.sh" | tail -n1)
+echo "test-node: node image $img ($(($(date +%s) - t0))s)"
+
+P=$W/payload
+mkdir -p "$P"
+cp "$BIN" "$P/stagelet"
+cp "$top/contrib/systemd/stagelet.service" "$P/stagelet.service"
+(cd "$top" && CGO_ENABLED=0 go test -c -o "$P/node.test" ./test/node)
+if [ -n "$kit" ] && [ -x "$kit/critest.sh" ]; then
+	cp -r "$kit" "$P/conformance"
+elif [ -n "$tests" ]; then
+	echo "test-node: NODE_TESTS is set: critest is not run"
+else
+	echo "test-node: ../shared/conformance is missing: critest is not run"
+fi
+printf '%s\n' "${tests:-.}" >"$P/tests"
+cat >"$P/run" <<'RUN'
+#!/bin/sh
+# Runs inside the node VM (stagelet-node-run.service), then the VM powers off.
+P=/payload
+echo "node: kernel $(uname -r), $(systemctl --version | head -n1), /sys/fs/cgroup is $(stat -fc %T /sys/fs/cgroup)"
+rc=0
+cp $P/stagelet /usr/local/bin/stagelet && /usr/local/bin/stagelet cni init --subnet 10.88.0.0/16 || rc=1
+cd /tmp
+if [ $rc = 0 ]; then
+	STAGELET_NODE_TEST=1 STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service \
+		$P/node.test -test.v -test.timeout 20m -test.run "$(cat $P/tests)" || rc=1
+fi
+R=/var/tmp/node-result
+mkdir -p $R
+if [ $rc = 0 ] && [ -x $P/conformance/critest.sh ]; then
+	mkdir -p /var/tmp/critest
+	TMPDIR=/var/tmp/critest OUT=$R CONFIG_EXTRA="cgroup_driver: systemd" \
+		$P/conformance/critest.sh /usr/local/bin/stagelet | tee $R/critest.out
+fi
+echo "STAGELET-NODE-RESULT rc=$rc"
+# The result goes to the host on a disk of its own, as a tar stream: the
+# console goes through the journal, which may not have written its last
+# lines when the VM powers off.
+echo "rc=$rc" >$R/result
+tar -C $R -cf /dev/disk/by-id/virtio-result . && sync
+# Off at once: the root disk is a throw-away snapshot, and a clean
+# shutdown could wait on what a failed test left running.
+echo o >/proc/sysrq-trigger
+RUN
+chmod +x "$P/run"
+size=$(( $(du -sm "$P" | cut -f1) + 64 ))
+mkfs.ext4 -q -F -L payload -d "$P" "$W/payload.img" "${size}M" >/dev/null
+truncate -s 256M "$W/result.img"
+
+# critest on this host first: the VM's run must fail the same specs.
+host_fails=$W/host-fails
+if [ -d "$P/conformance" ]; then
+	mkdir -p "$W/ct"
+	echo "test-node: critest on this host"
+	TMPDIR=$W/ct REGISTRY=${REGISTRY:-127.0.0.1:5055} "$kit/critest.sh" "$BIN" | tee "$W/host-critest" || true
+	grep '^\[FAIL\]' "$W/host-critest" | sort -u >"$host_fails" || true
+fi
+
+# The result disk sits in a PCI slot after the others, so that the root
+# disk stays /dev/vda. AppArmor is off in the VM (apparmor=0), as on the hosts this runs on:
+# critest runs its AppArmor specs only where the kernel has it, and the
+# two runs must be comparable.
+accel=${NODE_ACCEL:-tcg}
+echo "test-node: booting the node VM (accel $accel)"
+tb=$(date +%s)
+TMPDIR=$W timeout "$timeout_s" qemu-system-x86_64 \
+	-M q35 -accel "$accel" -cpu max -smp 2 -m "$mem" \
+	-nographic -no-reboot -monitor none -nic none \
+	-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
+	-append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 apparmor=0 quiet" \
+	-drive "file=$img/root.img,if=virtio,format=raw,snapshot=on" \
+	-drive "file=$W/payload.img,if=virtio,format=raw,readonly=on" \
+	-drive "file=$W/result.img,if=none,id=result,format=raw" \
+	-device virtio-blk-pci,drive=result,serial=result,addr=0x10 \
+	-serial "file:$W/console.log" >"$W/qemu.log" 2>&1 &
+QPID=$!
+# The console as it comes, without the journal's prefixes.
+touch "$W/console.log"
+tail -n +1 -f --pid=$QPID "$W/console.log" | sed -u 's/^\[ *[0-9.]*\] [a-z.-]*\[[0-9]*\]: //'
+wait $QPID && qrc=0 || qrc=$?
+QPID=
+[ $qrc = 0 ] || { echo "test-node: qemu ended with status $qrc (124: the VM ran longer than ${timeout_s}s)"; cat "$W/qemu.log"; }
+clean=$W/console.txt
+sed 's/^\[ *[0-9.]*\] [a-z.-]*\[[0-9]*\]: //' "$W/console.log" | tr -d '\r' >"$clean"
+boot=$(grep -ao '\[ *[0-9.]*\] [a-z.-]*\[[0-9]*\]: node: kernel' "$W/console.log" | head -n1 | sed 's/^\[ *\([0-9.]*\)\].*/\1/')
+echo "test-node: the payload started ${boot}s after the kernel; the VM ran $(($(date +%s) - tb))s"
+
+rc=1
+V=$W/vm
+mkdir -p "$V"
+if ! tar -C "$V" -xf "$W/result.img" 2>/dev/null || [ ! -f "$V/result" ]; then
+	echo "test-node: the VM left no result"
+elif [ "$(cat "$V/result")" = rc=0 ]; then
+	rc=0
+fi
+if [ $rc = 0 ] && [ -f "$host_fails" ]; then
+	grep '^\[FAIL\]' "$V/critest.out" 2>/dev/null | sort -u >"$W/vm-fails" || true
+	if ! grep -q '^critest: ' "$V/critest.out" 2>/dev/null; then
+		echo "test-node: critest printed no summary in the VM"
+		rc=1
+	elif ! diff -u --label host "$host_fails" --label vm "$W/vm-fails"; then
+		echo "test-node: critest failed different specs in the VM than on this host; what failed in the VM:"
+		grep -A12 '\[FAILED\]' "$V/critest.log" | head -n 200
+		echo "the daemon's last lines in the VM:"
+		tail -n 40 "$V/daemon.log"
+		rc=1
+	else
+		echo "test-node: critest in the VM: $(grep -m1 '^critest: ' "$V/critest.out" | cut -d' ' -f2-); on this host: $(grep -m1 '^critest: ' "$W/host-critest" | cut -d' ' -f2-); the same specs fail"
+	fi
+fi
+echo "test-node: $([ $rc = 0 ] && echo passed || echo FAILED) in $(($(date +%s) - t0))s"
+exit $rc
