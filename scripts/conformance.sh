@@ -13,7 +13,8 @@
 # kvm guest, default bin/guest), STAGE1S (default "nspawn fly kvm"),
 # POD_SUBNET (for the CNI configuration installed when the node has none),
 # KEEP (a directory to keep each run's critest.log, junit.xml and
-# daemon.log in; by default they are kept only for a failed run).
+# daemon.log in; without it a failed run prints what failed and nothing is
+# kept).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-bin/stagelet}
@@ -80,8 +81,12 @@ for s in $STAGE1S; do
 	elif ! python3 scripts/conformance-check.py "$LIST" "$s" "$work/$s/out/junit.xml"; then
 		rc=1
 	fi
-	if [ "$rc" != 0 ] || [ -n "${KEEP:-}" ]; then
-		dest=${KEEP:-/tmp}/conformance-$s-$(date +%Y%m%d-%H%M%S)
+	if [ "$rc" != 0 ] && [ -f "$work/$s/out/critest.log" ]; then
+		echo "conformance $s: what failed (critest.log):"
+		grep -A14 '\[FAILED\]' "$work/$s/out/critest.log" | head -n 150
+	fi
+	if [ -n "${KEEP:-}" ]; then
+		dest=$KEEP/conformance-$s-$(date +%Y%m%d-%H%M%S)
 		mkdir -p "$dest" && cp -r "$work/$s/out/." "$dest/" && echo "conformance $s: logs in $dest"
 	fi
 done
