@@ -233,10 +233,10 @@ func TestHelperRefusesWithoutRelease(t *testing.T) {
 	}
 }
 
-// TestMoveIntoLeaf moves a child process (not this test) from a cgroup2
-// directory into its leaf, which makes the directory empty.
-func TestMoveIntoLeaf(t *testing.T) {
-	d := unifiedTestCgroup(t)
+// childIn starts a shell in the cgroup2 directory d that waits until the
+// test ends.
+func childIn(t *testing.T, d string) *exec.Cmd {
+	t.Helper()
 	c := &Cgroup{Paths: map[string]string{Unified: d}}
 	cmd := exec.Command("/bin/sh", "-c", "read x")
 	w, err := cmd.StdinPipe()
@@ -246,7 +246,15 @@ func TestMoveIntoLeaf(t *testing.T) {
 	if err := c.Start(cmd); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { w.Close(); cmd.Wait() }()
+	t.Cleanup(func() { w.Close(); cmd.Wait() })
+	return cmd
+}
+
+// TestMoveIntoLeaf moves a child process (not this test) from a cgroup2
+// directory into its leaf, which makes the directory empty.
+func TestMoveIntoLeaf(t *testing.T) {
+	d := unifiedTestCgroup(t)
+	cmd := childIn(t, d)
 	root := v2RootOf(d)
 	parent, err := moveIntoLeaf(root, d, LeafName, cmd.Process.Pid)
 	if err != nil {
@@ -277,16 +285,7 @@ func TestMoveIntoLeaf(t *testing.T) {
 // else, where a process at the hierarchy's real root stays.
 func TestMoveIntoLeafAtNamespaceRoot(t *testing.T) {
 	d := unifiedTestCgroup(t)
-	c := &Cgroup{Paths: map[string]string{Unified: d}}
-	cmd := exec.Command("/bin/sh", "-c", "read x")
-	w, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(cmd); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { w.Close(); cmd.Wait() }()
+	cmd := childIn(t, d)
 	if isHierarchyRoot(d) {
 		t.Fatalf("%s has no cgroup.type: taken for the real root", d)
 	}

@@ -373,6 +373,16 @@ func cgroupTree(dir string) string {
 	return b.String()
 }
 
+// checkMemoryLimit asserts that the container of p, whose cgroup is
+// beneath dir, has the memory limit startPod gave it.
+func checkMemoryLimit(t *testing.T, dir string, p *pod) {
+	t.Helper()
+	app := appCgroup(t, dir, p.ctr)
+	if got := readTrim(t, filepath.Join(app, "memory.max")); got != strconv.Itoa(96<<20) {
+		t.Errorf("container of %s: memory.max = %s, want %d", p.cfg.Metadata.Name, got, 96<<20)
+	}
+}
+
 func readTrim(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -464,10 +474,7 @@ func TestCgroupfsDriver(t *testing.T) {
 			t.Errorf("pod %s has no cgroup %s: %v", name, dir, err)
 			continue
 		}
-		app := appCgroup(t, dir, p.ctr)
-		if got := readTrim(t, filepath.Join(app, "memory.max")); got != strconv.Itoa(96<<20) {
-			t.Errorf("container of %s: memory.max = %s, want %d", name, got, 96<<20)
-		}
+		checkMemoryLimit(t, dir, p)
 	}
 	noThreadedCgroups(t)
 
@@ -534,10 +541,7 @@ func TestSystemdDriver(t *testing.T) {
 		if want := "/kubepods.slice/kubepods-burstable.slice/" + c.slice + "/" + unit; cg != want {
 			t.Errorf("%s: unit cgroup %s, want %s", name, cg, want)
 		}
-		app := appCgroup(t, filepath.Join(cgroupFS, cg), c.p.ctr)
-		if got := readTrim(t, filepath.Join(app, "memory.max")); got != strconv.Itoa(96<<20) {
-			t.Errorf("container of %s: memory.max = %s, want %d", name, got, 96<<20)
-		}
+		checkMemoryLimit(t, filepath.Join(cgroupFS, cg), c.p)
 	}
 	noThreadedCgroups(t)
 
