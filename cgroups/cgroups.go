@@ -115,7 +115,7 @@ func loadEnv() (*env, error) {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
 	defer pc.Close()
-	mi, err := os.Open("/proc/self/mountinfo")
+	mi, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
@@ -360,7 +360,7 @@ func OfProcess(pid int) (*Cgroup, error) {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
 	defer pc.Close()
-	mi, err := os.Open("/proc/self/mountinfo")
+	mi, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}

@@ -440,7 +440,7 @@ type mountInfo struct {
 }
 
 func readMountInfo() []mountInfo {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 )
 
 // SharedDir is how a pod whose agent does not see the host's files (an
@@ -174,10 +175,12 @@ func (d SharedDir) UnbindContainer(id string) error {
 	return RemoveUnmounted(dir)
 }
 
-// MountsUnder returns the mount points of this mount namespace at dir or
-// beneath it, deepest (latest) first.
+// MountsUnder returns the mount points of the calling thread's mount
+// namespace at dir or beneath it, deepest (latest) first. The thread's,
+// not /proc/self's: that is the main thread's view, which is another
+// namespace when the main thread ever joined one.
 func MountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
@@ -256,8 +259,9 @@ func UnmountAll(dir string) error {
 }
 
 // RemoveUnmounted unmounts everything at dir or beneath it and removes
-// dir. It never removes across a mount: when a mount remains, it fails and
-// leaves the files. A missing dir is not an error.
+// dir. It never removes across a mount: when a mount remains (or one
+// appeared in the meantime), it fails and leaves the files beneath it
+// (mountsafe.RemoveAll). A missing dir is not an error.
 func RemoveUnmounted(dir string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -265,7 +269,7 @@ func RemoveUnmounted(dir string) error {
 	if err := UnmountAll(dir); err != nil {
 		return err
 	}
-	return os.RemoveAll(dir)
+	return mountsafe.RemoveAll(dir)
 }
 
 // Bind binds src (recursively) onto dst, creating dst as a directory or an

@@ -6,12 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/internal/osthread"
 )
 
 // Names in the pod's network namespace.
@@ -34,29 +34,24 @@ type netConfig struct {
 var errNoNetNS = errors.New("not a network namespace")
 
 // inNetNS runs fn on a thread of its own inside the network namespace at
-// path. The thread is never returned to the Go scheduler: it ends with fn.
+// path. The thread is never returned to the Go scheduler: it ends with fn
+// (osthread.Run).
 func inNetNS(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // not unlocked: the thread left the host's namespace
+	return osthread.Run(func() error {
 		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			errc <- err
-			return
+			return err
 		}
 		err = unix.Setns(fd, unix.CLONE_NEWNET)
 		unix.Close(fd)
 		if errors.Is(err, unix.EINVAL) {
-			errc <- fmt.Errorf("%s: %w", path, errNoNetNS)
-			return
+			return fmt.Errorf("%s: %w", path, errNoNetNS)
 		}
 		if err != nil {
-			errc <- fmt.Errorf("setns %s: %w", path, err)
-			return
+			return fmt.Errorf("setns %s: %w", path, err)
 		}
-		errc <- fn()
-	}()
-	return <-errc
+		return fn()
+	})
 }
 
 // setupTap reads eth0 of the pod's network namespace, creates the tap

@@ -3,12 +3,12 @@ package nspawn
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/osthread"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -45,24 +45,19 @@ func (p *Pod) bindShared(src, host string) error {
 		return fmt.Errorf("nspawn: clone %s: %w", src, err)
 	}
 	defer unix.Close(tree)
-	done := make(chan error, 1)
-	go func() {
-		// The thread leaves the daemon's mount namespace: it stays
-		// locked, so it ends with this goroutine and runs nothing else.
-		runtime.LockOSThread()
+	// The thread leaves the daemon's mount namespace: it ends with fn.
+	err = osthread.Run(func() error {
 		// Only a thread with file system attributes of its own may join
 		// a mount namespace.
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			done <- fmt.Errorf("unshare CLONE_FS: %w", err)
-			return
+			return fmt.Errorf("unshare CLONE_FS: %w", err)
 		}
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
-			done <- fmt.Errorf("join the pod's mount namespace: %w", err)
-			return
+			return fmt.Errorf("join the pod's mount namespace: %w", err)
 		}
-		done <- unix.MoveMount(tree, "", unix.AT_FDCWD, inPod, unix.MOVE_MOUNT_F_EMPTY_PATH)
-	}()
-	if err := <-done; err != nil {
+		return unix.MoveMount(tree, "", unix.AT_FDCWD, inPod, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	})
+	if err != nil {
 		return fmt.Errorf("nspawn: place %s at %s in the pod: %w", src, inPod, err)
 	}
 	return nil
