@@ -231,7 +231,11 @@ func UnescapeMountPath(s string) string {
 }
 
 // UnmountAll detaches every mount at dir or beneath it. Mounts already
-// gone are not errors.
+// gone are not errors. They are made private first: a bind of a shared
+// mount (a volume on a host whose root is shared, as under systemd) is a
+// peer of its source, and unmounting what lies beneath a peer unmounts it
+// beneath the source too: the host's own mounts inside a volume would go
+// with the daemon's bind of it.
 func UnmountAll(dir string) error {
 	for range 3 { // a detached parent may take children with it
 		ms, err := MountsUnder(dir)
@@ -240,6 +244,12 @@ func UnmountAll(dir string) error {
 		}
 		if len(ms) == 0 {
 			return nil
+		}
+		for _, m := range ms {
+			err := unix.Mount("", m, "", unix.MS_PRIVATE|unix.MS_REC, "")
+			if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("make %s private before unmounting it: %w", m, err)
+			}
 		}
 		for _, m := range ms {
 			err := unix.Unmount(m, unix.MNT_DETACH)
