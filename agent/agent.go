@@ -50,6 +50,9 @@ type Agent struct {
 	apps    map[string]*app
 	closing bool
 
+	// events go to OpEvents subscribers.
+	events hub
+
 	done     chan struct{}
 	doneOnce sync.Once
 }
@@ -157,6 +160,9 @@ func (a *Agent) serveConn(c net.Conn) {
 		resp = errResponse(errdefs.InvalidArgument("bad request: %v", err))
 	} else if isSession(req.Op) {
 		a.serveSession(c, io.MultiReader(dec.Buffered(), c), &req)
+		return
+	} else if req.Op == api.OpEvents {
+		a.serveEvents(c, io.MultiReader(dec.Buffered(), c))
 		return
 	} else {
 		resp = a.Handle(&req)

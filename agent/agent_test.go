@@ -1089,3 +1089,112 @@ func TestExecCannotEscapeChroot(t *testing.T) {
 		}
 	}
 }
+
+// watcher collects what one Watch subscription delivers.
+type watcher struct {
+	snapshot chan []*api.AppStatus
+	events   chan *api.Event
+	end      chan error
+}
+
+func (ta *testAgent) watch(ctx context.Context) *watcher {
+	w := &watcher{snapshot: make(chan []*api.AppStatus, 1), events: make(chan *api.Event, 100), end: make(chan error, 1)}
+	go func() {
+		w.end <- ta.c.Watch(ctx, func(s []*api.AppStatus) { w.snapshot <- s }, func(ev *api.Event) { w.events <- ev })
+	}()
+	return w
+}
+
+func (w *watcher) next(t *testing.T) *api.Event {
+	t.Helper()
+	select {
+	case ev := <-w.events:
+		return ev
+	case err := <-w.end:
+		t.Fatalf("the subscription ended: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no event in 20s")
+	}
+	return nil
+}
+
+// TestEvents: a subscriber gets every app at once, then each change after
+// it as it happens, exit code and reason included; several subscribe at
+// once; the subscription ends, ErrUnavailable, when the agent dies.
+func TestEvents(t *testing.T) {
+	ta := startAgent(t)
+	rootfs := makeRootfs(t)
+	ta.run(&api.AppSpec{ID: "before", Rootfs: rootfs, Args: []string{"sleep", "1000"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ws := []*watcher{ta.watch(ctx), ta.watch(ctx)}
+	for _, w := range ws {
+		select {
+		case s := <-w.snapshot:
+			if len(s) != 1 || s[0].ID != "before" || s[0].State != api.StateRunning {
+				t.Fatalf("snapshot %+v", s)
+			}
+		case err := <-w.end:
+			t.Fatalf("subscribe: %v", err)
+		}
+	}
+	ta.run(&api.AppSpec{ID: "b", Rootfs: rootfs, Args: sh("read x; exit 3"), Stdin: true, StdinOnce: true})
+	if _, err := ta.c.Stop(ctx, "b", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := ta.c.Remove(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range ws {
+		var types []string
+		for _, want := range []string{api.EventCreated, api.EventStarted, api.EventExited, api.EventRemoved} {
+			ev := w.next(t)
+			types = append(types, ev.Type)
+			if ev.Type != want || ev.App.ID != "b" || ev.Time.IsZero() {
+				t.Fatalf("subscriber %d: events %v, then %+v; want %s for b", i, types, ev.App, want)
+			}
+			switch ev.Type {
+			case api.EventStarted:
+				if ev.App.State != api.StateRunning || ev.App.PID == 0 {
+					t.Errorf("started event %+v", ev.App)
+				}
+			case api.EventExited:
+				if ev.App.State != api.StateExited || ev.App.ExitCode != 143 || ev.App.Reason != api.ReasonError || ev.App.FinishedAt.IsZero() {
+					t.Errorf("exited event %+v", ev.App)
+				}
+			}
+		}
+	}
+	if err := ta.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-ta.exited
+	for i, w := range ws {
+		select {
+		case err := <-w.end:
+			if !errors.Is(err, errdefs.ErrUnavailable) {
+				t.Errorf("subscriber %d ended with %v, want ErrUnavailable", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("subscriber %d still waits after the agent died", i)
+		}
+	}
+}
+
+// TestWatchEndsWithContext: ending the context ends a subscription
+// without an error.
+func TestWatchEndsWithContext(t *testing.T) {
+	ta := startAgent(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	w := ta.watch(ctx)
+	<-w.snapshot
+	cancel()
+	select {
+	case err := <-w.end:
+		if err != nil {
+			t.Errorf("Watch returned %v after its context ended", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch still runs after its context ended")
+	}
+}

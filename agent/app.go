@@ -174,6 +174,7 @@ func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
 	}
 	a.log.Info("app created", "app", spec.ID, "name", spec.Name)
 	st := ap.st
+	a.events.publish(api.EventCreated, &st)
 	return &st, nil
 }
 
@@ -322,6 +323,7 @@ func (a *Agent) launch(ap *app) error {
 			a.log.Warn("write app record", "app", spec.ID, "err", err)
 		}
 		a.log.Info("app started", "app", spec.ID, "pid", st.PID)
+		a.events.publish(api.EventStarted, &st)
 	}
 	close(ap.started)
 	if herr != nil {
@@ -376,6 +378,7 @@ func (a *Agent) failEarly(ap *app, err error) error {
 	ap.mu.Lock()
 	ap.st = st
 	ap.mu.Unlock()
+	a.events.publish(api.EventExited, &st)
 	close(ap.started)
 	close(ap.exited)
 	return err
@@ -591,6 +594,7 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	ap.st = rec
 	ap.mu.Unlock()
 	a.log.Info("app exited", "app", rec.ID, "code", rec.ExitCode, "reason", rec.Reason)
+	a.events.publish(api.EventExited, &rec)
 	close(ap.exited)
 }
 
@@ -724,7 +728,9 @@ func (a *Agent) remove(id string) error {
 	if ap.proc != nil {
 		ap.proc.Release()
 	}
+	last := ap.st
 	ap.mu.Unlock()
+	a.events.publish(api.EventRemoved, &last)
 	a.log.Info("app removed", "app", id)
 	return nil
 }

@@ -202,6 +202,38 @@ func (c *Client) Shutdown(ctx context.Context, timeout time.Duration) error {
 	return err
 }
 
+// Watch subscribes to the agent's app events (OpEvents): snapshot is
+// called once with every app, then event with each change after it, in
+// order, on the caller's goroutine, until ctx ends (Watch returns nil) or
+// the stream does: ErrUnavailable when the agent went away or dropped the
+// subscription because it was read too slowly (subscribe again), the
+// agent's error otherwise (InvalidArgument from an agent that has no
+// events).
+func (c *Client) Watch(ctx context.Context, snapshot func([]*api.AppStatus), event func(*api.Event)) error {
+	conn, resp, rd, err := c.roundTrip(ctx, &api.Request{Op: api.OpEvents})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	snapshot(resp.Apps)
+	dec := json.NewDecoder(rd)
+	for {
+		var ev api.Event
+		if err := dec.Decode(&ev); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("agent: events: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		if ev.App == nil {
+			return fmt.Errorf("agent: events: an event without an app: %w", errdefs.ErrUnavailable)
+		}
+		event(&ev)
+	}
+}
+
 // StreamIO are the streams of an exec or attach session. Nil streams are
 // not used: without Stdin no input is sent, without Stdout or Stderr that
 // output is not asked for.

@@ -20,6 +20,12 @@
 // Closing the stream ends a session: the agent kills an exec'd command
 // whose client went away, detaches an attach and closes a forwarded
 // connection. Neither side depends on the transport's half-close.
+//
+// OpEvents is a subscription: its Response carries every app (Apps), and
+// the stream goes on with one Event per JSON document, each a change that
+// happened after that snapshot, until either side closes it. An agent
+// closes a subscriber that falls EventBuffer events behind; the client
+// subscribes again and starts from a new snapshot.
 package api
 
 import (
@@ -46,6 +52,7 @@ const (
 	OpStats     = "stats"     // Request.ID ("" = the whole pod) -> Response.Stats
 	OpShutdown  = "shutdown"  // Request.Timeout: stop every app, then the agent exits
 	OpSysctl    = "sysctl"    // Request.Sysctls: IPC sysctls, set in the pod's IPC namespace
+	OpEvents    = "events"    // -> Response.Apps, then Events until either side closes
 
 	// Sessions: frames follow a successful Response.
 	OpExecStream  = "execstream"  // Request.ID, Request.Cmd, Request.Stdio: run a command with its stdio streamed
@@ -124,6 +131,28 @@ const (
 	CodeDeadlineExceeded   = "DeadlineExceeded"
 	CodeInternal           = "Internal"
 )
+
+// Event types: what happened to an app.
+const (
+	EventCreated = "created"
+	EventStarted = "started"
+	EventExited  = "exited" // App.ExitCode, Reason (OOMKilled, ...), FinishedAt
+	EventRemoved = "removed"
+)
+
+// EventBuffer is how many events an agent holds for a subscriber that does
+// not read them before it drops the subscriber.
+const EventBuffer = 1024
+
+// Event is a change to an app, sent on an OpEvents stream.
+type Event struct {
+	Type string `json:"type"`
+	// App is the app's status after the change (for EventRemoved, its
+	// last one).
+	App *AppStatus `json:"app"`
+	// Time is when the agent saw the change.
+	Time time.Time `json:"time"`
+}
 
 // Response is the agent's answer.
 type Response struct {
