@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/policy"
@@ -86,6 +87,33 @@ type Broker struct {
 	podNames map[string]*pod // name key → pod, while the pod exists
 	ctrs     map[string]*container
 	ctrNames map[string]*container // pod ID + name key → container
+
+	// Event subscribers (Subscribe); subsMu is taken inside mu, never
+	// the other way round.
+	subsMu sync.Mutex
+	subs   map[*Subscription]struct{}
+	nsubs  atomic.Int32
+	// subBuffer is a subscriber's buffer; 0 means SubscriberBuffer.
+	subBuffer int
+
+	// followers counts the goroutines following pods' agents (watch).
+	followers sync.WaitGroup
+}
+
+// Close stops following the pods' agents and waits until no follower
+// writes a record any more; the pods keep running, for the next daemon to
+// recover. The broker is not used afterwards.
+func (b *Broker) Close() {
+	b.mu.Lock()
+	ps := make([]*pod, 0, len(b.pods))
+	for _, p := range b.pods {
+		ps = append(ps, p)
+	}
+	b.mu.Unlock()
+	for _, p := range ps {
+		b.unwatch(p)
+	}
+	b.followers.Wait()
 }
 
 type pod struct {
@@ -97,10 +125,14 @@ type pod struct {
 	// its outcome, read after created is closed.
 	created chan struct{}
 	err     error
-	// checked is when the agent last answered a liveness check (guarded
-	// by Broker.mu).
-	checked time.Time
+	// unwatch stops following the pod's agent (watch); agent is what the
+	// agent said of itself when following began. Guarded by Broker.mu.
+	unwatch context.CancelFunc
+	agent   *api.Info
 }
+
+// id is the pod's ID, which never changes.
+func (p *pod) id() string { return p.rec.ID }
 
 type container struct {
 	op      sync.Mutex

@@ -90,6 +90,7 @@ func (e *env) broker(t *testing.T) *Broker {
 	if !b.Ready() {
 		t.Fatal("not ready after recovery")
 	}
+	t.Cleanup(b.Close)
 	return b
 }
 
@@ -289,10 +290,10 @@ func TestContainerLifecycle(t *testing.T) {
 	if got := b.ListContainers(ctx, ContainerFilter{LabelSelector: map[string]string{"c": "nope"}}); len(got) != 0 {
 		t.Fatalf("label filter: %v", got)
 	}
-	// The app exits on its own: the broker learns it from the agent.
+	// The app exits on its own: the agent tells the broker.
 	e.be.pods[pid].exit(cid, 3)
-	rec, _ = b.ContainerStatus(ctx, cid)
-	if rec.State != ContainerExited || rec.ExitCode != 3 || rec.Reason != api.ReasonError || rec.FinishedAt.IsZero() {
+	rec = waitContainer(t, b, cid, func(r *ContainerRecord) bool { return r.State == ContainerExited })
+	if rec.ExitCode != 3 || rec.Reason != api.ReasonError || rec.FinishedAt.IsZero() {
 		t.Fatalf("exit not seen: %+v", rec)
 	}
 	for range 2 {
@@ -325,6 +326,7 @@ func TestRecoveryAfterRestart(t *testing.T) {
 		}
 	}
 	// The daemon dies. While it is down c2 exits and the pod "dead" dies.
+	b.Close()
 	e.be.pods[live].exit(c2, 7)
 	e.be.pods[dead].mu.Lock()
 	e.be.pods[dead].alive = false
@@ -686,19 +688,20 @@ func TestPodWhoseAgentDiesBecomesNotReady(t *testing.T) {
 	}
 	fp := e.be.pods[id]
 	fp.mu.Lock()
-	fp.dead = true
+	lists := fp.lists
 	fp.mu.Unlock()
-	// The next status read after the check interval notices.
-	b.mu.Lock()
-	b.pods[id].checked = time.Time{}
-	b.mu.Unlock()
-	st, err := b.PodStatus(ctx, id, false)
-	if err != nil || st.Ready || !st.Record.Gone {
-		t.Fatalf("status after the agent died: %+v %v", st, err)
-	}
-	rec, _ := b.ContainerStatus(ctx, cid)
-	if rec.State != ContainerExited || rec.ExitCode != 255 {
+	// The agent's event stream ends: the broker notices without a list.
+	fp.die()
+	waitFor(t, "the pod turns not ready", func() bool {
+		st, err := b.PodStatus(ctx, id, false)
+		return err == nil && !st.Ready && st.Record.Gone
+	})
+	rec := waitContainer(t, b, cid, func(r *ContainerRecord) bool { return r.State == ContainerExited })
+	if rec.ExitCode != 255 {
 		t.Fatalf("container after the agent died: %s/%d", rec.State, rec.ExitCode)
+	}
+	if fp.lists != lists {
+		t.Errorf("noticing the death took %d list calls", fp.lists-lists)
 	}
 	// Stop kills what the pod left; remove releases the rest.
 	if err := b.StopPod(ctx, id); err != nil {
@@ -747,7 +750,7 @@ func TestExecSyncOneRoundTrip(t *testing.T) {
 	if fp.execs != 1 || fp.lists != lists {
 		t.Fatalf("exec cost %d exec and %d list calls, want 1 and 0", fp.execs, fp.lists-lists)
 	}
-	fp.exit(cid, 5)
+	fp.exitQuietly(cid, 5) // its event still on its way
 	_, err := b.ExecSync(ctx, cid, []string{"true"}, time.Second)
 	wantClass(t, err, errdefs.ErrFailedPrecondition)
 	b.mu.Lock()
@@ -863,4 +866,32 @@ func TestContainerSecurityFields(t *testing.T) {
 		_, err := b.CreateContainer(ctx, other, d)
 		wantClass(t, err, errdefs.ErrNotFound)
 	}
+}
+
+// waitFor waits, at most 10 s, until cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitContainer waits until a container's record satisfies cond and
+// returns it.
+func waitContainer(t *testing.T, b *Broker, id string, cond func(*ContainerRecord) bool) *ContainerRecord {
+	t.Helper()
+	var rec *ContainerRecord
+	waitFor(t, "container "+id+" changes", func() bool {
+		r, err := b.ContainerStatus(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec = r
+		return cond(r)
+	})
+	return rec
 }

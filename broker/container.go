@@ -269,6 +269,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		rec.CreatedAt = st.CreatedAt
 	}
 	cp := *rec
+	b.publishLocked(EventCreated, p, c)
 	b.mu.Unlock()
 	if err := b.rec.saveContainer(&cp); err != nil {
 		h.RemoveContainer(context.WithoutCancel(ctx), rec.ID)
@@ -331,8 +332,10 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 	return nil
 }
 
-// applyAppStatus folds the agent's view of a container into its record and
-// persists the record if anything changed.
+// applyAppStatus folds the agent's view of a container into its record,
+// persists the record if anything changed and publishes the change. A
+// container only moves forward: created, running, exited; a status that
+// arrives late (a start's reply after the exit's event) changes nothing.
 func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
 	if st == nil {
 		return
@@ -340,14 +343,15 @@ func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
 	b.mu.Lock()
 	rec := c.rec
 	changed := false
+	event := ""
 	switch st.State {
 	case api.StateRunning:
-		if rec.State != ContainerRunning {
-			rec.State, changed = ContainerRunning, true
+		if rec.State == ContainerCreated {
+			rec.State, changed, event = ContainerRunning, true, EventStarted
 		}
 	case api.StateExited:
 		if rec.State != ContainerExited {
-			rec.State, changed = ContainerExited, true
+			rec.State, changed, event = ContainerExited, true, EventStopped
 		}
 		if rec.ExitCode != st.ExitCode || rec.Reason != st.Reason || rec.Message != st.Message || !rec.FinishedAt.Equal(st.FinishedAt) {
 			rec.ExitCode, rec.Reason, rec.Message, rec.FinishedAt = st.ExitCode, st.Reason, st.Message, st.FinishedAt
@@ -358,6 +362,9 @@ func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
 		rec.StartedAt, changed = st.StartedAt, true
 	}
 	cp := *rec
+	if p := b.pods[rec.PodID]; p != nil && event != "" {
+		b.publishLocked(event, p, c)
+	}
 	b.mu.Unlock()
 	if changed {
 		if err := b.rec.saveContainer(&cp); err != nil {
@@ -423,6 +430,9 @@ func (b *Broker) markGone(c *container, why string) {
 	rec.Message = why
 	rec.FinishedAt = time.Now()
 	cp := *rec
+	if p := b.pods[rec.PodID]; p != nil {
+		b.publishLocked(EventStopped, p, c)
+	}
 	b.mu.Unlock()
 	if err := b.rec.saveContainer(&cp); err != nil {
 		b.log.Error("persist container record", "container", cp.ID, "err", err)
@@ -502,25 +512,30 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	if b.ctrNames[key] == c {
 		delete(b.ctrNames, key)
 	}
+	if p != nil {
+		b.publishLocked(EventDeleted, p, c)
+	}
 	b.mu.Unlock()
 	b.log.Info("container removed", "container", rec.ID)
 	return nil
 }
 
-// ContainerStatus is a container's record, refreshed from its pod's agent.
+// ContainerStatus is a container's record, which its pod's agent's events
+// keep current: reading it asks no agent.
 func (b *Broker) ContainerStatus(ctx context.Context, id string) (*ContainerRecord, error) {
-	c, p, err := b.containerAndPod(ctx, id)
+	c, _, err := b.containerAndPod(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	b.refresh(ctx, p, []*container{c})
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cp := *c.rec
 	return &cp, nil
 }
 
-// refresh asks the pod's agent about containers the record says are live.
+// refresh asks the pod's agent about containers the record says are live:
+// after the agent refused a call for one (refreshOnRefusal), which its
+// exit event may not have reached the broker before.
 func (b *Broker) refresh(ctx context.Context, p *pod, cs []*container) {
 	var live []*container
 	b.mu.Lock()
@@ -543,7 +558,7 @@ func (b *Broker) refresh(ctx context.Context, p *pod, cs []*container) {
 	if err != nil {
 		b.log.Warn("cannot reach the pod's agent", "pod", p.rec.ID, "err", err)
 		if errors.Is(err, errdefs.ErrUnavailable) {
-			b.checkAlive(p)
+			b.agentGone(ctx, p, h, err)
 		}
 		return
 	}
@@ -568,10 +583,11 @@ type ContainerFilter struct {
 	LabelSelector map[string]string
 }
 
-// ListContainers returns the containers matching f, oldest first.
+// ListContainers returns the containers matching f, oldest first, from
+// the records alone.
 func (b *Broker) ListContainers(ctx context.Context, f ContainerFilter) []*ContainerRecord {
+	var out []*ContainerRecord
 	b.mu.Lock()
-	byPod := map[*pod][]*container{}
 	for id, c := range b.ctrs {
 		select {
 		case <-c.created:
@@ -587,27 +603,19 @@ func (b *Broker) ListContainers(ctx context.Context, f ContainerFilter) []*Conta
 		if f.PodID != "" && c.rec.PodID != f.PodID && !strings.HasPrefix(c.rec.PodID, f.PodID) {
 			continue
 		}
-		if p := b.pods[c.rec.PodID]; p != nil {
-			byPod[p] = append(byPod[p], c)
+		if b.pods[c.rec.PodID] == nil {
+			continue
 		}
+		if f.State != "" && c.rec.State != f.State {
+			continue
+		}
+		if !labelsMatch(c.rec.Config.Labels, f.LabelSelector) {
+			continue
+		}
+		cp := *c.rec
+		out = append(out, &cp)
 	}
 	b.mu.Unlock()
-	var out []*ContainerRecord
-	for p, cs := range byPod {
-		b.refresh(ctx, p, cs)
-		b.mu.Lock()
-		for _, c := range cs {
-			if f.State != "" && c.rec.State != f.State {
-				continue
-			}
-			if !labelsMatch(c.rec.Config.Labels, f.LabelSelector) {
-				continue
-			}
-			cp := *c.rec
-			out = append(out, &cp)
-		}
-		b.mu.Unlock()
-	}
 	sortByCreated(out, func(r *ContainerRecord) (time.Time, string) { return r.CreatedAt, r.ID })
 	return out
 }

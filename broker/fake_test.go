@@ -56,7 +56,7 @@ func (f *fakeBackend) StartPod(ctx context.Context, spec *stage1.PodSpec, persis
 	if f.failStart {
 		return nil, fmt.Errorf("fake start failure")
 	}
-	p := &fakePod{id: spec.ID, apps: map[string]*api.AppStatus{}, specs: map[string]*api.AppSpec{}, alive: true}
+	p := &fakePod{id: spec.ID, apps: map[string]*api.AppStatus{}, specs: map[string]*api.AppSpec{}, alive: true, gone: make(chan struct{})}
 	f.mu.Lock()
 	f.pods[spec.ID] = p
 	f.specs[spec.ID] = spec
@@ -90,21 +90,117 @@ type fakePod struct {
 	mu    sync.Mutex
 	id    string
 	alive bool
-	dead  bool // the agent died: calls fail with ErrUnavailable
+	dead  bool // the agent died (die): calls fail with ErrUnavailable
 	execs int  // ExecSync calls, to count round trips
 	lists int  // ListContainers calls
-	apps  map[string]*api.AppStatus
-	specs map[string]*api.AppSpec
+	// calls counts every call to the agent but Watch.
+	calls int
+	// subs are the Watch subscribers; gone is closed when the agent dies
+	// or stops, which ends them. noEvents makes Watch answer as an
+	// agent from before events did.
+	subs     map[chan *api.Event]struct{}
+	gone     chan struct{}
+	noEvents bool
+	apps     map[string]*api.AppStatus
+	specs    map[string]*api.AppSpec
 	// sysctls are those SetSysctls was given.
 	sysctls map[string]string
 }
 
 func (p *fakePod) isAlive() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.alive }
 
+// die makes the agent die: its subscriptions end and calls fail.
+func (p *fakePod) die() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dead = true
+	p.endLocked()
+}
+
+func (p *fakePod) endLocked() {
+	select {
+	case <-p.gone:
+	default:
+		close(p.gone)
+	}
+}
+
+// publishLocked sends an event to every subscriber.
+func (p *fakePod) publishLocked(typ string, a *api.AppStatus) {
+	cp := *a
+	for ch := range p.subs {
+		ch <- &api.Event{Type: typ, App: &cp, Time: time.Now()}
+	}
+}
+
+func (p *fakePod) Watch(ctx context.Context, snapshot func([]*api.AppStatus), event func(*api.Event)) error {
+	p.mu.Lock()
+	if p.noEvents {
+		p.mu.Unlock()
+		return errdefs.InvalidArgument(`unknown operation "events"`)
+	}
+	if p.dead {
+		p.mu.Unlock()
+		return fmt.Errorf("fake agent: %w", errdefs.ErrUnavailable)
+	}
+	ch := make(chan *api.Event, 1000)
+	if p.subs == nil {
+		p.subs = map[chan *api.Event]struct{}{}
+	}
+	p.subs[ch] = struct{}{}
+	var snap []*api.AppStatus
+	for _, a := range p.apps {
+		cp := *a
+		snap = append(snap, &cp)
+	}
+	gone := p.gone
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.subs, ch)
+		p.mu.Unlock()
+	}()
+	snapshot(snap)
+	for {
+		select {
+		case ev := <-ch:
+			event(ev)
+		case <-gone:
+			return fmt.Errorf("fake agent: events: %w", errdefs.ErrUnavailable)
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// dropSubscribers ends every subscription while the agent lives on, as
+// an agent does with a subscriber that falls behind.
+func (p *fakePod) dropSubscribers() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(p.gone)
+	p.gone = make(chan struct{})
+}
+
+// callCount is how many calls but Watch the agent answered.
+func (p *fakePod) callCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls
+}
+
+// subscribers is how many Watch calls are subscribed now.
+func (p *fakePod) subscribers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.subs)
+}
+
 func (p *fakePod) State() []byte { return stage1.MarshalState(fakeState{Version: 1, ID: p.id}) }
 func (p *fakePod) Info(ctx context.Context) (*api.Info, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.calls++
 	if p.dead {
 		return nil, fmt.Errorf("fake agent: %w", errdefs.ErrUnavailable)
 	}
@@ -122,7 +218,10 @@ func (p *fakePod) CreateContainer(ctx context.Context, spec *stage1.ContainerSpe
 	p.apps[spec.ID] = st
 	s := spec.AppSpec
 	p.specs[spec.ID] = &s
-	return st, nil
+	p.calls++
+	p.publishLocked(api.EventCreated, st)
+	cp := *st
+	return &cp, nil
 }
 
 func (p *fakePod) app(id string) (*api.AppStatus, error) {
@@ -141,6 +240,8 @@ func (p *fakePod) StartContainer(ctx context.Context, id string) (*api.AppStatus
 		return nil, err
 	}
 	a.State, a.StartedAt, a.PID = api.StateRunning, time.Now(), 4242
+	p.calls++
+	p.publishLocked(api.EventStarted, a)
 	cp := *a
 	return &cp, nil
 }
@@ -149,6 +250,18 @@ func (p *fakePod) StartContainer(ctx context.Context, id string) (*api.AppStatus
 func (p *fakePod) exit(id string, code int32) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.exitLocked(id, code)
+	p.publishLocked(api.EventExited, p.apps[id])
+}
+
+// exitQuietly makes a running app exit with code, without an event.
+func (p *fakePod) exitQuietly(id string, code int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.exitLocked(id, code)
+}
+
+func (p *fakePod) exitLocked(id string, code int32) {
 	a := p.apps[id]
 	a.State, a.ExitCode, a.FinishedAt = api.StateExited, code, time.Now()
 	a.Reason = api.ReasonCompleted
@@ -176,13 +289,18 @@ func (p *fakePod) StopContainer(ctx context.Context, id string, timeout time.Dur
 func (p *fakePod) RemoveContainer(ctx context.Context, id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.apps, id)
+	p.calls++
+	if a, ok := p.apps[id]; ok {
+		delete(p.apps, id)
+		p.publishLocked(api.EventRemoved, a)
+	}
 	return nil
 }
 
 func (p *fakePod) ContainerStatus(ctx context.Context, id string) (*api.AppStatus, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.calls++
 	a, err := p.app(id)
 	if err != nil {
 		return nil, err
@@ -195,6 +313,7 @@ func (p *fakePod) ListContainers(ctx context.Context) ([]*api.AppStatus, error) 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lists++
+	p.calls++
 	if p.dead {
 		return nil, fmt.Errorf("fake agent: %w", errdefs.ErrUnavailable)
 	}
@@ -268,9 +387,11 @@ func (p *fakePod) Stop(ctx context.Context, timeout time.Duration) error {
 	for _, a := range p.apps {
 		if a.State == api.StateRunning {
 			a.State, a.ExitCode, a.Reason, a.FinishedAt = api.StateExited, 137, api.ReasonError, time.Now()
+			p.publishLocked(api.EventExited, a)
 		}
 	}
 	p.alive = false
+	p.endLocked()
 	return nil
 }
 

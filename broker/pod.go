@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
@@ -260,7 +261,9 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 		if nerr := b.teardownNetwork(context.WithoutCancel(ctx), rec, true); nerr != nil {
 			b.log.Error("releasing the network of a pod that failed to start", "pod", rec.ID, "err", nerr)
 		}
-		os.RemoveAll(rec.RunDir)
+		if rerr := mountsafe.RemoveAll(rec.RunDir); rerr != nil {
+			b.log.Error("removing the run directory of a pod that failed to start", "pod", rec.ID, "err", rerr)
+		}
 		b.rec.deletePod(rec.ID)
 		b.pruneFailedLogs()
 	}()
@@ -300,9 +303,17 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	cp := *rec
 	b.mu.Unlock()
 	if err := b.rec.savePod(&cp); err != nil {
+		b.mu.Lock()
+		p.handle = nil
+		b.mu.Unlock()
 		h.Stop(context.WithoutCancel(ctx), 0)
 		return fmt.Errorf("persist pod record: %w", err)
 	}
+	b.watch(p, h)
+	b.mu.Lock()
+	b.publishLocked(EventCreated, p, nil)
+	b.publishLocked(EventStarted, p, nil)
+	b.mu.Unlock()
 	return nil
 }
 
@@ -366,6 +377,7 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 				return err
 			}
 		}
+		b.unwatch(p) // the agent is about to go away on purpose
 		if err := h.Stop(ctx, podStopTimeout); err != nil && !errors.Is(err, stage1.ErrPodGone) {
 			return fmt.Errorf("stop pod %s: %w", podID, err)
 		}
@@ -376,12 +388,16 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 	if err := b.teardownNetwork(ctx, &netRec, false); err != nil {
 		return fmt.Errorf("stop pod %s: %w", podID, err)
 	}
+	b.markContainersGone(podID, "the pod was stopped")
 	b.mu.Lock()
 	p.handle = nil
+	wasReady := p.rec.State == PodReady
 	p.rec.State = PodNotReady
 	cp := *p.rec
+	if wasReady {
+		b.publishLocked(EventStopped, p, nil)
+	}
 	b.mu.Unlock()
-	b.markContainersGone(podID, "the pod was stopped")
 	b.log.Info("pod stopped", "pod", podID)
 	return b.rec.savePod(&cp)
 }
@@ -423,8 +439,10 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 	if err := b.teardownNetwork(ctx, &rec, true); err != nil {
 		return fmt.Errorf("remove pod %s: %w", rec.ID, err)
 	}
-	if err := os.RemoveAll(rec.RunDir); err != nil {
-		return err
+	// Never through a mount: what the backend left mounted stays, and
+	// the removal fails until it is gone.
+	if err := mountsafe.RemoveAll(rec.RunDir); err != nil {
+		return fmt.Errorf("remove pod %s: %w", rec.ID, err)
 	}
 	if err := b.rec.deletePod(rec.ID); err != nil {
 		return err
@@ -434,6 +452,7 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 	if b.podNames[podNameKey(rec.Config.Metadata)] == p {
 		delete(b.podNames, podNameKey(rec.Config.Metadata))
 	}
+	b.publishLocked(EventDeleted, p, nil)
 	b.mu.Unlock()
 	b.log.Info("pod removed", "pod", rec.ID)
 	return nil
@@ -460,7 +479,7 @@ func (b *Broker) PodStatus(ctx context.Context, id string, verbose bool) (*PodSt
 	}
 	if verbose {
 		b.mu.Lock()
-		h := p.handle
+		h, info := p.handle, p.agent
 		b.mu.Unlock()
 		st.Info = map[string]string{
 			"stage1":  st.Record.Stage1,
@@ -477,7 +496,7 @@ func (b *Broker) PodStatus(ctx context.Context, id string, verbose bool) (*PodSt
 			for k, v := range h.Details() {
 				st.Info["stage1."+k] = v
 			}
-			if info, err := h.Info(ctx); err == nil {
+			if info != nil {
 				st.Info["agent.pid"] = fmt.Sprint(info.PID)
 				st.Info["agent.kernel"] = info.Kernel
 			}
@@ -486,13 +505,14 @@ func (b *Broker) PodStatus(ctx context.Context, id string, verbose bool) (*PodSt
 	return st, nil
 }
 
+// podStatus is the pod's status from its record: its agent's events keep
+// the record current (watch), so reading it asks no agent.
 func (b *Broker) podStatus(p *pod) *PodStatus {
 	select {
 	case <-p.created:
 		if p.err != nil {
 			return nil
 		}
-		b.checkAlive(p)
 	default:
 	}
 	b.mu.Lock()
@@ -570,34 +590,6 @@ func (b *Broker) podHandle(p *pod) (stage1.Pod, error) {
 	return p.handle, nil
 }
 
-// aliveInterval is how often, at most, a pod's agent is asked whether it
-// still runs when its status is read.
-const aliveInterval = 2 * time.Second
-
-// checkAlive asks a ready pod's agent whether it runs (at most every
-// aliveInterval) and marks the pod gone when it does not: its isolation
-// died while the daemon ran (a crash, an OOM kill, a VM that stopped), and
-// the kubelet must see the pod NotReady to replace it.
-func (b *Broker) checkAlive(p *pod) {
-	b.mu.Lock()
-	h := p.handle
-	due := h != nil && p.rec.State == PodReady && time.Since(p.checked) >= aliveInterval
-	if due {
-		p.checked = time.Now()
-	}
-	b.mu.Unlock()
-	if !due {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), aliveInterval)
-	_, err := h.Info(ctx)
-	cancel()
-	if err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
-		return
-	}
-	b.podGone(p, h, err)
-}
-
 // podGone records that a running pod's agent is gone. The pod's resources
 // stay until StopPodSandbox/RemovePodSandbox.
 func (b *Broker) podGone(p *pod, h stage1.Pod, why error) {
@@ -610,7 +602,9 @@ func (b *Broker) podGone(p *pod, h stage1.Pod, why error) {
 	p.rec.State = PodNotReady
 	p.rec.Gone = true
 	cp := *p.rec
+	b.publishLocked(EventStopped, p, nil)
 	b.mu.Unlock()
+	b.unwatch(p)
 	b.log.Warn("the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
 	b.markContainersGone(cp.ID, "the pod's agent is gone")
 	if err := b.rec.savePod(&cp); err != nil {

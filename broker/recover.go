@@ -9,6 +9,7 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -84,7 +85,10 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 			log.Error("releasing the pod's network", "err", err)
 			return "discarded"
 		}
-		os.RemoveAll(rec.RunDir)
+		if err := mountsafe.RemoveAll(rec.RunDir); err != nil {
+			log.Error("removing the pod's run directory", "err", err)
+			return "discarded"
+		}
 		b.rec.deletePod(rec.ID)
 		return "discarded"
 	}
@@ -153,28 +157,17 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 		}
 		return result
 	}
-	// Created containers may have been started (or not) before the crash:
-	// ask the agent about every container.
-	actx, cancel := agentCtx(ctx, agentTimeout)
-	defer cancel()
-	apps, err := p.handle.ListContainers(actx)
-	if err != nil {
-		log.Error("listing the pod's containers", "err", err)
-		return result
-	}
-	known := map[string]bool{}
-	for _, a := range apps {
-		known[a.ID] = true
-		for _, c := range live {
-			if c.rec.ID == a.ID {
-				b.applyAppStatus(c, a)
-			}
-		}
-	}
-	for _, c := range live {
-		if !known[c.rec.ID] {
-			b.markGone(c, "the pod's agent no longer knows the container")
-		}
+	// Containers may have started or exited while the daemon was down:
+	// following the agent begins with its full status, the one resync;
+	// recovery waits for it, so the first status read is current.
+	synced := b.watch(p, p.handle)
+	t := time.NewTimer(agentTimeout)
+	defer t.Stop()
+	select {
+	case <-synced:
+	case <-t.C:
+		log.Warn("the pod's agent has not sent its status yet; its containers' records may lag until it does", "after", agentTimeout)
+	case <-ctx.Done():
 	}
 	return result
 }
@@ -209,7 +202,9 @@ func (b *Broker) collectOrphans() {
 			d := filepath.Join(b.podsRunDir(), e.Name())
 			if !runDirs[d] {
 				b.log.Warn("removing an orphaned pod run directory", "dir", d)
-				os.RemoveAll(d)
+				if err := mountsafe.RemoveAll(d); err != nil {
+					b.log.Error("removing an orphaned pod run directory: what is mounted in it stays", "dir", d, "err", err)
+				}
 			}
 		}
 	}

@@ -142,6 +142,11 @@ type Pod interface {
 	RemoveContainer(ctx context.Context, id string) error
 	ContainerStatus(ctx context.Context, id string) (*api.AppStatus, error)
 	ListContainers(ctx context.Context) ([]*api.AppStatus, error)
+	// Watch subscribes to the agent's app events, as agent.Client.Watch:
+	// snapshot gets every app, then event each change, until ctx ends
+	// (nil) or the stream does (ErrUnavailable: the agent went away, or
+	// dropped a subscriber that read too slowly).
+	Watch(ctx context.Context, snapshot func([]*api.AppStatus), event func(*api.Event)) error
 	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error)
 	ReopenLog(ctx context.Context, id string) error
 	// Stats of one container, or of the whole pod for id "".

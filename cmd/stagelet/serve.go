@@ -202,7 +202,9 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	}
 	// Pods outlive the daemon: stop serving, leave them running.
 	log.Info("stopping the CRI server; pods keep running")
+	srv.Stop()
 	g.GracefulStop()
+	b.Close()
 	return nil
 }
 
