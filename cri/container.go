@@ -267,6 +267,27 @@ func (s *Server) ContainerStatus(ctx context.Context, r *runtimeapi.ContainerSta
 	if err != nil {
 		return nil, err
 	}
+	st := containerStatus(rec)
+	var info map[string]string
+	if r.GetVerbose() {
+		info = map[string]string{"pid": "", "rootfs": rec.Rootfs, "podId": rec.PodID}
+		if a := rec.App; a != nil {
+			for k, v := range map[string]string{
+				"seccompProfile":      a.SeccompProfile,
+				"selinuxProcessLabel": a.SELinuxProcessLabel,
+				"selinuxMountLabel":   a.SELinuxMountLabel,
+				"apparmorProfile":     a.AppArmorProfile,
+			} {
+				if v != "" {
+					info[k] = v
+				}
+			}
+		}
+	}
+	return &runtimeapi.ContainerStatusResponse{Status: st, Info: info}, nil
+}
+
+func containerStatus(rec *broker.ContainerRecord) *runtimeapi.ContainerStatus {
 	c := &rec.Config
 	st := &runtimeapi.ContainerStatus{
 		Id:          rec.ID,
@@ -307,23 +328,7 @@ func (s *Server) ContainerStatus(ctx context.Context, r *runtimeapi.ContainerSta
 			MemoryLimitInBytes: res.MemoryLimit, OomScoreAdj: res.OOMScoreAdj,
 		}}
 	}
-	var info map[string]string
-	if r.GetVerbose() {
-		info = map[string]string{"pid": "", "rootfs": rec.Rootfs, "podId": rec.PodID}
-		if a := rec.App; a != nil {
-			for k, v := range map[string]string{
-				"seccompProfile":      a.SeccompProfile,
-				"selinuxProcessLabel": a.SELinuxProcessLabel,
-				"selinuxMountLabel":   a.SELinuxMountLabel,
-				"apparmorProfile":     a.AppArmorProfile,
-			} {
-				if v != "" {
-					info[k] = v
-				}
-			}
-		}
-	}
-	return &runtimeapi.ContainerStatusResponse{Status: st, Info: info}, nil
+	return st
 }
 
 func toInt64s(v []uint32) []int64 {

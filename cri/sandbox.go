@@ -125,25 +125,25 @@ func (s *Server) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandboxS
 	if err != nil {
 		return nil, err
 	}
+	return &runtimeapi.PodSandboxStatusResponse{Status: podSandboxStatus(st), Info: st.Info}, nil
+}
+
+func podSandboxStatus(st *broker.PodStatus) *runtimeapi.PodSandboxStatus {
 	rec := &st.Record
 	c := &rec.Config
-	resp := &runtimeapi.PodSandboxStatusResponse{
-		Status: &runtimeapi.PodSandboxStatus{
-			Id:          rec.ID,
-			Metadata:    podMeta(c.Metadata),
-			State:       podState(st),
-			CreatedAt:   rec.CreatedAt.UnixNano(),
-			Network:     podNetworkStatus(rec.IPs),
-			Labels:      c.Labels,
-			Annotations: c.Annotations,
-			Linux: &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: &runtimeapi.NamespaceOption{
-				Network: nsMode(c.HostNetwork), Pid: nsMode(c.HostPID), Ipc: nsMode(c.HostIPC),
-			}}},
-			RuntimeHandler: rec.Stage1,
-		},
-		Info: st.Info,
+	return &runtimeapi.PodSandboxStatus{
+		Id:          rec.ID,
+		Metadata:    podMeta(c.Metadata),
+		State:       podState(st),
+		CreatedAt:   rec.CreatedAt.UnixNano(),
+		Network:     podNetworkStatus(rec.IPs),
+		Labels:      c.Labels,
+		Annotations: c.Annotations,
+		Linux: &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: &runtimeapi.NamespaceOption{
+			Network: nsMode(c.HostNetwork), Pid: nsMode(c.HostPID), Ipc: nsMode(c.HostIPC),
+		}}},
+		RuntimeHandler: rec.Stage1,
 	}
-	return resp, nil
 }
 
 // ListPodSandbox lists pods matching the filter.

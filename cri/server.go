@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,7 +38,15 @@ type Server struct {
 	// stream serves exec, attach and port-forward sessions; nil answers
 	// those calls Unimplemented.
 	stream *StreamServer
+	// stopping is closed by Stop: long-lived streams end.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
+
+// Stop ends the calls that would otherwise last as long as their client
+// (GetContainerEvents), so that a graceful stop of the gRPC server does
+// not wait for them. Idempotent.
+func (s *Server) Stop() { s.stopOnce.Do(func() { close(s.stopping) }) }
 
 // Options configure a Server.
 type Options struct {
@@ -53,7 +62,7 @@ func New(b *broker.Broker, opts Options) *Server {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	s := &Server{b: b, log: opts.Log, version: opts.Version, startedAt: time.Now(), cgroupDriver: runtimeapi.CgroupDriver_CGROUPFS, stream: opts.Stream}
+	s := &Server{b: b, log: opts.Log, version: opts.Version, startedAt: time.Now(), cgroupDriver: runtimeapi.CgroupDriver_CGROUPFS, stream: opts.Stream, stopping: make(chan struct{})}
 	if opts.SystemdCgroup {
 		s.cgroupDriver = runtimeapi.CgroupDriver_SYSTEMD
 	}

@@ -14,7 +14,10 @@ import (
 // kubelet replaces it; stop and remove still release everything.
 func TestPodWhoseAgentDiesIsNotReady(t *testing.T) {
 	e := newEnv(t)
+	ch := e.events()
 	podID, ctrID, _ := e.runOne("agent-dies", e.containerConfig("sleeper", "sleep", "1000"))
+	// The subscription is in place once it delivered the pod's start.
+	e.waitEvent(ch, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, podID)
 	resp, err := e.rt().PodSandboxStatus(e.ctx(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: podID, Verbose: true})
 	if err != nil {
 		t.Fatal(err)
@@ -27,10 +30,15 @@ func TestPodWhoseAgentDiesIsNotReady(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the pod to turn NotReady", func() (bool, string) {
-		st := e.podStatus(podID)
-		return st.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY, st.State.String()
-	})
+	// The daemon learns it from the agent's channel closing, without a
+	// list or status call: the event says so.
+	ev := e.waitEvent(ch, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, podID)
+	if ev.PodSandboxStatus.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+		t.Errorf("the pod's stopped event: sandbox %v", ev.PodSandboxStatus.GetState())
+	}
+	if st := e.podStatus(podID); st.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+		t.Errorf("the pod after its agent died: %s", st.State)
+	}
 	st := e.waitContainerState(ctrID, runtimeapi.ContainerState_CONTAINER_EXITED, 30*time.Second)
 	if st.ExitCode == 0 || st.Reason != "Error" {
 		t.Errorf("container after its pod's agent died: code %d reason %q message %q", st.ExitCode, st.Reason, st.Message)

@@ -1,11 +1,10 @@
 package e2e
 
 import (
-	"errors"
-	"io"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -57,18 +56,93 @@ func TestStatusListsRuntimeHandlers(t *testing.T) {
 	}
 }
 
-// Container events are not implemented yet; they must say so with
-// Unimplemented, not Unknown.
-func TestUnimplementedCalls(t *testing.T) {
+// events subscribes to GetContainerEvents for the rest of the test and
+// returns the events as they arrive. The call returns before the daemon
+// has subscribed: the first event delivered proves it has.
+func (e *env) events() <-chan *runtimeapi.ContainerEventResponse {
+	e.t.Helper()
+	stream, err := e.rt().GetContainerEvents(e.t.Context(), &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		e.t.Fatalf("GetContainerEvents: %v", err)
+	}
+	ch := make(chan *runtimeapi.ContainerEventResponse, 100)
+	go func() {
+		defer close(ch)
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ch <- ev
+		}
+	}()
+	return ch
+}
+
+// waitEvent reads events until one of typ about id arrives.
+func (e *env) waitEvent(ch <-chan *runtimeapi.ContainerEventResponse, typ runtimeapi.ContainerEventType, id string) *runtimeapi.ContainerEventResponse {
+	e.t.Helper()
+	timeout := time.After(60 * time.Second)
+	var seen []string
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				e.t.Fatalf("the event stream ended waiting for %s of %s; seen %v", typ, id, seen)
+			}
+			if ev.ContainerEventType == typ && ev.ContainerId == id {
+				return ev
+			}
+			seen = append(seen, ev.ContainerEventType.String()+" "+ev.ContainerId)
+		case <-timeout:
+			e.t.Fatalf("no %s event for %s in 60s; seen %v", typ, id, seen)
+		}
+	}
+}
+
+// TestContainerEvents: GetContainerEvents streams a pod's and its
+// container's lifecycle, an exit the container makes on its own included,
+// each event with the pod's status and its containers' statuses.
+func TestContainerEvents(t *testing.T) {
 	e := newEnv(t)
-	stream, err := e.rt().GetContainerEvents(e.ctx(), &runtimeapi.GetEventsRequest{})
-	if err == nil {
-		_, err = stream.Recv()
+	ch := e.events()
+	podID, ctrID, podCfg := e.runOne("events", e.containerConfig("waits", "sleep", "1000"))
+	for _, typ := range []runtimeapi.ContainerEventType{runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT} {
+		ev := e.waitEvent(ch, typ, podID)
+		if ev.PodSandboxStatus.GetId() != podID || ev.PodSandboxStatus.GetState() != runtimeapi.PodSandboxState_SANDBOX_READY {
+			t.Errorf("%s of the pod: sandbox status %v", typ, ev.PodSandboxStatus)
+		}
 	}
-	if errors.Is(err, io.EOF) {
-		t.Fatalf("GetContainerEvents: stream ended without a status, want gRPC Unimplemented")
+	e.waitEvent(ch, runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT, ctrID)
+	e.waitEvent(ch, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, ctrID)
+	if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: ctrID, Timeout: 10}); err != nil {
+		t.Fatal(err)
 	}
-	requireCode(t, err, codes.Unimplemented, "GetContainerEvents")
+	ev := e.waitEvent(ch, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, ctrID)
+	var st *runtimeapi.ContainerStatus
+	for _, s := range ev.ContainersStatuses {
+		if s.Id == ctrID {
+			st = s
+		}
+	}
+	if st == nil || st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.FinishedAt == 0 {
+		t.Errorf("the stopped event's container statuses: %v", ev.ContainersStatuses)
+	}
+	if ev.CreatedAt == 0 {
+		t.Error("an event without a time")
+	}
+	// An exit nobody asked for reaches the stream too, with its code.
+	quits := e.createAndStart(podID, podCfg, e.containerConfig("quits", "sh", "-c", "exit 3"))
+	ev = e.waitEvent(ch, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, quits)
+	st = nil
+	for _, s := range ev.ContainersStatuses {
+		if s.Id == quits {
+			st = s
+		}
+	}
+	if st == nil || st.ExitCode != 3 {
+		t.Errorf("the exit's event carries %v, want exit code 3", st)
+	}
 }
 
 // Malformed requests get InvalidArgument with a message naming the field.
