@@ -76,6 +76,7 @@ bench: deps build guest
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -scale 10,50,100
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10
 
 lint:

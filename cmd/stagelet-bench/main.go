@@ -5,10 +5,13 @@
 // container is RUNNING), N ExecSync calls of `true` and N exec sessions
 // over the streaming server (the Exec call, then client-go's SPDY client
 // as kubectl uses it), and prints their median and p90 and the daemon's
-// resident memory. It tears everything down
-// before it exits, also on failure or interrupt. It needs root.
+// resident memory. With -scale it instead starts pods up to each given
+// count and times ListContainers and ListPodSandbox at each (the kubelet's
+// relist), then the time from a container's exit to its event reaching a
+// GetContainerEvents subscriber. It tears everything down before it
+// exits, also on failure or interrupt. It needs root.
 //
-//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet]
+//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet] [-stage1 nspawn -scale 10,50,100]
 package main
 
 import (
@@ -42,7 +45,17 @@ func main() {
 	verbose := flag.Bool("v", false, "log the harness's progress")
 	stage1 := flag.String("stage1", "fly", "stage1 (runtime handler) of the measured pods: fly, nspawn or kvm (kvm needs the guest: make guest, STAGELET_GUEST_ASSETS)")
 	podNet := flag.Bool("podnet", false, "give each pod its own network namespace and CNI attachment (otherwise the host network)")
+	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls ListContainers and ListPodSandbox at each, then -n container exits to their GetContainerEvents event")
+	calls := flag.Int("calls", 200, "list calls timed at each -scale level")
 	flag.Parse()
+	var levels []int
+	if *scale != "" {
+		var err error
+		if levels, err = parseLevels(*scale); err != nil {
+			fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
+			os.Exit(2)
+		}
+	}
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelDebug
@@ -58,7 +71,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *n, *bin, *stage1, *podNet, log); err != nil {
+	if err := run(ctx, *n, *bin, *stage1, *podNet, levels, *calls, log); err != nil {
 		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 		os.Exit(1)
 	}
@@ -76,7 +89,7 @@ type result struct {
 	rssAfter   uint64
 }
 
-func run(ctx context.Context, n int, bin, stage1 string, podNet bool, log *slog.Logger) (err error) {
+func run(ctx context.Context, n int, bin, stage1 string, podNet bool, levels []int, calls int, log *slog.Logger) (err error) {
 	tb := newFixtureTB("stagelet-bench")
 	defer func() {
 		if ferr := tb.finish(); ferr != nil {
@@ -139,13 +152,21 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet bool, log *slog.
 		return fmt.Errorf("pull %s: %w", ref, err)
 	}
 
-	res, err := measure(ctx, d, ref, n, stage1, podNet)
-	if err != nil {
-		return err
-	}
 	network := "host network"
 	if podNet {
 		network = "pod network (netns + CNI)"
+	}
+	if levels != nil {
+		rows, lat, err := measureScale(ctx, d, ref, stage1, podNet, levels, calls, n)
+		if err != nil {
+			return err
+		}
+		reportScale(os.Stdout, stage1+", "+network, calls, rows, lat)
+		return nil
+	}
+	res, err := measure(ctx, d, ref, n, stage1, podNet)
+	if err != nil {
+		return err
 	}
 	report(os.Stdout, n, stage1+", "+network, res)
 	return nil
@@ -163,59 +184,14 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		name := fmt.Sprintf("bench-%d", i)
-		logDir := d.LogsDir + "/" + name
-		if err := os.MkdirAll(logDir, 0o755); err != nil {
-			return nil, err
-		}
-		hostNS := &runtimeapi.NamespaceOption{
-			Network: runtimeapi.NamespaceMode_NODE,
-			Pid:     runtimeapi.NamespaceMode_NODE,
-			Ipc:     runtimeapi.NamespaceMode_NODE,
-		}
-		if podNet {
-			hostNS.Network = runtimeapi.NamespaceMode_POD
-		}
-		if stage1 != "fly" { // nspawn and kvm give every pod its own PID and IPC namespaces
-			hostNS.Pid, hostNS.Ipc = runtimeapi.NamespaceMode_POD, runtimeapi.NamespaceMode_POD
-		}
-		podCfg := &runtimeapi.PodSandboxConfig{
-			Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: fmt.Sprintf("bench-uid-%d-%d", os.Getpid(), i)},
-			Hostname:     name,
-			LogDirectory: logDir,
-			Linux: &runtimeapi.LinuxPodSandboxConfig{
-				SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: hostNS},
-			},
-		}
-		ctrCfg := &runtimeapi.ContainerConfig{
-			Metadata: &runtimeapi.ContainerMetadata{Name: "sleeper"},
-			Image:    &runtimeapi.ImageSpec{Image: ref},
-			Command:  []string{"sleep", "3600"},
-			LogPath:  "sleeper.log",
-			Linux: &runtimeapi.LinuxContainerConfig{
-				Resources:       &runtimeapi.LinuxContainerResources{},
-				SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: hostNS},
-			},
-		}
-
 		began := time.Now()
-		pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: stage1})
+		bp, err := startPod(ctx, d, ref, stage1, podNet, fmt.Sprintf("bench-%d", i))
 		if err != nil {
-			return nil, fmt.Errorf("run %d: RunPodSandbox: %w", i, err)
-		}
-		ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: ctrCfg, SandboxConfig: podCfg})
-		if err != nil {
-			return nil, fmt.Errorf("run %d: CreateContainer: %w", i, err)
-		}
-		if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-			return nil, fmt.Errorf("run %d: StartContainer: %w", i, err)
-		}
-		if err := waitRunning(ctx, rt, ctr.ContainerId); err != nil {
 			return nil, fmt.Errorf("run %d: %w", i, err)
 		}
 		res.podStart = append(res.podStart, time.Since(began))
 		if firstCtr == "" {
-			firstCtr = ctr.ContainerId
+			firstCtr = bp.ctrID
 		}
 	}
 	for i := range n {
@@ -244,6 +220,68 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		return nil, err
 	}
 	return res, nil
+}
+
+// benchPod is a pod startPod started.
+type benchPod struct {
+	podID, ctrID string
+	podCfg       *runtimeapi.PodSandboxConfig
+	ctrCfg       *runtimeapi.ContainerConfig
+}
+
+// startPod runs a pod named name with one container sleeping, started and
+// RUNNING.
+func startPod(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, name string) (*benchPod, error) {
+	rt := d.Runtime()
+	logDir := d.LogsDir + "/" + name
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, err
+	}
+	hostNS := &runtimeapi.NamespaceOption{
+		Network: runtimeapi.NamespaceMode_NODE,
+		Pid:     runtimeapi.NamespaceMode_NODE,
+		Ipc:     runtimeapi.NamespaceMode_NODE,
+	}
+	if podNet {
+		hostNS.Network = runtimeapi.NamespaceMode_POD
+	}
+	if stage1 != "fly" { // nspawn and kvm give every pod its own PID and IPC namespaces
+		hostNS.Pid, hostNS.Ipc = runtimeapi.NamespaceMode_POD, runtimeapi.NamespaceMode_POD
+	}
+	podCfg := &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: fmt.Sprintf("bench-uid-%d-%s", os.Getpid(), name)},
+		Hostname:     name,
+		LogDirectory: logDir,
+		Linux: &runtimeapi.LinuxPodSandboxConfig{
+			SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: hostNS},
+		},
+	}
+	ctrCfg := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "sleeper"},
+		Image:    &runtimeapi.ImageSpec{Image: ref},
+		Command:  []string{"sleep", "3600"},
+		LogPath:  "sleeper.log",
+		Linux: &runtimeapi.LinuxContainerConfig{
+			Resources:       &runtimeapi.LinuxContainerResources{},
+			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: hostNS},
+		},
+	}
+
+	pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: stage1})
+	if err != nil {
+		return nil, fmt.Errorf("RunPodSandbox: %w", err)
+	}
+	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: ctrCfg, SandboxConfig: podCfg})
+	if err != nil {
+		return nil, fmt.Errorf("CreateContainer: %w", err)
+	}
+	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		return nil, fmt.Errorf("StartContainer: %w", err)
+	}
+	if err := waitRunning(ctx, rt, ctr.ContainerId); err != nil {
+		return nil, err
+	}
+	return &benchPod{podID: pod.PodSandboxId, ctrID: ctr.ContainerId, podCfg: podCfg, ctrCfg: ctrCfg}, nil
 }
 
 // streamExec runs cmd through the streaming server as kubectl exec does

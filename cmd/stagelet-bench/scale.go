@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/test/e2e/harness"
+)
+
+// scaleRow is the list latencies at one number of running pods.
+type scaleRow struct {
+	pods           int
+	listContainers []time.Duration
+	listPods       []time.Duration
+}
+
+// parseLevels reads "10,50,100": increasing pod counts.
+func parseLevels(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || (len(out) > 0 && n <= out[len(out)-1]) {
+			return nil, fmt.Errorf("-scale %q: want increasing pod counts such as 10,50,100", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// measureScale starts pods up to each level and, at each, times calls
+// ListContainers and calls ListPodSandbox at the gRPC level (what the
+// kubelet's relist does every second). Then it times n exits, from the
+// container's own finish time to its CONTAINER_STOPPED event reaching a
+// GetContainerEvents subscriber.
+func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, levels []int, calls, n int) ([]scaleRow, []time.Duration, error) {
+	rt := d.Runtime()
+	var rows []scaleRow
+	var pods []*benchPod
+	for _, level := range levels {
+		for len(pods) < level {
+			bp, err := startPod(ctx, d, ref, stage1, podNet, fmt.Sprintf("scale-%d", len(pods)))
+			if err != nil {
+				return nil, nil, fmt.Errorf("pod %d: %w", len(pods), err)
+			}
+			pods = append(pods, bp)
+		}
+		row := scaleRow{pods: level}
+		for range calls {
+			began := time.Now()
+			lc, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+			if err != nil {
+				return nil, nil, err
+			}
+			row.listContainers = append(row.listContainers, time.Since(began))
+			if len(lc.Containers) != level {
+				return nil, nil, fmt.Errorf("ListContainers at %d pods listed %d containers", level, len(lc.Containers))
+			}
+			began = time.Now()
+			lp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+			if err != nil {
+				return nil, nil, err
+			}
+			row.listPods = append(row.listPods, time.Since(began))
+			if len(lp.Items) != level {
+				return nil, nil, fmt.Errorf("ListPodSandbox at %d pods listed %d pods", level, len(lp.Items))
+			}
+		}
+		rows = append(rows, row)
+	}
+	lat, err := exitToEvent(ctx, rt, pods[0], n)
+	return rows, lat, err
+}
+
+// exitToEvent runs n containers that exit at once in bp's pod and returns,
+// for each, the time from its finish (as its status records it) to its
+// CONTAINER_STOPPED event's arrival.
+func exitToEvent(ctx context.Context, rt runtimeapi.RuntimeServiceClient, bp *benchPod, n int) ([]time.Duration, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := rt.GetContainerEvents(sctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	evs := make(chan arrival, 64)
+	go func() {
+		defer close(evs)
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			evs <- arrival{ev, time.Now()}
+		}
+	}()
+	// Each container's CREATED event is awaited before it starts: the
+	// first one also proves the subscription is in place.
+	var out []time.Duration
+	for i := range n {
+		cfg := proto.Clone(bp.ctrCfg).(*runtimeapi.ContainerConfig)
+		cfg.Metadata = &runtimeapi.ContainerMetadata{Name: fmt.Sprintf("exits-%d", i)}
+		cfg.Command = []string{"true"}
+		cfg.LogPath = fmt.Sprintf("exits-%d.log", i)
+		c, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: bp.podID, Config: cfg, SandboxConfig: bp.podCfg})
+		if err != nil {
+			return nil, err
+		}
+		if err := waitEvent(evs, runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT, c.ContainerId, nil); err != nil {
+			return nil, err
+		}
+		if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+			return nil, err
+		}
+		var d time.Duration
+		err = waitEvent(evs, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, c.ContainerId, func(ev *runtimeapi.ContainerEventResponse, at time.Time) error {
+			for _, st := range ev.ContainersStatuses {
+				if st.Id == c.ContainerId && st.FinishedAt > 0 {
+					d = at.Sub(time.Unix(0, st.FinishedAt))
+					return nil
+				}
+			}
+			return fmt.Errorf("the stopped event of %s has no finish time", c.ContainerId)
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+		if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.ContainerId}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// arrival is an event and when the subscriber received it.
+type arrival struct {
+	ev *runtimeapi.ContainerEventResponse
+	at time.Time
+}
+
+// waitEvent reads evs until an event of typ about id, at most a minute,
+// and hands it to f.
+func waitEvent(evs <-chan arrival, typ runtimeapi.ContainerEventType, id string, f func(*runtimeapi.ContainerEventResponse, time.Time) error) error {
+	timeout := time.After(time.Minute)
+	for {
+		select {
+		case a, ok := <-evs:
+			if !ok {
+				return fmt.Errorf("the event stream ended waiting for %s of %s", typ, id)
+			}
+			ev, at := a.ev, a.at
+			if ev.ContainerEventType == typ && ev.ContainerId == id {
+				if f != nil {
+					return f(ev, at)
+				}
+				return nil
+			}
+		case <-timeout:
+			return fmt.Errorf("no %s event for %s in a minute", typ, id)
+		}
+	}
+}
+
+func reportScale(w io.Writer, what string, calls int, rows []scaleRow, lat []time.Duration) {
+	fmt.Fprintf(w, "stagelet-bench: stage1 %s, list calls at the gRPC level, %d calls each\n\n", what, calls)
+	const row = "%-72s %10s %10s\n"
+	fmt.Fprintf(w, row, "measure", "median", "p90")
+	for _, r := range rows {
+		fmt.Fprintf(w, row, fmt.Sprintf("ListContainers, %d pods running", r.pods), ms(median(r.listContainers)), ms(percentile(r.listContainers, 90)))
+		fmt.Fprintf(w, row, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), ms(median(r.listPods)), ms(percentile(r.listPods, 90)))
+	}
+	fmt.Fprintf(w, row, fmt.Sprintf("container exit to its GetContainerEvents event (%d exits)", len(lat)), ms(median(lat)), ms(percentile(lat, 90)))
+}
