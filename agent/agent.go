@@ -233,6 +233,9 @@ func (a *Agent) handle(req *api.Request) (*api.Response, error) {
 		return &api.Response{}, nil
 	case api.OpSysctl:
 		return &api.Response{}, setIPCSysctls(req.Sysctls, a.dir)
+	case api.OpUpdate:
+		st, err := a.update(req.ID, req.Resources)
+		return &api.Response{App: st}, err
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
 }

@@ -1198,3 +1198,50 @@ func TestWatchEndsWithContext(t *testing.T) {
 		t.Fatal("Watch still runs after its context ended")
 	}
 }
+
+// cgroupValue reads a cgroup v1 file of an app's controller.
+func (ta *testAgent) cgroupValue(id, controller, file string) string {
+	ta.t.Helper()
+	b, err := os.ReadFile(filepath.Join(ta.cg.Child("app-" + id).Paths[controller], file))
+	if err != nil {
+		ta.t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TestUpdate: a running app's limits change in place; zero fields stay;
+// an exited app, an OOM score and an unknown app are refused.
+func TestUpdate(t *testing.T) {
+	ta := startAgent(t)
+	if ta.cg.Paths["memory"] == "" || ta.cg.Paths["cpu"] == "" {
+		t.Skip("needs the cgroup v1 memory and cpu controllers")
+	}
+	rootfs := makeRootfs(t)
+	ta.run(&api.AppSpec{ID: "a", Rootfs: rootfs, Args: []string{"sleep", "1000"},
+		Resources: api.Resources{MemoryLimit: 64 << 20, CPUShares: 512, CPUQuota: 50000, CPUPeriod: 100000}})
+	if _, err := ta.c.Update(ctx(t), "a", api.Resources{MemoryLimit: 128 << 20, CPUQuota: 200000}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ ctl, file, want string }{
+		{"memory", "memory.limit_in_bytes", strconv.Itoa(128 << 20)},
+		{"cpu", "cpu.cfs_quota_us", "200000"},
+		{"cpu", "cpu.cfs_period_us", "100000"},
+		{"cpu", "cpu.shares", "512"},
+	} {
+		if got := ta.cgroupValue("a", c.ctl, c.file); got != c.want {
+			t.Errorf("%s = %s, want %s", c.file, got, c.want)
+		}
+	}
+	if _, err := ta.c.Update(ctx(t), "a", api.Resources{OOMScoreAdj: 100}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("changing the OOM score: %v, want InvalidArgument", err)
+	}
+	if _, err := ta.c.Update(ctx(t), "nosuch", api.Resources{MemoryLimit: 1 << 30}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("update of an unknown app: %v", err)
+	}
+	if _, err := ta.c.Stop(ctx(t), "a", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ta.c.Update(ctx(t), "a", api.Resources{MemoryLimit: 1 << 30}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("update of an exited app: %v, want FailedPrecondition", err)
+	}
+}

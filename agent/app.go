@@ -178,6 +178,44 @@ func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
 	return &st, nil
 }
 
+// update changes the cgroup limits of an app that has not exited; zero
+// fields stay as they are. NotFound, InvalidArgument (no resources, an
+// OOM score, which only a process's start can set), FailedPrecondition
+// (the app exited, the pod has no cgroups, or the kernel refused a value:
+// e.g. a memory limit below what the app uses, on cgroup v1).
+func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
+	if r == nil {
+		return nil, errdefs.InvalidArgument("update %s: no resources", id)
+	}
+	if r.OOMScoreAdj != 0 {
+		return nil, errdefs.InvalidArgument("update %s: oom_score_adj is set when the process starts and cannot change", id)
+	}
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	if ap.st.State == api.StateExited {
+		return nil, errdefs.FailedPrecondition("update %s: the app has exited", id)
+	}
+	if ap.cg == nil {
+		return nil, errdefs.FailedPrecondition("update %s: cgroups are unavailable in this pod, so its limits cannot change", id)
+	}
+	if err := ap.cg.Set(cgroups.Resources{
+		CPUShares:   r.CPUShares,
+		CPUQuota:    r.CPUQuota,
+		CPUPeriod:   r.CPUPeriod,
+		MemoryLimit: r.MemoryLimit,
+		PidsLimit:   r.PidsLimit,
+	}); err != nil {
+		return nil, errdefs.FailedPrecondition("update %s: %v", id, err)
+	}
+	a.log.Info("app limits changed", "app", id, "resources", *r)
+	st := ap.st
+	return &st, nil
+}
+
 func (a *Agent) setupCgroup(ap *app) error {
 	r := ap.spec.Resources
 	if ap.cg == nil {

@@ -202,6 +202,16 @@ func (c *Client) Shutdown(ctx context.Context, timeout time.Duration) error {
 	return err
 }
 
+// Update changes a created or running app's limits (zero fields stay):
+// NotFound, InvalidArgument, FailedPrecondition.
+func (c *Client) Update(ctx context.Context, id string, r api.Resources) (*api.AppStatus, error) {
+	resp, err := c.Call(ctx, &api.Request{Op: api.OpUpdate, ID: id, Resources: &r})
+	if err != nil {
+		return nil, err
+	}
+	return resp.App, nil
+}
+
 // Watch subscribes to the agent's app events (OpEvents): snapshot is
 // called once with every app, then event with each change after it, in
 // order, on the caller's goroutine, until ctx ends (Watch returns nil) or

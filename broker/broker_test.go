@@ -895,3 +895,83 @@ func waitContainer(t *testing.T, b *Broker, id string, cond func(*ContainerRecor
 	})
 	return rec
 }
+
+// TestUpdateContainerResources: new limits reach the agent and the record
+// (zero fields keep theirs); an OOM score cannot change; an exited
+// container's limits cannot change.
+func TestUpdateContainerResources(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, _ := b.RunPod(ctx, podCfg("r"))
+	cfg := ctrCfg("c")
+	cfg.Resources = Resources{MemoryLimit: 64 << 20, CPUShares: 512, CPUPeriod: 100000, CPUQuota: 50000, OOMScoreAdj: 10}
+	cid, err := b.CreateContainer(ctx, pid, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StartContainer(ctx, cid); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.UpdateContainerResources(ctx, cid, Resources{MemoryLimit: 128 << 20, CPUQuota: 150000, OOMScoreAdj: 10}); err != nil {
+		t.Fatal(err)
+	}
+	fp := e.be.pods[pid]
+	fp.mu.Lock()
+	sent := fp.updates[cid]
+	fp.mu.Unlock()
+	if sent != (api.Resources{MemoryLimit: 128 << 20, CPUQuota: 150000}) {
+		t.Errorf("the agent got %+v", sent)
+	}
+	rec, _ := b.ContainerStatus(ctx, cid)
+	want := Resources{MemoryLimit: 128 << 20, CPUShares: 512, CPUPeriod: 100000, CPUQuota: 150000, OOMScoreAdj: 10}
+	if rec.Config.Resources != want {
+		t.Errorf("record after the update: %+v, want %+v", rec.Config.Resources, want)
+	}
+	wantClass(t, b.UpdateContainerResources(ctx, cid, Resources{OOMScoreAdj: 500}), errdefs.ErrInvalidArgument)
+	if err := b.StopContainer(ctx, cid, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	wantClass(t, b.UpdateContainerResources(ctx, cid, Resources{MemoryLimit: 1 << 30}), errdefs.ErrFailedPrecondition)
+	wantClass(t, b.UpdateContainerResources(ctx, "nosuch", Resources{MemoryLimit: 1 << 30}), errdefs.ErrNotFound)
+}
+
+// TestUpdatePodResources: a pod beneath the kubelet's cgroup takes any new
+// total; a VM pod takes what fits in its VM and refuses the rest, keeping
+// its record as it was.
+func TestUpdatePodResources(t *testing.T) {
+	e := newEnv(t)
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	b := e.broker(t)
+	ctx := context.Background()
+	plain, err := b.RunPod(ctx, podNet("plain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmCfg := podNet("sized")
+	vmCfg.RuntimeHandler = "vm"
+	vmPod, err := b.RunPod(ctx, vmCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := Resources{MemoryLimit: 1 << 30}
+	if err := b.UpdatePodResources(ctx, plain, big); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.PodStatus(ctx, plain, false); st.Record.Config.Resources == nil || *st.Record.Config.Resources != big {
+		t.Errorf("the plain pod's record: %+v", st.Record.Config.Resources)
+	}
+	wantClass(t, b.UpdatePodResources(ctx, vmPod, big), errdefs.ErrFailedPrecondition)
+	if st, _ := b.PodStatus(ctx, vmPod, false); st.Record.Config.Resources != nil {
+		t.Errorf("a refused resize changed the VM pod's record: %+v", st.Record.Config.Resources)
+	}
+	small := Resources{MemoryLimit: 128 << 20}
+	if err := b.UpdatePodResources(ctx, vmPod, small); err != nil {
+		t.Fatal(err)
+	}
+	wantClass(t, b.UpdatePodResources(ctx, "nosuch", small), errdefs.ErrNotFound)
+	if err := b.StopPod(ctx, plain); err != nil {
+		t.Fatal(err)
+	}
+	wantClass(t, b.UpdatePodResources(ctx, plain, small), errdefs.ErrFailedPrecondition)
+}

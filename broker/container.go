@@ -373,6 +373,59 @@ func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
 	}
 }
 
+// UpdateContainerResources changes a created or running container's
+// limits in its pod's agent (the kubelet's in-place resize), then records
+// them, so ContainerStatus reads them back. Zero fields stay as they are.
+// InvalidArgument for a change of oom_score_adj (set only when a process
+// starts); FailedPrecondition when the container has exited, its pod is
+// not ready, or the kernel refuses a value.
+func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Resources) error {
+	c, p, err := b.containerAndPod(ctx, id)
+	if err != nil {
+		return err
+	}
+	c.op.Lock()
+	defer c.op.Unlock()
+	b.mu.Lock()
+	state, oom := c.rec.State, c.rec.Config.Resources.OOMScoreAdj
+	b.mu.Unlock()
+	if state != ContainerCreated && state != ContainerRunning {
+		return errdefs.FailedPrecondition("container %s is %s: its limits cannot change", id, state)
+	}
+	if r.OOMScoreAdj != 0 && r.OOMScoreAdj != oom {
+		return errdefs.InvalidArgument("linux.oom_score_adj: %d cannot change to %d in a container that exists", oom, r.OOMScoreAdj)
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return err
+	}
+	actx, cancel := agentCtx(ctx, agentTimeout)
+	defer cancel()
+	err = h.UpdateContainerResources(actx, c.rec.ID, api.Resources{
+		CPUShares: r.CPUShares, CPUQuota: r.CPUQuota, CPUPeriod: r.CPUPeriod, MemoryLimit: r.MemoryLimit,
+	})
+	if err != nil {
+		b.refreshOnRefusal(ctx, p, c, err)
+		return fmt.Errorf("update container %s: %w", id, err)
+	}
+	b.mu.Lock()
+	cur := &c.rec.Config.Resources
+	for _, f := range []struct{ dst, src *int64 }{
+		{&cur.CPUShares, &r.CPUShares}, {&cur.CPUQuota, &r.CPUQuota}, {&cur.CPUPeriod, &r.CPUPeriod}, {&cur.MemoryLimit, &r.MemoryLimit},
+	} {
+		if *f.src != 0 {
+			*f.dst = *f.src
+		}
+	}
+	cp := *c.rec
+	b.mu.Unlock()
+	if err := b.rec.saveContainer(&cp); err != nil {
+		return fmt.Errorf("persist container record: %w", err)
+	}
+	b.log.Info("container limits changed", "container", id, "resources", cp.Config.Resources)
+	return nil
+}
+
 // StopContainer stops a running container: SIGTERM, then SIGKILL after
 // timeout. Idempotent: unknown, created or exited containers are fine.
 func (b *Broker) StopContainer(ctx context.Context, id string, timeout time.Duration) error {

@@ -61,7 +61,7 @@ func (f *fakeBackend) StartPod(ctx context.Context, spec *stage1.PodSpec, persis
 	f.pods[spec.ID] = p
 	f.specs[spec.ID] = spec
 	f.mu.Unlock()
-	return p, nil
+	return f.wrap(p), nil
 }
 
 func (f *fakeBackend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, state []byte) (stage1.Pod, error) {
@@ -75,7 +75,7 @@ func (f *fakeBackend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stat
 	if !ok || !p.isAlive() {
 		return nil, fmt.Errorf("fake: %w", stage1.ErrPodGone)
 	}
-	return p, nil
+	return f.wrap(p), nil
 }
 
 func (f *fakeBackend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, state []byte) error {
@@ -83,6 +83,28 @@ func (f *fakeBackend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stat
 	defer f.mu.Unlock()
 	delete(f.pods, spec.ID)
 	f.destroyed[spec.ID]++
+	return nil
+}
+
+// wrap makes the "vm" backend's pods sized ones (stage1.PodResizer), as
+// a VM's are.
+func (f *fakeBackend) wrap(p *fakePod) stage1.Pod {
+	if f.name == "vm" {
+		return &fakeVMPod{fakePod: p, memoryLimit: 256 << 20}
+	}
+	return p
+}
+
+// fakeVMPod is a pod of a fixed size.
+type fakeVMPod struct {
+	*fakePod
+	memoryLimit int64
+}
+
+func (p *fakeVMPod) UpdatePodResources(ctx context.Context, r stage1.PodResources) error {
+	if r.MemoryLimit > p.memoryLimit {
+		return errdefs.FailedPrecondition("fake VM: %d bytes do not fit in %d", r.MemoryLimit, p.memoryLimit)
+	}
 	return nil
 }
 
@@ -98,6 +120,7 @@ type fakePod struct {
 	// subs are the Watch subscribers; gone is closed when the agent dies
 	// or stops, which ends them. noEvents makes Watch answer as an
 	// agent from before events did.
+	updates  map[string]api.Resources // UpdateContainerResources by app
 	subs     map[chan *api.Event]struct{}
 	gone     chan struct{}
 	noEvents bool
@@ -372,6 +395,25 @@ func (p *fakePod) PortForward(ctx context.Context, port int32, stream io.ReadWri
 }
 
 func (p *fakePod) ReopenLog(ctx context.Context, id string) error { return nil }
+
+// UpdateContainerResources records the last update of each app.
+func (p *fakePod) UpdateContainerResources(ctx context.Context, id string, r api.Resources) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	a, err := p.app(id)
+	if err != nil {
+		return err
+	}
+	if a.State == api.StateExited {
+		return errdefs.FailedPrecondition("app %s has exited", id)
+	}
+	if p.updates == nil {
+		p.updates = map[string]api.Resources{}
+	}
+	p.updates[id] = r
+	return nil
+}
 func (p *fakePod) SetSysctls(ctx context.Context, sysctls map[string]string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

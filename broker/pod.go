@@ -379,6 +379,7 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 		}
 		b.unwatch(p) // the agent is about to go away on purpose
 		if err := h.Stop(ctx, podStopTimeout); err != nil && !errors.Is(err, stage1.ErrPodGone) {
+			b.watch(p, h) // still ready: keep listening
 			return fmt.Errorf("stop pod %s: %w", podID, err)
 		}
 	}
@@ -610,6 +611,48 @@ func (b *Broker) podGone(p *pod, h stage1.Pod, why error) {
 	if err := b.rec.savePod(&cp); err != nil {
 		b.log.Error("persist pod record", "pod", cp.ID, "err", err)
 	}
+}
+
+// UpdatePodResources records a ready pod's new total limits, which the
+// kubelet sends after it resized the pod's containers. A pod whose stage1
+// sizes it (a VM: stage1.PodResizer) checks they fit first, and refuses
+// with FailedPrecondition when they do not; the others run beneath the
+// cgroup the kubelet itself resizes. FailedPrecondition for a pod that is
+// not ready.
+func (b *Broker) UpdatePodResources(ctx context.Context, id string, r Resources) error {
+	p, err := b.lookupPod(id)
+	if err != nil {
+		return err
+	}
+	if err := waitCreated(ctx, p.created); err != nil {
+		return err
+	}
+	if p.err != nil {
+		return errdefs.NotFound("pod sandbox %q not found", id)
+	}
+	p.op.Lock()
+	defer p.op.Unlock()
+	h, err := b.podHandle(p)
+	if err != nil {
+		return err
+	}
+	if rs, ok := h.(stage1.PodResizer); ok {
+		actx, cancel := agentCtx(ctx, agentTimeout)
+		defer cancel()
+		if err := rs.UpdatePodResources(actx, podResources(&r)); err != nil {
+			return fmt.Errorf("update pod sandbox %s: %w", id, err)
+		}
+	}
+	b.mu.Lock()
+	cp := r
+	p.rec.Config.Resources = &cp
+	rec := *p.rec
+	b.mu.Unlock()
+	if err := b.rec.savePod(&rec); err != nil {
+		return fmt.Errorf("persist pod record: %w", err)
+	}
+	b.log.Info("pod limits changed", "pod", id, "resources", r)
+	return nil
 }
 
 func podResources(r *Resources) stage1.PodResources {

@@ -74,15 +74,11 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 		return nil, errdefs.New(errdefs.ErrUnimplemented, "config.devices: device passthrough is not supported")
 	}
 	if l := c.GetLinux(); l != nil {
-		if r := l.GetResources(); r != nil {
-			cc.Resources = broker.Resources{
-				CPUPeriod:   r.GetCpuPeriod(),
-				CPUQuota:    r.GetCpuQuota(),
-				CPUShares:   r.GetCpuShares(),
-				MemoryLimit: r.GetMemoryLimitInBytes(),
-				OOMScoreAdj: r.GetOomScoreAdj(),
-			}
+		res, err := containerResources(l.GetResources(), "config.linux.resources")
+		if err != nil {
+			return nil, err
 		}
+		cc.Resources = res
 		if sc := l.GetSecurityContext(); sc != nil {
 			sec := &cc.Security
 			sec.Privileged = sc.GetPrivileged()

@@ -71,6 +71,12 @@ func (p *AgentPod) CreateContainer(ctx context.Context, spec *ContainerSpec) (*a
 	return p.Client.Create(ctx, &app)
 }
 
+// UpdateContainerResources changes an app's limits in its agent.
+func (p *AgentPod) UpdateContainerResources(ctx context.Context, id string, r api.Resources) error {
+	_, err := p.Client.Update(ctx, id, r)
+	return err
+}
+
 // StartContainer starts a created app.
 func (p *AgentPod) StartContainer(ctx context.Context, id string) (*api.AppStatus, error) {
 	return p.Client.Start(ctx, id)

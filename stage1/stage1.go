@@ -142,6 +142,10 @@ type Pod interface {
 	RemoveContainer(ctx context.Context, id string) error
 	ContainerStatus(ctx context.Context, id string) (*api.AppStatus, error)
 	ListContainers(ctx context.Context) ([]*api.AppStatus, error)
+	// UpdateContainerResources changes a created or running container's
+	// cgroup limits (zero fields stay), in the pod's agent: on the host
+	// for fly and nspawn, in the guest for a VM.
+	UpdateContainerResources(ctx context.Context, id string, r api.Resources) error
 	// Watch subscribes to the agent's app events, as agent.Client.Watch:
 	// snapshot gets every app, then event each change, until ctx ends
 	// (nil) or the stream does (ErrUnavailable: the agent went away, or
@@ -172,6 +176,15 @@ type Pod interface {
 	// isolation. Idempotent. The pod's host resources stay until
 	// DestroyPod.
 	Stop(ctx context.Context, timeout time.Duration) error
+}
+
+// PodResizer is an optional interface of a Pod whose backend sizes the
+// pod itself (a VM): UpdatePodResources checks the pod's new total limits
+// against what it was given, FailedPrecondition when they do not fit. A
+// pod without it lives in a cgroup beneath the one the kubelet sizes, and
+// takes any new total.
+type PodResizer interface {
+	UpdatePodResources(ctx context.Context, r PodResources) error
 }
 
 // NodeInformer is an optional interface of a Backend: facts about how it

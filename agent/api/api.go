@@ -53,6 +53,7 @@ const (
 	OpShutdown  = "shutdown"  // Request.Timeout: stop every app, then the agent exits
 	OpSysctl    = "sysctl"    // Request.Sysctls: IPC sysctls, set in the pod's IPC namespace
 	OpEvents    = "events"    // -> Response.Apps, then Events until either side closes
+	OpUpdate    = "update"    // Request.ID, Request.Resources: change a created or running app's limits -> Response.App
 
 	// Sessions: frames follow a successful Response.
 	OpExecStream  = "execstream"  // Request.ID, Request.Cmd, Request.Stdio: run a command with its stdio streamed
@@ -90,6 +91,9 @@ type Request struct {
 	Stdio *Stdio `json:"stdio,omitempty"`
 	// Port is the TCP port a port-forward session connects to.
 	Port int32 `json:"port,omitempty"`
+	// Resources are an app's new limits (OpUpdate); zero fields stay as
+	// they are.
+	Resources *Resources `json:"resources,omitempty"`
 }
 
 // Stdio is the shape of an exec or attach session.

@@ -39,6 +39,27 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 // State implements stage1.Pod.
 func (p *Pod) State() []byte { return p.st.marshal() }
 
+// UpdatePodResources implements stage1.PodResizer: the VM's memory and
+// vCPUs are fixed when it boots, so new totals must fit in them (the
+// memory limit beside the guest's own GuestBaseMiB). Growing a VM would
+// take memory hotplug or a balloon device and vCPU hotplug, which this
+// stage1 does not do: FailedPrecondition says so. Limits that fit need no
+// change here: the containers' own limits, inside the guest, do the rest.
+func (p *Pod) UpdatePodResources(ctx context.Context, r stage1.PodResources) error {
+	vm := p.st.VM
+	if r.MemoryLimit > 0 && vm.MemoryMiB > 0 {
+		if need := int((r.MemoryLimit+(1<<20)-1)>>20) + GuestBaseMiB; need > vm.MemoryMiB {
+			return errdefs.FailedPrecondition("kvm: the pod's VM has %d MiB, and a %d MiB memory limit needs %d MiB with the guest's own: a VM's memory is fixed at boot (growing it would take memory hotplug or a balloon device); recreate the pod to resize it", vm.MemoryMiB, r.MemoryLimit>>20, need)
+		}
+	}
+	if r.CPUQuota > 0 && r.CPUPeriod > 0 && vm.VCPUs > 0 {
+		if need := int((r.CPUQuota + r.CPUPeriod - 1) / r.CPUPeriod); need > vm.VCPUs {
+			return errdefs.FailedPrecondition("kvm: the pod's VM has %d vCPUs and the new CPU limit needs %d: a VM's vCPUs are fixed at boot (adding them would take vCPU hotplug); recreate the pod to resize it", vm.VCPUs, need)
+		}
+	}
+	return nil
+}
+
 // Details implements stage1.Pod: the VM's accelerator ("kvm" or "tcg"),
 // machine type, memory, vCPUs and guest kernel, and its network.
 func (p *Pod) Details() map[string]string {

@@ -1,0 +1,121 @@
+package cri
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"strings"
+	"sync"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// containerResources reads a container's limits, as CreateContainer and
+// UpdateContainerResources receive them (field names the request's path),
+// refusing what the stage1s cannot apply rather than ignoring it: cpusets,
+// hugepage limits, a swap limit on a node that has swap, and any other
+// unified (cgroup v2) setting. A "no swap" request (the kubelet sends one
+// for every container on a cgroup v2 node, memory.swap.max=0) holds as it
+// is on a node without swap.
+func containerResources(r *runtimeapi.LinuxContainerResources, field string) (broker.Resources, error) {
+	if r == nil {
+		return broker.Resources{}, nil
+	}
+	if r.GetCpusetCpus() != "" || r.GetCpusetMems() != "" {
+		return broker.Resources{}, errdefs.InvalidArgument("%s.cpuset_cpus, cpuset_mems: cpusets are not supported", field)
+	}
+	for _, h := range r.GetHugepageLimits() {
+		if h.GetLimit() != 0 {
+			return broker.Resources{}, errdefs.InvalidArgument("%s.hugepage_limits: hugepage limits (%s) are not supported", field, h.GetPageSize())
+		}
+	}
+	noSwap := true
+	if s := r.GetMemorySwapLimitInBytes(); s != 0 && s != r.GetMemoryLimitInBytes() {
+		noSwap = false
+	}
+	for k, v := range r.GetUnified() {
+		if k != "memory.swap.max" || v != "0" {
+			return broker.Resources{}, errdefs.InvalidArgument("%s.unified: %s=%s is not supported (only memory.swap.max=0)", field, k, v)
+		}
+	}
+	if !noSwap || ((r.GetMemorySwapLimitInBytes() != 0 || len(r.GetUnified()) > 0) && nodeHasSwap()) {
+		return broker.Resources{}, errdefs.InvalidArgument("%s: swap limits are not supported, and this node has swap", field)
+	}
+	return broker.Resources{
+		CPUPeriod:   r.GetCpuPeriod(),
+		CPUQuota:    r.GetCpuQuota(),
+		CPUShares:   r.GetCpuShares(),
+		MemoryLimit: r.GetMemoryLimitInBytes(),
+		OOMScoreAdj: r.GetOomScoreAdj(),
+	}, nil
+}
+
+var nodeSwap = sync.OnceValue(func() bool {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return true // unknown: assume the worst
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fs := strings.Fields(sc.Text()); len(fs) >= 2 && fs[0] == "SwapTotal:" {
+			return fs[1] != "0"
+		}
+	}
+	return true
+})
+
+// nodeHasSwap tells whether the node has swap enabled (SwapTotal > 0 when
+// first asked).
+func nodeHasSwap() bool { return nodeSwap() }
+
+// UpdateContainerResources changes a running or created container's
+// limits in place (the kubelet's in-place pod resize) and reports them
+// back through ContainerStatus. Windows resources are refused.
+func (s *Server) UpdateContainerResources(ctx context.Context, r *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	if r.GetWindows() != nil {
+		return nil, errdefs.InvalidArgument("windows: Windows resources do not apply to Linux containers")
+	}
+	if r.GetLinux() == nil {
+		return nil, badRequest("linux")
+	}
+	res, err := containerResources(r.GetLinux(), "linux")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.b.UpdateContainerResources(ctx, r.GetContainerId(), res); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
+}
+
+// UpdatePodSandboxResources takes a pod's new total limits after the
+// kubelet resized its containers: a VM pod checks they fit in its VM
+// (FailedPrecondition, saying what growing a VM would take, when they do
+// not); the others run beneath the pod cgroup the kubelet resizes itself.
+// The overhead is the kubelet's to account in that cgroup.
+func (s *Server) UpdatePodSandboxResources(ctx context.Context, r *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
+	if r.GetPodSandboxId() == "" {
+		return nil, badRequest("pod_sandbox_id")
+	}
+	if r.GetResources() == nil {
+		return nil, badRequest("resources")
+	}
+	if _, err := containerResources(r.GetOverhead(), "overhead"); err != nil {
+		return nil, err
+	}
+	res, err := containerResources(r.GetResources(), "resources")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.b.UpdatePodResources(ctx, r.GetPodSandboxId(), res); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil
+}

@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/cgroups"
+)
+
+// appMemoryLimit finds the cgroup of container id beneath the daemon's own
+// (the agent names it app-<id>, on the host for fly and nspawn) and reads
+// its memory limit.
+func (e *env) appMemoryLimit(id string) string {
+	e.t.Helper()
+	cg, err := cgroups.OfProcess(e.d.PID())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	root, file := cg.Paths["memory"], "memory.limit_in_bytes"
+	if root == "" {
+		root, file = filepath.Dir(cg.Paths[cgroups.Unified]), "memory.max"
+	}
+	var found string
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && d.Name() == "app-"+id {
+			found = p
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	if found == "" {
+		e.t.Fatalf("no cgroup app-%s beneath %s", id, root)
+	}
+	b, err := os.ReadFile(filepath.Join(found, file))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TestResizeInPlace: UpdateContainerResources changes a running
+// container's memory and CPU limits in its cgroup, ContainerStatus reads
+// them back, and what cannot be honoured is refused.
+func TestResizeInPlace(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("resize", s)
+		podID := e.runStage1Pod(cfg, s)
+		ctr := e.netContainer(s, "c", "sleep", "1000")
+		ctr.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512, CpuPeriod: 100000, CpuQuota: 50000}
+		id := e.createAndStart(podID, cfg, ctr)
+		if got := e.appMemoryLimit(id); got != strconv.Itoa(64<<20) {
+			t.Fatalf("memory limit before the resize: %s", got)
+		}
+		want := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20, CpuShares: 1024, CpuPeriod: 100000, CpuQuota: 150000}
+		if _, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: want}); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.appMemoryLimit(id); got != strconv.Itoa(128<<20) {
+			t.Errorf("memory limit after the resize: %s, want %d", got, 128<<20)
+		}
+		got := e.containerStatus(id).GetResources().GetLinux()
+		if got.GetMemoryLimitInBytes() != want.MemoryLimitInBytes || got.GetCpuQuota() != want.CpuQuota || got.GetCpuShares() != want.CpuShares {
+			t.Errorf("ContainerStatus resources after the resize: %v", got)
+		}
+		_, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
+			Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20, CpusetCpus: "0"}})
+		requireCode(t, err, codes.InvalidArgument, "UpdateContainerResources with a cpuset")
+		if got := e.appMemoryLimit(id); got != strconv.Itoa(128<<20) {
+			t.Errorf("a refused update changed the memory limit to %s", got)
+		}
+		if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: want})
+		requireCode(t, err, codes.FailedPrecondition, "UpdateContainerResources of an exited container")
+	})
+}
