@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -246,4 +248,136 @@ func TestMalformedRequestsAreInvalidArgument(t *testing.T) {
 			t.Errorf("message %q does not name the field %q", s.Message(), "cmd")
 		}
 	})
+}
+
+// recvAll reads a server stream to its end.
+func recvAll[T any](t *testing.T, what string, stream interface{ Recv() (*T, error) }, err error) []*T {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	var out []*T
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		out = append(out, m)
+	}
+}
+
+// TestStreamLists: each Stream* call lists what its List twin lists, with
+// the same filter.
+func TestStreamLists(t *testing.T) {
+	e := newEnv(t)
+	podID, ctrID, _ := e.runOne("streams", e.containerConfig("c", "sleep", "1000"))
+	ctx := e.ctx()
+	var pods []string
+	stStreamPodSandboxes, err := e.rt().StreamPodSandboxes(ctx, &runtimeapi.StreamPodSandboxesRequest{Filter: &runtimeapi.PodSandboxFilter{Id: podID}})
+	for _, m := range recvAll(t, "StreamPodSandboxes", stStreamPodSandboxes, err) {
+		for _, p := range m.PodSandboxes {
+			pods = append(pods, p.Id)
+		}
+	}
+	if !slices.Equal(pods, []string{podID}) {
+		t.Errorf("StreamPodSandboxes: %v, want [%s]", pods, podID)
+	}
+	var ctrs []string
+	stStreamContainers, err := e.rt().StreamContainers(ctx, &runtimeapi.StreamContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: podID}})
+	for _, m := range recvAll(t, "StreamContainers", stStreamContainers, err) {
+		for _, c := range m.Containers {
+			ctrs = append(ctrs, c.Id)
+		}
+	}
+	if !slices.Equal(ctrs, []string{ctrID}) {
+		t.Errorf("StreamContainers: %v, want [%s]", ctrs, ctrID)
+	}
+	var stats []string
+	stStreamContainerStats, err := e.rt().StreamContainerStats(ctx, &runtimeapi.StreamContainerStatsRequest{Filter: &runtimeapi.ContainerStatsFilter{Id: ctrID}})
+	for _, m := range recvAll(t, "StreamContainerStats", stStreamContainerStats, err) {
+		for _, s := range m.ContainerStats {
+			stats = append(stats, s.GetAttributes().GetId())
+		}
+	}
+	if !slices.Equal(stats, []string{ctrID}) {
+		t.Errorf("StreamContainerStats: %v, want [%s]", stats, ctrID)
+	}
+	var podStats []string
+	stStreamPodSandboxStats, err := e.rt().StreamPodSandboxStats(ctx, &runtimeapi.StreamPodSandboxStatsRequest{Filter: &runtimeapi.PodSandboxStatsFilter{Id: podID}})
+	for _, m := range recvAll(t, "StreamPodSandboxStats", stStreamPodSandboxStats, err) {
+		for _, s := range m.PodSandboxStats {
+			podStats = append(podStats, s.GetAttributes().GetId())
+		}
+	}
+	if !slices.Equal(podStats, []string{podID}) {
+		t.Errorf("StreamPodSandboxStats: %v, want [%s]", podStats, podID)
+	}
+	list, err := e.is().ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	stStreamImages, err := e.is().StreamImages(ctx, &runtimeapi.StreamImagesRequest{})
+	for _, m := range recvAll(t, "StreamImages", stStreamImages, err) {
+		n += len(m.Images)
+	}
+	if n != len(list.Images) || n == 0 {
+		t.Errorf("StreamImages listed %d images, ListImages %d", n, len(list.Images))
+	}
+}
+
+// TestPodSandboxMetrics: the metrics of a running container come with
+// their descriptors, one label value per key, and the stream lists the
+// same pods.
+func TestPodSandboxMetrics(t *testing.T) {
+	e := newEnv(t)
+	podID, ctrID, _ := e.runOne("metrics", e.containerConfig("c", "sleep", "1000"))
+	ctx := e.ctx()
+	descs, err := e.rt().ListMetricDescriptors(ctx, &runtimeapi.ListMetricDescriptorsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]int{}
+	for _, d := range descs.Descriptors {
+		keys[d.Name] = len(d.LabelKeys)
+	}
+	resp, err := e.rt().ListPodSandboxMetrics(ctx, &runtimeapi.ListPodSandboxMetricsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws uint64
+	found := false
+	for _, pm := range resp.PodMetrics {
+		if pm.PodSandboxId != podID {
+			continue
+		}
+		for _, cm := range pm.ContainerMetrics {
+			if cm.ContainerId != ctrID {
+				continue
+			}
+			found = true
+			for _, m := range cm.Metrics {
+				if n, ok := keys[m.Name]; !ok || n != len(m.LabelValues) {
+					t.Errorf("metric %s: %d label values for %d keys (described: %v)", m.Name, len(m.LabelValues), n, ok)
+				}
+				if m.Name == "container_memory_working_set_bytes" {
+					ws = m.GetValue().GetValue()
+				}
+			}
+		}
+	}
+	if !found || ws == 0 {
+		t.Errorf("no metrics for the running container (found %v, working set %d)", found, ws)
+	}
+	st, err := e.rt().StreamPodSandboxMetrics(ctx, &runtimeapi.StreamPodSandboxMetricsRequest{})
+	n := 0
+	for _, m := range recvAll(t, "StreamPodSandboxMetrics", st, err) {
+		n += len(m.PodSandboxMetrics)
+	}
+	if n != len(resp.PodMetrics) {
+		t.Errorf("StreamPodSandboxMetrics listed %d pods, ListPodSandboxMetrics %d", n, len(resp.PodMetrics))
+	}
 }
