@@ -181,13 +181,20 @@ func accelArgs(accel string) []string {
 // virtiofsdArgs is virtiofsd's command line: it exports the pod's shared
 // directory. In its own mount namespace (sandbox=namespace) it is a slave
 // of the shared mount, so binds made beneath it on the host later appear.
+//
+// Submounts are not announced: the guest then sees one file system, not
+// one superblock per host bind (each container's rootfs, log directory
+// and volumes). With them, a container's rootfs was a superblock only its
+// mount namespace held, torn down when its last process exited, and the
+// 6.1 guest kernel hit "Busy inodes after unmount of virtiofs" there (a
+// BUG that kills the VM) now and then. File serial numbers are then the
+// host's across its file systems, which may repeat between two volumes.
 func virtiofsdArgs(st *state) []string {
 	return []string{
 		"--socket-path=" + st.sockName(fsSocketName), // relative to st.sockDir()
 		"-o", "source=" + st.Mounts,
 		"-o", "cache=auto",
 		"-o", "sandbox=namespace",
-		"-o", "announce_submounts",
 		"-o", "log_level=warn",
 	}
 }
