@@ -18,7 +18,7 @@ type hub struct {
 
 // subscriber is one OpEvents stream. ch holds the events not yet written;
 // gone is closed when the agent drops the subscriber (it fell
-// api.EventBuffer behind, or the agent closes).
+// api.EventBuffer behind, or the client went away).
 type subscriber struct {
 	ch       chan api.Event
 	gone     chan struct{}
@@ -59,16 +59,6 @@ func (h *hub) publish(typ string, st *api.AppStatus) {
 			delete(h.subs, s)
 			s.drop()
 		}
-	}
-}
-
-// closeAll drops every subscriber (the agent is going away).
-func (h *hub) closeAll() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for s := range h.subs {
-		delete(h.subs, s)
-		s.drop()
 	}
 }
 
