@@ -47,8 +47,10 @@ if file_out=$(command -v file >/dev/null 2>&1 && file -b "$BINARY"); then
 fi
 
 # The modules the guest needs, by name; their dependencies are added.
-# virtio_mmio: microvm's devices; virtio_pci: q35's.
-MODULES="virtio_mmio virtio_pci virtio_console virtio_net virtiofs virtio-rng"
+# virtio_mmio: microvm's devices; virtio_pci: q35's. bridge: containers
+# that make bridges (CNI plugins, privileged pods running brctl) find it
+# loaded, as the guest has no modprobe for the kernel to call.
+MODULES="virtio_mmio virtio_pci virtio_console virtio_net virtiofs virtio-rng bridge"
 
 mkdir -p "$OUTDIR/.cache"
 OUTDIR=$(cd "$OUTDIR" && pwd)
