@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/network"
 )
 
 // ContainerStats are a container's usage figures.
@@ -65,6 +66,11 @@ type PodStats struct {
 	Status     *PodStatus
 	Usage      *api.Stats
 	Containers []*ContainerStats
+	// Network are the counters of the interfaces in the pod's network
+	// namespace (none for a pod in the host's network), read at
+	// NetworkTime. A VM pod's traffic crosses its namespace too.
+	Network     []network.InterfaceStats
+	NetworkTime time.Time
 }
 
 // PodStats returns a pod's usage.
@@ -85,6 +91,13 @@ func (b *Broker) podStats(ctx context.Context, st *PodStatus) *PodStats {
 				out.Usage = u
 			}
 			cancel()
+		}
+	}
+	if rec := &st.Record; !rec.Config.HostNetwork && rec.NetNS != "" && st.Ready {
+		if n, err := network.InterfaceCounters(rec.NetNS); err == nil {
+			out.Network, out.NetworkTime = n, time.Now()
+		} else {
+			b.log.Debug("pod network counters", "pod", rec.ID, "err", err)
 		}
 	}
 	out.Containers = b.ListContainerStats(ctx, ContainerFilter{PodID: st.Record.ID, State: ContainerRunning})

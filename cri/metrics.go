@@ -9,14 +9,16 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/network"
 )
 
 // The metrics the kubelet's CRI metrics collector exposes on
 // /metrics/cadvisor: cAdvisor's names, each with the same labels, those
-// cAdvisor gives a container (a pod's own figures have container "").
-// The network and per-device figures cAdvisor also has are not among
-// them: the stage1s do not measure them. CRI metric values are integers:
-// CPU time is in whole seconds.
+// cAdvisor gives a container (a pod's own figures have container ""), and
+// the network ones an interface label too; they are the pod's (a pod's
+// containers share its network). The per-device figures cAdvisor also has
+// are not among them: the stage1s do not measure them. CRI metric values
+// are integers: CPU time is in whole seconds.
 var metricLabels = []string{"container", "id", "image", "name", "namespace", "pod"}
 
 type metricDef struct {
@@ -62,12 +64,32 @@ var metricDefs = []metricDef{
 		fromLayer(func(cs *broker.ContainerStats) uint64 { return cs.WritableInodes })},
 }
 
+// netMetricLabels are the labels of the network metrics.
+var netMetricLabels = append(append([]string(nil), metricLabels...), "interface")
+
+var netMetricDefs = []struct {
+	name, help string
+	value      func(n *network.InterfaceStats) uint64
+}{
+	{"container_network_receive_bytes_total", "Cumulative count of bytes received", func(n *network.InterfaceStats) uint64 { return n.RxBytes }},
+	{"container_network_receive_packets_total", "Cumulative count of packets received", func(n *network.InterfaceStats) uint64 { return n.RxPackets }},
+	{"container_network_receive_packets_dropped_total", "Cumulative count of packets dropped while receiving", func(n *network.InterfaceStats) uint64 { return n.RxDropped }},
+	{"container_network_receive_errors_total", "Cumulative count of errors encountered while receiving", func(n *network.InterfaceStats) uint64 { return n.RxErrors }},
+	{"container_network_transmit_bytes_total", "Cumulative count of bytes transmitted", func(n *network.InterfaceStats) uint64 { return n.TxBytes }},
+	{"container_network_transmit_packets_total", "Cumulative count of packets transmitted", func(n *network.InterfaceStats) uint64 { return n.TxPackets }},
+	{"container_network_transmit_packets_dropped_total", "Cumulative count of packets dropped while transmitting", func(n *network.InterfaceStats) uint64 { return n.TxDropped }},
+	{"container_network_transmit_errors_total", "Cumulative count of errors encountered while transmitting", func(n *network.InterfaceStats) uint64 { return n.TxErrors }},
+}
+
 // ListMetricDescriptors describes every metric ListPodSandboxMetrics
 // returns.
 func (s *Server) ListMetricDescriptors(ctx context.Context, r *runtimeapi.ListMetricDescriptorsRequest) (*runtimeapi.ListMetricDescriptorsResponse, error) {
 	resp := &runtimeapi.ListMetricDescriptorsResponse{}
 	for _, d := range metricDefs {
 		resp.Descriptors = append(resp.Descriptors, &runtimeapi.MetricDescriptor{Name: d.name, Help: d.help, LabelKeys: metricLabels})
+	}
+	for _, d := range netMetricDefs {
+		resp.Descriptors = append(resp.Descriptors, &runtimeapi.MetricDescriptor{Name: d.name, Help: d.help, LabelKeys: netMetricLabels})
 	}
 	return resp, nil
 }
@@ -97,7 +119,16 @@ func podMetrics(ps *broker.PodStats) *runtimeapi.PodSandboxMetrics {
 	rec := &ps.Status.Record
 	meta := rec.Config.Metadata
 	out := &runtimeapi.PodSandboxMetrics{PodSandboxId: rec.ID}
-	out.Metrics = metrics(ps.Usage, nil, []string{"", rec.ID, "", rec.ID, meta.Namespace, meta.Name})
+	labels := []string{"", rec.ID, "", rec.ID, meta.Namespace, meta.Name}
+	out.Metrics = metrics(ps.Usage, nil, labels)
+	for i := range ps.Network {
+		n := &ps.Network[i]
+		l := append(append([]string(nil), labels...), n.Name)
+		for _, d := range netMetricDefs {
+			out.Metrics = append(out.Metrics, &runtimeapi.Metric{Name: d.name, Timestamp: ps.NetworkTime.UnixNano(),
+				MetricType: runtimeapi.MetricType_COUNTER, LabelValues: l, Value: u64(d.value(n))})
+		}
+	}
 	for _, cs := range ps.Containers {
 		c := &cs.Record
 		out.ContainerMetrics = append(out.ContainerMetrics, &runtimeapi.ContainerMetrics{

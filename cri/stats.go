@@ -8,6 +8,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/network"
 )
 
 func u64(v uint64) *runtimeapi.UInt64Value { return &runtimeapi.UInt64Value{Value: v} }
@@ -89,8 +90,33 @@ func podStats(ps *broker.PodStats) *runtimeapi.PodSandboxStats {
 	if ps.Usage != nil {
 		out.Linux.Process = &runtimeapi.ProcessUsage{Timestamp: ps.Usage.Timestamp.UnixNano(), ProcessCount: u64(ps.Usage.Pids)}
 	}
+	out.Linux.Network = networkUsage(ps)
 	for _, cs := range ps.Containers {
 		out.Linux.Containers = append(out.Linux.Containers, containerStats(cs))
+	}
+	return out
+}
+
+// networkUsage are the pod's interface counters, every interface in
+// Interfaces as cAdvisor lists them; eth0, the interface CNI makes, is the
+// default one. nil when the pod has no network of its own.
+func networkUsage(ps *broker.PodStats) *runtimeapi.NetworkUsage {
+	if len(ps.Network) == 0 {
+		return nil
+	}
+	out := &runtimeapi.NetworkUsage{Timestamp: ps.NetworkTime.UnixNano()}
+	for _, n := range ps.Network {
+		u := &runtimeapi.NetworkInterfaceUsage{
+			Name:     n.Name,
+			RxBytes:  u64(n.RxBytes),
+			RxErrors: u64(n.RxErrors),
+			TxBytes:  u64(n.TxBytes),
+			TxErrors: u64(n.TxErrors),
+		}
+		if n.Name == network.IfName {
+			out.DefaultInterface = u
+		}
+		out.Interfaces = append(out.Interfaces, u)
 	}
 	return out
 }

@@ -518,3 +518,60 @@ func TestPodNetworkSurvivesDaemonKill9(t *testing.T) {
 		}
 	})
 }
+
+// TestPodNetworkStats: a pod's eth0 counters in PodSandboxStats and its
+// network metrics grow with the traffic the host sends it; a pod in the
+// host's network has none.
+func TestPodNetworkStats(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("netstats", s)
+		podID := e.runStage1Pod(cfg, s)
+		e.createAndStart(podID, cfg, e.netContainer(s, "server", httpServer(strings.Repeat("x", 4096))...))
+		rx := func() (uint64, uint64) {
+			t.Helper()
+			resp, err := e.rt().PodSandboxStats(e.ctx(), &runtimeapi.PodSandboxStatsRequest{PodSandboxId: podID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := resp.GetStats().GetLinux().GetNetwork()
+			if n.GetDefaultInterface().GetName() != "eth0" || n.GetTimestamp() == 0 || len(n.GetInterfaces()) == 0 {
+				t.Fatalf("pod network stats: %v", n)
+			}
+			return n.GetDefaultInterface().GetRxBytes().GetValue(), n.GetDefaultInterface().GetTxBytes().GetValue()
+		}
+		rx0, tx0 := rx()
+		url := "http://" + e.podIP(podID).String() + ":8080/"
+		e.waitHTTP(url, strings.Repeat("x", 4096)+"\n")
+		rx1, tx1 := rx()
+		if rx1 <= rx0 || tx1-tx0 < 4096 {
+			t.Errorf("eth0 counters after a 4 KiB answer: rx %d → %d, tx %d → %d bytes", rx0, rx1, tx0, tx1)
+		}
+
+		resp, err := e.rt().ListPodSandboxMetrics(e.ctx(), &runtimeapi.ListPodSandboxMetricsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sent uint64
+		for _, pm := range resp.PodMetrics {
+			for _, m := range pm.Metrics {
+				if pm.PodSandboxId == podID && m.Name == "container_network_transmit_bytes_total" && m.LabelValues[len(m.LabelValues)-1] == "eth0" {
+					sent = m.GetValue().GetValue()
+				}
+			}
+		}
+		if sent < tx1 {
+			t.Errorf("container_network_transmit_bytes_total{interface=eth0} = %d, want at least %d", sent, tx1)
+		}
+
+		host := e.podConfig("netstats-host")
+		host.Linux.SecurityContext.NamespaceOptions = &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE, Pid: s.pid, Ipc: s.ipc}
+		hostID := e.runStage1Pod(host, s)
+		hs, err := e.rt().PodSandboxStats(e.ctx(), &runtimeapi.PodSandboxStatsRequest{PodSandboxId: hostID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := hs.GetStats().GetLinux().GetNetwork(); n != nil {
+			t.Errorf("a pod in the host network has network stats: %v", n)
+		}
+	})
+}
