@@ -46,39 +46,58 @@ func (e *env) appMemoryLimit(id string) string {
 }
 
 // TestResizeInPlace: UpdateContainerResources changes a running
-// container's memory and CPU limits in its cgroup, ContainerStatus reads
-// them back, and what cannot be honoured is refused.
+// container's memory and CPU limits in its cgroup on the host, ContainerStatus
+// reads them back, and what cannot be honoured is refused.
 func TestResizeInPlace(t *testing.T) {
 	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
-		cfg := e.netPodConfig("resize", s)
-		podID := e.runStage1Pod(cfg, s)
-		ctr := e.netContainer(s, "c", "sleep", "1000")
-		ctr.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512, CpuPeriod: 100000, CpuQuota: 50000}
-		id := e.createAndStart(podID, cfg, ctr)
-		if got := e.appMemoryLimit(id); got != strconv.Itoa(64<<20) {
-			t.Fatalf("memory limit before the resize: %s", got)
-		}
-		want := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20, CpuShares: 1024, CpuPeriod: 100000, CpuQuota: 150000}
-		if _, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: want}); err != nil {
-			t.Fatal(err)
-		}
-		if got := e.appMemoryLimit(id); got != strconv.Itoa(128<<20) {
-			t.Errorf("memory limit after the resize: %s, want %d", got, 128<<20)
-		}
-		got := e.containerStatus(id).GetResources().GetLinux()
-		if got.GetMemoryLimitInBytes() != want.MemoryLimitInBytes || got.GetCpuQuota() != want.CpuQuota || got.GetCpuShares() != want.CpuShares {
-			t.Errorf("ContainerStatus resources after the resize: %v", got)
-		}
-		_, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
-			Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20, CpusetCpus: "0"}})
-		requireCode(t, err, codes.InvalidArgument, "UpdateContainerResources with a cpuset")
-		if got := e.appMemoryLimit(id); got != strconv.Itoa(128<<20) {
-			t.Errorf("a refused update changed the memory limit to %s", got)
-		}
-		if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
-			t.Fatal(err)
-		}
-		_, err = e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: want})
-		requireCode(t, err, codes.FailedPrecondition, "UpdateContainerResources of an exited container")
+		checkResize(t, e, s, false, e.appMemoryLimit)
 	})
+}
+
+// TestResizeInPlaceKVM: the same in a VM, where the limits change in the
+// guest's cgroup. A privileged container reads its limit there through
+// the root of the guest's PID 1, the agent, which mounts the guest's
+// cgroup hierarchies.
+func TestResizeInPlaceKVM(t *testing.T) {
+	e := newKVMEnv(t)
+	checkResize(t, e, kvmStage1, true, func(id string) string {
+		return strings.TrimSpace(e.execOK(id, "cat", "/proc/1/root/sys/fs/cgroup/memory/pod/app-"+id+"/memory.limit_in_bytes"))
+	})
+}
+
+// checkResize resizes a container of a pod on s, reading its memory limit
+// where the stage1 puts its cgroup with memoryLimit.
+func checkResize(t *testing.T, e *env, s podStage1, privileged bool, memoryLimit func(id string) string) {
+	cfg := e.netPodConfig("resize", s)
+	cfg.Linux.SecurityContext.Privileged = privileged
+	podID := e.runStage1Pod(cfg, s)
+	ctr := e.netContainer(s, "c", "sleep", "1000")
+	ctr.Linux.SecurityContext.Privileged = privileged
+	ctr.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512, CpuPeriod: 100000, CpuQuota: 50000}
+	id := e.createAndStart(podID, cfg, ctr)
+	if got := memoryLimit(id); got != strconv.Itoa(64<<20) {
+		t.Fatalf("memory limit before the resize: %s", got)
+	}
+	want := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20, CpuShares: 1024, CpuPeriod: 100000, CpuQuota: 150000}
+	if _, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: want}); err != nil {
+		t.Fatal(err)
+	}
+	if got := memoryLimit(id); got != strconv.Itoa(128<<20) {
+		t.Errorf("memory limit after the resize: %s, want %d", got, 128<<20)
+	}
+	got := e.containerStatus(id).GetResources().GetLinux()
+	if got.GetMemoryLimitInBytes() != want.MemoryLimitInBytes || got.GetCpuQuota() != want.CpuQuota || got.GetCpuShares() != want.CpuShares {
+		t.Errorf("ContainerStatus resources after the resize: %v", got)
+	}
+	_, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
+		Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20, HugepageLimits: []*runtimeapi.HugepageLimit{{PageSize: "2MB", Limit: 1 << 21}}}})
+	requireCode(t, err, codes.InvalidArgument, "UpdateContainerResources with a hugepage limit")
+	if got := memoryLimit(id); got != strconv.Itoa(128<<20) {
+		t.Errorf("a refused update changed the memory limit to %s", got)
+	}
+	if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: want})
+	requireCode(t, err, codes.FailedPrecondition, "UpdateContainerResources of an exited container")
 }
