@@ -15,19 +15,37 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 )
 
-// execOutputLimit caps each of an exec's captured stdout and stderr; the
-// rest is read and dropped.
-const execOutputLimit = 16 << 20
+// ExecOutputLimit caps an exec's captured stdout and stderr together, so
+// that the whole ExecSync reply stays under the kubelet's 16 MiB gRPC
+// receive limit; the rest is read and dropped, as the kubelet's own
+// output limit for probes does.
+const ExecOutputLimit = 12 << 20
 
-// capBuffer keeps the first limit bytes written to it and drops the rest.
+// outputBudget is what an exec's streams may still keep, shared by both.
+type outputBudget struct {
+	mu   sync.Mutex
+	left int
+}
+
+// take grants up to n bytes of the budget.
+func (b *outputBudget) take(n int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n = min(n, b.left)
+	b.left -= n
+	return n
+}
+
+// capBuffer keeps what its budget grants of what is written to it and
+// drops the rest.
 type capBuffer struct {
-	buf   bytes.Buffer
-	limit int
+	buf    bytes.Buffer
+	budget *outputBudget
 }
 
 func (b *capBuffer) Write(p []byte) (int, error) {
-	if room := b.limit - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(room, len(p))])
+	if n := b.budget.take(len(p)); n > 0 {
+		b.buf.Write(p[:n])
 	}
 	return len(p), nil
 }
@@ -47,7 +65,8 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 		return nil, err
 	}
 	defer c.proc.Release()
-	var stdout, stderr = &capBuffer{limit: execOutputLimit}, &capBuffer{limit: execOutputLimit}
+	budget := &outputBudget{left: ExecOutputLimit}
+	var stdout, stderr = &capBuffer{budget: budget}, &capBuffer{budget: budget}
 	var copies sync.WaitGroup
 	for _, s := range []struct {
 		w io.Writer

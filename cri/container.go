@@ -369,7 +369,9 @@ func (s *Server) ListContainers(ctx context.Context, r *runtimeapi.ListContainer
 	return resp, nil
 }
 
-// ExecSync runs a command in a container and returns its output.
+// ExecSync runs a command in a container and returns its output: at most
+// agent.ExecOutputLimit bytes of stdout and stderr together, so that the
+// reply fits the kubelet's 16 MiB receive limit.
 func (s *Server) ExecSync(ctx context.Context, r *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
 	if r.GetContainerId() == "" {
 		return nil, badRequest("container_id")
@@ -384,6 +386,7 @@ func (s *Server) ExecSync(ctx context.Context, r *runtimeapi.ExecSyncRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	markLargeReply(ctx, len(res.Stdout)+len(res.Stderr))
 	return &runtimeapi.ExecSyncResponse{Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: res.ExitCode}, nil
 }
 

@@ -172,7 +172,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	defer streams.Close()
 	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
 	unary, stream := srv.Interceptors()
-	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
+	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream), grpc.StatsHandler(srv.StatsHandler()))
 	srv.Register(g)
 
 	errc := make(chan error, 2)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
@@ -303,6 +305,34 @@ func TestExecSync(t *testing.T) {
 	if took > 10*time.Second {
 		t.Errorf("ExecSync with a 1s timeout took %s", took)
 	}
+}
+
+// TestExecSyncLargeOutput: output beyond the cap is cut, so the reply fits
+// the kubelet's 16 MiB receive limit (the harness's client has the
+// kubelet's limit), and the daemon's memory comes back down afterwards.
+func TestExecSyncLargeOutput(t *testing.T) {
+	e := newEnv(t)
+	_, id, _ := e.runOne("exec-large", e.containerConfig("sleeper", "sleep", "3600"))
+	e.waitContainerState(id, running, stateTimeout)
+	e.execOK(id, "true")
+	idle, err := e.d.RSS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := e.execSync(id, "sh", "-c", "head -c 30000000 /dev/zero | tr '\\0' x; head -c 30000000 /dev/zero | tr '\\0' y >&2")
+	if n := len(r.Stdout) + len(r.Stderr); n != agent.ExecOutputLimit || strings.Trim(string(r.Stdout), "x") != "" || strings.Trim(string(r.Stderr), "y") != "" {
+		t.Errorf("ExecSync of 60 MB: %d bytes of stdout and %d of stderr, want %d together", len(r.Stdout), len(r.Stderr), agent.ExecOutputLimit)
+	}
+	if r.ExitCode != 0 {
+		t.Errorf("ExecSync of 60 MB: exit code %d", r.ExitCode)
+	}
+	waitFor(t, stateTimeout, "the daemon's memory back near its idle level", func() (bool, string) {
+		rss, err := e.d.RSS()
+		if err != nil {
+			return false, err.Error()
+		}
+		return rss < idle+16<<20, fmt.Sprintf("RSS %d MiB, idle %d MiB", rss>>20, idle>>20)
+	})
 }
 
 func TestExecSyncInExitedContainer(t *testing.T) {
