@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // maxLogLine is the longest content the CRI log writer puts on one line; a
@@ -57,8 +59,20 @@ func openLogFile(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("log %s: %w", path, err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	// Never through a symlink planted at the log path, on every stage1,
+	// and only into a regular file.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o640)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("log %s is a symbolic link: logs are not written through links", path)
+	}
 	if err != nil {
+		return nil, fmt.Errorf("log %s: %w", path, err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err == nil {
+			err = fmt.Errorf("a %s, not a regular file", fi.Mode().Type())
+		}
 		return nil, fmt.Errorf("log %s: %w", path, err)
 	}
 	return f, nil

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func fixedClock() func() time.Time {
@@ -178,4 +180,40 @@ func TestLongSocketPath(t *testing.T) {
 	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ok" {
 		t.Fatalf("read %q, %v", buf, err)
 	}
+}
+
+// TestCRILogRefusesLinks: a symlink or a FIFO planted at the log path is
+// refused, and nothing is written where a link points.
+func TestCRILogRefusesLinks(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("keep\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "0.log")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := openCRILog(link); err == nil {
+		l.close()
+		t.Fatal("a log opened through a symlink")
+	} else if !strings.Contains(err.Error(), "symbolic link") {
+		t.Errorf("error %q does not say the path is a link", err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "keep\n" {
+		t.Errorf("the link's target changed: %q", b)
+	}
+	fifo := filepath.Join(dir, "1.log")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := openCRILog(fifo); err == nil {
+		l.close()
+		t.Fatal("a log opened on a FIFO")
+	}
+	l, err := openCRILog(filepath.Join(dir, "2.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.close()
 }

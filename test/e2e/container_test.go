@@ -694,3 +694,35 @@ func TestBindMounts(t *testing.T) {
 		t.Errorf("host dir after the container mounted it: %v", err)
 	}
 }
+
+// TestLogPathSymlinkRefused: a symlink planted at a container's log path
+// is never written through, on fly as on nspawn: the container does not
+// start, and the link's target keeps its contents.
+func TestLogPathSymlinkRefused(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("loglink", s)
+		podID := e.runStage1Pod(cfg, s)
+		ctr := e.netContainer(s, "c", "echo", "written-through-the-link")
+		path := logPath(cfg, ctr)
+		target := filepath.Join(t.TempDir(), "victim")
+		if err := os.WriteFile(target, []byte("keep\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: ctr, SandboxConfig: cfg})
+		if err == nil {
+			_, err = e.rt().StartContainer(e.ctx(), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId})
+		}
+		if err == nil {
+			t.Error("a container whose log path is a symlink started")
+		}
+		if b, _ := os.ReadFile(target); string(b) != "keep\n" {
+			t.Errorf("the link's target was written: %q", b)
+		}
+	})
+}
