@@ -124,10 +124,12 @@ func TestExecStreamTerminal(t *testing.T) {
 
 	// The shell runs on a terminal of the app's own devpts, owned by the
 	// app's user, and sees the size the client set.
-	fmt.Fprintln(typing, `while [ "$(stty size)" != "41 101" ]; do sleep 0.05; done; echo "size=$(stty size)"; echo "tty=$(tty)"; ls -ln $(tty) | awk '{print "owner=" $3}'; echo TERM=$TERM`)
-	out.waitFor(t, "owner=1000\r\n")
+	fmt.Fprintln(typing, `while [ "$(stty size)" != "41 101" ]; do sleep 0.05; done; echo "size=$(stty size)"; echo "tty=$(tty)"; ls -ln $(tty) | awk '{print "owner=" $3}'; echo TERM=$TERM; echo "end-$((20+6))"`)
+	// The terminal echoes the command line too: wait for what only its
+	// run prints, after the lines checked.
+	out.waitFor(t, "end-26\r\n")
 	text := out.String()
-	for _, want := range []string{"size=41 101\r\n", "TERM=xterm\r\n"} {
+	for _, want := range []string{"size=41 101\r\n", "owner=1000\r\n", "TERM=xterm\r\n"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("terminal output lacks %q:\n%q", want, text)
 		}
