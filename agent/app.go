@@ -685,7 +685,7 @@ func (a *Agent) stop(id string, timeout time.Duration) (*api.AppStatus, error) {
 
 func (a *Agent) stopApp(ap *app, timeout time.Duration) {
 	ap.mu.Lock()
-	started, exited, proc := ap.started, ap.exited, ap.proc
+	started, exited := ap.started, ap.exited
 	ap.mu.Unlock()
 	if started == nil {
 		return // never started
@@ -697,7 +697,7 @@ func (a *Agent) stopApp(ap *app, timeout time.Duration) {
 	default:
 	}
 	ap.mu.Lock()
-	proc = ap.proc
+	proc := ap.proc // set once started has closed
 	ap.mu.Unlock()
 	if err := signalProc(proc, syscall.SIGTERM); err != nil {
 		a.log.Warn("stop: SIGTERM", "app", ap.id, "err", err)

@@ -180,7 +180,7 @@ func (c *Config) Validate() error {
 	switch c.CgroupDriver {
 	case CgroupDriverCgroupfs:
 		if c.CgroupParent != "" && (path.Clean(c.CgroupParent) != strings.TrimSuffix(c.CgroupParent, "/") || strings.Contains(c.CgroupParent, "..")) {
-			errs = append(errs, fmt.Errorf("cgroup_parent: %q must be a clean path without ..", c.CgroupParent))
+			errs = append(errs, fmt.Errorf("cgroup_parent: %q must be a clean path, without a \"..\" element", c.CgroupParent))
 		}
 	case CgroupDriverSystemd:
 		if c.CgroupParent != "" && stage1.SliceOf(c.CgroupParent) == "" {
@@ -246,16 +246,16 @@ func (c *Config) LoadPolicy() (*policy.Policy, error) {
 }
 
 // CheckPolicy validates p against the node's stage1s and returns the
-// problems that are errors and, separately, those that only name stage1s
-// the node lacks.
-func CheckPolicy(p *policy.Policy, known map[string]stage1.Capabilities) (errs error, missing []string) {
+// problems that only name stage1s the node lacks and, separately, those
+// that are errors.
+func CheckPolicy(p *policy.Policy, known map[string]stage1.Capabilities) (missing []string, errs error) {
 	err := p.Validate(known)
 	if err == nil {
 		return nil, nil
 	}
 	var ps policy.Problems
 	if !errors.As(err, &ps) {
-		return err, nil
+		return nil, err
 	}
 	var real policy.Problems
 	for _, pr := range ps {
@@ -266,9 +266,9 @@ func CheckPolicy(p *policy.Policy, known map[string]stage1.Capabilities) (errs e
 		}
 	}
 	if len(real) > 0 {
-		return real, missing
+		return missing, real
 	}
-	return nil, missing
+	return missing, nil
 }
 
 func checkMirror(m string) error {

@@ -115,9 +115,13 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 				sec.DropCapabilities = caps.GetDropCapabilities()
 			}
 			var err error
+			// The deprecated profile fields are what kubelets before 1.19's
+			// structured profiles send.
+			//lint:ignore SA1019 read for older kubelets
 			if sec.Seccomp, err = securityProfile("seccomp", sc.GetSeccomp(), sc.GetSeccompProfilePath(), true); err != nil {
 				return nil, err
 			}
+			//lint:ignore SA1019 read for older kubelets
 			if sec.AppArmor, err = securityProfile("apparmor", sc.GetApparmor(), sc.GetApparmorProfile(), false); err != nil {
 				return nil, err
 			}

@@ -1,5 +1,7 @@
 package cri
 
+//lint:file-ignore SA1019 the tests send the deprecated profile fields older kubelets send
+
 import (
 	"errors"
 	"testing"

@@ -93,7 +93,7 @@ func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error)
 			if err := removeExisting(p); err != nil {
 				return st, entryErr(hdr.Name, err)
 			}
-			if err := unix.Mknod(p, unix.S_IFCHR|0, 0); err != nil {
+			if err := unix.Mknod(p, unix.S_IFCHR, 0); err != nil {
 				return st, entryErr(hdr.Name, fmt.Errorf("create whiteout: %w", err))
 			}
 			continue
@@ -130,7 +130,8 @@ func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error)
 				}
 			}
 			dirs = append(dirs, dirTime{p, hdr})
-		case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old archives use TypeRegA
+		//lint:ignore SA1019 old archives still carry TypeRegA
+		case tar.TypeReg, tar.TypeRegA:
 			if err := removeExisting(p); err != nil {
 				return st, entryErr(hdr.Name, err)
 			}

@@ -23,7 +23,7 @@ func loadPolicy(log *slog.Logger, cfg *config.Config, caps map[string]stage1.Cap
 	if err != nil {
 		return nil, err
 	}
-	errs, missing := config.CheckPolicy(p, caps)
+	missing, errs := config.CheckPolicy(p, caps)
 	if errs != nil {
 		return nil, errs
 	}

@@ -104,7 +104,8 @@ func SELinuxLabels(o *SELinuxOptions) (process, mount string, err error) {
 // no new container gets its MCS level. A no-op without SELinux.
 func ReserveSELinux(process string) {
 	if process != "" && selinux.GetEnabled() {
-		selinux.ReserveLabel(process)
+		// An unparsable label reserves nothing; the process keeps it.
+		_ = selinux.ReserveLabelV2(process)
 	}
 }
 

@@ -109,17 +109,11 @@ func newEnvOpts(t *testing.T, opts harness.Options, pull bool) *env {
 	return e
 }
 
-// startDaemon starts `stagelet serve` on fresh directories. Its cleanup
+// startDaemonOpts starts `stagelet serve` on fresh directories, with
+// options; Bin, InsecureRegistries and Logger are filled in. Its cleanup
 // prints the daemon's log on failure and tears everything down; anything
 // left over once every pod was removed through CRI and the daemon stopped
 // fails the test.
-func startDaemon(t *testing.T, reg *testregistry.Registry) *harness.Daemon {
-	t.Helper()
-	return startDaemonOpts(t, reg, harness.Options{})
-}
-
-// startDaemonOpts is startDaemon with options; Bin, InsecureRegistries and
-// Logger are filled in.
 func startDaemonOpts(t *testing.T, reg *testregistry.Registry, opts harness.Options) *harness.Daemon {
 	t.Helper()
 	opts.Bin = stageletBin
