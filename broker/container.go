@@ -23,6 +23,9 @@ func ctrNameKey(podID string, m ContainerMetadata) string {
 }
 
 func validateContainerConfig(c *ContainerConfig) error {
+	if err := checkContainerInput(c); err != nil {
+		return err
+	}
 	if c.Metadata.Name == "" {
 		return errdefs.InvalidArgument("config.metadata.name: must not be empty")
 	}
@@ -71,12 +74,6 @@ func validateContainerConfig(c *ContainerConfig) error {
 		if kv.Key == "" || strings.ContainsRune(kv.Key, '=') {
 			return errdefs.InvalidArgument("config.envs: invalid variable name %q", kv.Key)
 		}
-	}
-	if c.Resources.CPUQuota < 0 && c.Resources.CPUQuota != -1 {
-		return errdefs.InvalidArgument("config.linux.resources.cpu_quota: %d is negative", c.Resources.CPUQuota)
-	}
-	if c.Resources.MemoryLimit < 0 {
-		return errdefs.InvalidArgument("config.linux.resources.memory_limit_in_bytes: %d is negative", c.Resources.MemoryLimit)
 	}
 	return nil
 }
@@ -380,6 +377,9 @@ func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
 // starts); FailedPrecondition when the container has exited, its pod is
 // not ready, or the kernel refuses a value.
 func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Resources) error {
+	if err := checkResources("linux", &r); err != nil {
+		return err
+	}
 	c, p, err := b.containerAndPod(ctx, id)
 	if err != nil {
 		return err
@@ -676,8 +676,8 @@ func (b *Broker) ListContainers(ctx context.Context, f ContainerFilter) []*Conta
 // ExecSync runs cmd in a running container and returns its output. A
 // timeout is DeadlineExceeded, as the kubelet's probes expect.
 func (b *Broker) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
-	if len(cmd) == 0 {
-		return nil, errdefs.InvalidArgument("cmd: must not be empty")
+	if err := CheckCommand("cmd", cmd); err != nil {
+		return nil, err
 	}
 	c, p, h, err := b.runningContainer(ctx, id)
 	if err != nil {

@@ -38,6 +38,9 @@ func (b *Broker) validatePodConfig(c *PodConfig) error {
 }
 
 func validatePodConfig(c *PodConfig) error {
+	if err := checkPodInput(c); err != nil {
+		return err
+	}
 	switch {
 	case c.Metadata.Name == "":
 		return errdefs.InvalidArgument("config.metadata.name: must not be empty")
@@ -620,6 +623,9 @@ func (b *Broker) podGone(p *pod, h stage1.Pod, why error) {
 // cgroup the kubelet itself resizes. FailedPrecondition for a pod that is
 // not ready.
 func (b *Broker) UpdatePodResources(ctx context.Context, id string, r Resources) error {
+	if err := checkResources("resources", &r); err != nil {
+		return err
+	}
 	p, err := b.lookupPod(id)
 	if err != nil {
 		return err

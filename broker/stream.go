@@ -34,8 +34,8 @@ func (b *Broker) CheckPodReady(ctx context.Context, podID string) error {
 // FailedPrecondition (not running, the command cannot be executed),
 // Unavailable (the pod's agent went away).
 func (b *Broker) Exec(ctx context.Context, id string, cmd []string, sio stage1.StreamIO) (int32, error) {
-	if len(cmd) == 0 || cmd[0] == "" {
-		return 0, errdefs.InvalidArgument("cmd: must not be empty")
+	if err := CheckCommand("cmd", cmd); err != nil {
+		return 0, err
 	}
 	c, p, h, err := b.runningContainer(ctx, id)
 	if err != nil {

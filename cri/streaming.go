@@ -81,8 +81,8 @@ func (s *Server) Exec(ctx context.Context, r *runtimeapi.ExecRequest) (*runtimea
 	if r.GetContainerId() == "" {
 		return nil, badRequest("container_id")
 	}
-	if len(r.GetCmd()) == 0 || r.GetCmd()[0] == "" {
-		return nil, badRequest("cmd")
+	if err := broker.CheckCommand("cmd", r.GetCmd()); err != nil {
+		return nil, err
 	}
 	if err := s.b.CheckRunning(ctx, r.GetContainerId()); err != nil {
 		return nil, err

@@ -726,3 +726,43 @@ func TestLogPathSymlinkRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestBadInputRefusedAtCreate: input no kernel or agent takes is refused
+// by the CRI call itself, as InvalidArgument naming the field, and
+// nothing is left; the smallest memory limit accepted runs a container.
+func TestBadInputRefusedAtCreate(t *testing.T) {
+	e := newEnv(t)
+	long := e.podConfig("long-hostname")
+	long.Hostname = strings.Repeat("h", 65)
+	_, err := e.rt().RunPodSandbox(e.ctx(), &runtimeapi.RunPodSandboxRequest{Config: long})
+	requireCode(t, err, codes.InvalidArgument, "RunPodSandbox with a 65-character hostname")
+	if err == nil || !strings.Contains(err.Error(), "config.hostname") {
+		t.Errorf("the refusal does not name config.hostname: %v", err)
+	}
+	lowPod := e.podConfig("low-pod-memory")
+	lowPod.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1}
+	_, err = e.rt().RunPodSandbox(e.ctx(), &runtimeapi.RunPodSandboxRequest{Config: lowPod})
+	requireCode(t, err, codes.InvalidArgument, "RunPodSandbox with a 1-byte pod memory limit")
+
+	podCfg := e.podConfig("bad-input")
+	podID := e.runPod(podCfg)
+	for name, edit := range map[string]func(c *runtimeapi.ContainerConfig){
+		"a NUL byte in an argument": func(c *runtimeapi.ContainerConfig) { c.Args = []string{"a\x00b"} },
+		"a NUL byte in the env":     func(c *runtimeapi.ContainerConfig) { c.Envs = []*runtimeapi.KeyValue{{Key: "K", Value: []byte("v\x00")}} },
+		"a 1-byte memory limit":     func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.MemoryLimitInBytes = 1 },
+	} {
+		cfg := e.containerConfig("bad", "true")
+		edit(cfg)
+		_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: podCfg})
+		requireCode(t, err, codes.InvalidArgument, "CreateContainer with "+name)
+	}
+	cfg := e.containerConfig("smallest", "sh", "-c", "echo fits; exec sleep 3600")
+	cfg.Linux.Resources.MemoryLimitInBytes = 12 << 20
+	id := e.createAndStart(podID, podCfg, cfg)
+	e.waitContainerState(id, running, stateTimeout)
+	_, err = e.rt().ExecSync(e.ctx(), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"echo", "a\x00b"}, Timeout: 10})
+	requireCode(t, err, codes.InvalidArgument, "ExecSync with a NUL byte in an argument")
+	if out := e.execOK(id, "echo", "still-here"); out != "still-here\n" {
+		t.Errorf("ExecSync after the refusals: %q", out)
+	}
+}
