@@ -748,8 +748,10 @@ func TestBadInputRefusedAtCreate(t *testing.T) {
 	podID := e.runPod(podCfg)
 	for name, edit := range map[string]func(c *runtimeapi.ContainerConfig){
 		"a NUL byte in an argument": func(c *runtimeapi.ContainerConfig) { c.Args = []string{"a\x00b"} },
-		"a NUL byte in the env":     func(c *runtimeapi.ContainerConfig) { c.Envs = []*runtimeapi.KeyValue{{Key: "K", Value: []byte("v\x00")}} },
-		"a 1-byte memory limit":     func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.MemoryLimitInBytes = 1 },
+		"a NUL byte in the env": func(c *runtimeapi.ContainerConfig) {
+			c.Envs = []*runtimeapi.KeyValue{{Key: "K", Value: []byte("v\x00")}}
+		},
+		"a 1-byte memory limit": func(c *runtimeapi.ContainerConfig) { c.Linux.Resources.MemoryLimitInBytes = 1 },
 	} {
 		cfg := e.containerConfig("bad", "true")
 		edit(cfg)
