@@ -74,9 +74,11 @@ type Broker struct {
 	log  *slog.Logger
 	rec  records
 
-	ready  atomic.Bool
-	policy atomic.Pointer[policy.Policy]
-	caps   map[string]stage1.Capabilities
+	ready atomic.Bool
+	// quarantined counts the records in quarantine (Recover).
+	quarantined atomic.Int32
+	policy      atomic.Pointer[policy.Policy]
+	caps        map[string]stage1.Capabilities
 
 	// decisions counts pods per chosen stage1 and refusals, since start.
 	statsMu   sync.Mutex
@@ -245,6 +247,10 @@ func (b *Broker) DecisionCounts() map[string]int {
 	}
 	return out
 }
+
+// QuarantinedRecords counts the records in quarantine when recovery
+// ended: those it could not read, this time or before.
+func (b *Broker) QuarantinedRecords() int { return int(b.quarantined.Load()) }
 
 func (b *Broker) count(key string) {
 	b.statsMu.Lock()

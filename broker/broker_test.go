@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"os"
@@ -974,4 +975,74 @@ func TestUpdatePodResources(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantClass(t, b.UpdatePodResources(ctx, plain, small), errdefs.ErrFailedPrecondition)
+}
+
+// TestUnreadableRecordsSetAside: a torn pod record is moved to quarantine
+// and nothing it names is touched (its run directory, its network
+// namespace, its containers' records and filesystems), across restarts; a
+// record from a newer stagelet stays where it is, and what it names too.
+func TestUnreadableRecordsSetAside(t *testing.T) {
+	e := newEnv(t)
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	ctx := context.Background()
+	b := e.broker(t)
+	torn, _ := b.RunPod(ctx, podNet("torn"))
+	tornCtr, _ := b.CreateContainer(ctx, torn, ctrCfg("a"))
+	newer, _ := b.RunPod(ctx, podNet("newer"))
+	newerCtr, _ := b.CreateContainer(ctx, newer, ctrCfg("b"))
+	b.Close()
+
+	keep := []string{
+		filepath.Join(e.run, "pods", torn, "keep.txt"),
+		filepath.Join(e.state, "containers-fs", tornCtr, "rootfs", "keep.txt"),
+		filepath.Join(e.state, "containers-fs", newerCtr, "rootfs", "keep.txt"),
+	}
+	for _, f := range keep {
+		if err := os.WriteFile(f, []byte("keep"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	podRec := filepath.Join(e.state, "pods", torn+".json")
+	raw, err := os.ReadFile(podRec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(podRec, raw[:len(raw)/2], 0o600) // a torn write
+	ctrRec := filepath.Join(e.state, "containers", newerCtr+".json")
+	raw, _ = os.ReadFile(ctrRec)
+	var m map[string]any
+	json.Unmarshal(raw, &m)
+	m["version"] = recordVersion + 1
+	raw, _ = json.Marshal(m)
+	os.WriteFile(ctrRec, raw, 0o600)
+
+	for restart := 1; restart <= 2; restart++ {
+		b := e.broker(t)
+		if _, err := os.Stat(podRec); !os.IsNotExist(err) {
+			t.Errorf("restart %d: the torn record is still among the records: %v", restart, err)
+		}
+		if q, _ := filepath.Glob(filepath.Join(e.state, "quarantine", "pods-"+torn+".json*")); len(q) != 1 {
+			t.Errorf("restart %d: quarantine holds %v", restart, q)
+		}
+		if n := b.QuarantinedRecords(); n != 1 {
+			t.Errorf("restart %d: %d records in quarantine, want 1", restart, n)
+		}
+		for _, f := range keep {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("restart %d: %v", restart, err)
+			}
+		}
+		for _, r := range []string{filepath.Join(e.state, "containers", tornCtr+".json"), ctrRec} {
+			if _, err := os.Stat(r); err != nil {
+				t.Errorf("restart %d: a record set aside was removed: %v", restart, err)
+			}
+		}
+		if _, ok := e.net.netns[torn]; !ok {
+			t.Errorf("restart %d: the torn pod's network namespace was released", restart)
+		}
+		if _, err := b.PodStatus(ctx, newer, false); err != nil {
+			t.Errorf("restart %d: the pod of a container set aside: %v", restart, err)
+		}
+		b.Close()
+	}
 }

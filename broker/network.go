@@ -181,8 +181,9 @@ func podFileMounts(rec *PodRecord, own []api.Mount, readonly bool) []api.Mount {
 
 // collectNetNS tears down network namespaces no record names (a crash
 // between creating one and recording the pod cannot happen, as the record
-// comes first; this catches records that were removed by hand).
-func (b *Broker) collectNetNS(ctx context.Context) {
+// comes first; this catches records that were removed by hand), except
+// those of the pods set aside.
+func (b *Broker) collectNetNS(ctx context.Context, aside map[string]bool) {
 	if b.opts.Network == nil {
 		return
 	}
@@ -197,6 +198,9 @@ func (b *Broker) collectNetNS(ctx context.Context) {
 		known[id] = true
 	}
 	b.mu.Unlock()
+	for id := range aside {
+		known[id] = true
+	}
 	for _, id := range ids {
 		if known[id] {
 			continue

@@ -68,40 +68,101 @@ func removeIfExists(p string) error {
 	return nil
 }
 
+// badRecord is a record loadAll could not take.
+type badRecord struct {
+	// ID is the record's, from its file name.
+	ID     string
+	Reason string
+	// Newer: a later stagelet wrote it (its version is above
+	// recordVersion); it is left where it is, for that stagelet.
+	Newer bool
+}
+
+// errNewerRecord marks a record a later stagelet wrote.
+var errNewerRecord = errors.New("written by a newer stagelet")
+
+// checkVersion accepts the record versions this stagelet reads.
+func checkVersion(v int) error {
+	switch {
+	case v > recordVersion:
+		return fmt.Errorf("%w: record version %d, this stagelet reads up to %d", errNewerRecord, v, recordVersion)
+	case v != recordVersion:
+		return fmt.Errorf("unsupported record version %d", v)
+	}
+	return nil
+}
+
+// quarantine moves an unreadable record out of the records, into
+// dir/quarantine, and returns where it went.
+func (r *records) quarantine(path string) (string, error) {
+	qdir := filepath.Join(r.dir, "quarantine")
+	if err := os.MkdirAll(qdir, 0o700); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(qdir, filepath.Base(filepath.Dir(path))+"-"+filepath.Base(path))
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		dst = filepath.Join(qdir, fmt.Sprintf("%s-%s.%d", filepath.Base(filepath.Dir(path)), filepath.Base(path), i))
+	}
+	return dst, os.Rename(path, dst)
+}
+
+// quarantined returns the IDs of the records in dir/quarantine (named
+// <kind>-<id>.json, maybe with a .N suffix).
+func (r *records) quarantined() []string {
+	ents, _ := os.ReadDir(filepath.Join(r.dir, "quarantine"))
+	var ids []string
+	for _, e := range ents {
+		_, rest, ok := strings.Cut(e.Name(), "-")
+		if id, _, ok2 := strings.Cut(rest, ".json"); ok && ok2 && id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // loadAll reads every record. A record that cannot be read is reported in
-// bad (path → reason) and skipped, never fatal.
-func (r *records) loadAll() (pods []*PodRecord, ctrs []*ContainerRecord, bad map[string]string, err error) {
-	bad = map[string]string{}
-	if err := loadDir(filepath.Join(r.dir, "pods"), bad, func(b []byte) (string, error) {
+// bad (path → why) and skipped, never fatal.
+func (r *records) loadAll() (pods []*PodRecord, ctrs []*ContainerRecord, bad map[string]badRecord, err error) {
+	bad = map[string]badRecord{}
+	if err := loadDir(filepath.Join(r.dir, "pods"), bad, func(b []byte, id string) error {
 		var p PodRecord
 		if err := json.Unmarshal(b, &p); err != nil {
-			return "", err
+			return err
 		}
-		if p.Version != recordVersion || p.ID == "" {
-			return "", fmt.Errorf("unsupported record version %d", p.Version)
+		if err := checkVersion(p.Version); err != nil {
+			return err
+		}
+		if p.ID != id {
+			return fmt.Errorf("the record names pod %q", p.ID)
 		}
 		pods = append(pods, &p)
-		return p.ID, nil
+		return nil
 	}); err != nil {
 		return nil, nil, nil, err
 	}
-	if err := loadDir(filepath.Join(r.dir, "containers"), bad, func(b []byte) (string, error) {
+	if err := loadDir(filepath.Join(r.dir, "containers"), bad, func(b []byte, id string) error {
 		var c ContainerRecord
 		if err := json.Unmarshal(b, &c); err != nil {
-			return "", err
+			return err
 		}
-		if c.Version != recordVersion || c.ID == "" {
-			return "", fmt.Errorf("unsupported record version %d", c.Version)
+		if err := checkVersion(c.Version); err != nil {
+			return err
+		}
+		if c.ID != id {
+			return fmt.Errorf("the record names container %q", c.ID)
 		}
 		ctrs = append(ctrs, &c)
-		return c.ID, nil
+		return nil
 	}); err != nil {
 		return nil, nil, nil, err
 	}
 	return pods, ctrs, bad, nil
 }
 
-func loadDir(dir string, bad map[string]string, decode func([]byte) (string, error)) error {
+func loadDir(dir string, bad map[string]badRecord, decode func(b []byte, id string) error) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -112,18 +173,14 @@ func loadDir(dir string, bad map[string]string, decode func([]byte) (string, err
 			continue // temp files from an interrupted write
 		}
 		p := filepath.Join(dir, name)
+		fileID := strings.TrimSuffix(name, ".json")
 		b, err := os.ReadFile(p)
 		if err != nil {
-			bad[p] = err.Error()
+			bad[p] = badRecord{ID: fileID, Reason: err.Error()}
 			continue
 		}
-		id, err := decode(b)
-		if err != nil {
-			bad[p] = err.Error()
-			continue
-		}
-		if id+".json" != name {
-			bad[p] = fmt.Sprintf("record names id %q", id)
+		if err := decode(b, fileID); err != nil {
+			bad[p] = badRecord{ID: fileID, Reason: err.Error(), Newer: errors.Is(err, errNewerRecord)}
 		}
 	}
 	return nil

@@ -15,24 +15,49 @@ import (
 
 // Recover reloads the persisted records, reattaches to every pod that
 // still runs, marks what died as exited, and cleans up what a crash left
-// half made. A bad record is logged and skipped. Ready reports true once it
-// returns; it is called once, before serving.
+// half made. A record that cannot be read is moved to quarantine (one a
+// newer stagelet wrote is left in place), and nothing its pod or
+// container holds is touched: not its directories, its network namespace,
+// nor the containers of a pod whose record is set aside. Ready reports
+// true once it returns; it is called once, before serving.
 func (b *Broker) Recover(ctx context.Context) error {
 	start := time.Now()
 	pods, ctrs, bad, err := b.rec.loadAll()
 	if err != nil {
 		return err
 	}
-	for path, why := range bad {
-		b.log.Error("skipping a record that cannot be read", "path", path, "err", why)
+	// aside: IDs of pods and containers whose records are set aside, now
+	// or by an earlier start; what they name is left alone.
+	aside := map[string]bool{}
+	for _, id := range b.rec.quarantined() {
+		aside[id] = true
 	}
+	for path, br := range bad {
+		aside[br.ID] = true
+		if br.Newer {
+			b.log.Error("leaving a record a newer stagelet wrote where it is; what it names is left alone and unmanaged", "path", path, "err", br.Reason)
+			continue
+		}
+		dst, err := b.rec.quarantine(path)
+		if err != nil {
+			b.log.Error("a record cannot be read, nor moved to quarantine; what it names is left alone", "path", path, "err", br.Reason, "quarantine", err)
+			continue
+		}
+		b.log.Error("quarantined a record that cannot be read; what it names is left alone", "path", path, "to", dst, "err", br.Reason)
+	}
+	b.quarantined.Store(int32(len(b.rec.quarantined())))
 	byPod := map[string][]*ContainerRecord{}
 	podIDs := map[string]bool{}
 	for _, p := range pods {
 		podIDs[p.ID] = true
 	}
 	for _, c := range ctrs {
-		if !podIDs[c.PodID] {
+		switch {
+		case aside[c.PodID]:
+			b.log.Warn("leaving alone a container whose pod's record is set aside", "container", c.ID, "pod", c.PodID)
+			aside[c.ID] = true
+			continue
+		case !podIDs[c.PodID]:
 			b.log.Warn("removing a container whose pod is gone", "container", c.ID, "pod", c.PodID)
 			b.discardContainer(c)
 			continue
@@ -50,10 +75,10 @@ func (b *Broker) Recover(ctx context.Context) error {
 			discarded++
 		}
 	}
-	b.collectOrphans()
-	b.collectNetNS(ctx)
+	b.collectOrphans(aside)
+	b.collectNetNS(ctx, aside)
 	b.ready.Store(true)
-	b.log.Info("recovery done", "pods", len(pods), "running", recovered, "dead", dead, "discarded", discarded, "badRecords", len(bad), "took", time.Since(start))
+	b.log.Info("recovery done", "pods", len(pods), "running", recovered, "dead", dead, "discarded", discarded, "badRecords", len(bad), "setAside", len(aside), "took", time.Since(start))
 	return nil
 }
 
@@ -174,8 +199,9 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 
 // collectOrphans removes container filesystems and pod run directories
 // that no record names (left by a crash between taking and recording,
-// which the record-first order makes rare).
-func (b *Broker) collectOrphans() {
+// which the record-first order makes rare), except those of the IDs set
+// aside.
+func (b *Broker) collectOrphans(aside map[string]bool) {
 	b.mu.Lock()
 	dirs := map[string]bool{}
 	runDirs := map[string]bool{}
@@ -189,7 +215,7 @@ func (b *Broker) collectOrphans() {
 	if ents, err := os.ReadDir(b.containersDir()); err == nil {
 		for _, e := range ents {
 			d := filepath.Join(b.containersDir(), e.Name())
-			if !dirs[d] {
+			if !dirs[d] && !aside[e.Name()] {
 				b.log.Warn("removing an orphaned container filesystem", "dir", d)
 				if err := b.opts.Images.UnmountRootfs(d); err != nil {
 					b.log.Error("removing an orphaned container filesystem", "dir", d, "err", err)
@@ -200,7 +226,7 @@ func (b *Broker) collectOrphans() {
 	if ents, err := os.ReadDir(b.podsRunDir()); err == nil {
 		for _, e := range ents {
 			d := filepath.Join(b.podsRunDir(), e.Name())
-			if !runDirs[d] {
+			if !runDirs[d] && !aside[e.Name()] {
 				b.log.Warn("removing an orphaned pod run directory", "dir", d)
 				if err := mountsafe.RemoveAll(d); err != nil {
 					b.log.Error("removing an orphaned pod run directory: what is mounted in it stays", "dir", d, "err", err)

@@ -61,6 +61,8 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 			"decisions":     string(counts),
 			"startedAt":     s.startedAt.UTC().Format("2006-01-02T15:04:05Z"),
 			"pods":          fmt.Sprint(len(s.b.ListPods(podFilterAll))),
+			// Records recovery could not read, moved to quarantine.
+			"quarantinedRecords": fmt.Sprint(s.b.QuarantinedRecords()),
 		}
 		for k, v := range s.b.BackendInfo(ctx) {
 			resp.Info[k] = v

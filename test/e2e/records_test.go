@@ -1,0 +1,141 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// TestCorruptRecordKeepsHostPathFiles: a pod whose container mounts a
+// hostPath volume; the daemon is killed and one of its records is torn
+// (half written) or carries a version from a newer stagelet. After the
+// restart the volume's files are all there, the unreadable record is in
+// quarantine (counted in verbose Status), and nothing the record names
+// was torn down: once the record is repaired and the daemon restarted
+// again, the pod and its container are managed as before and are removed
+// through the CRI with nothing left.
+func TestCorruptRecordKeepsHostPathFiles(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		for _, tc := range []struct {
+			name  string
+			kind  string // pods, containers
+			newer bool
+			podUp bool // the pod is managed while its record is set aside
+		}{
+			{"torn pod record", "pods", false, false},
+			{"torn container record", "containers", false, true},
+			{"newer pod record", "pods", true, false},
+			{"newer container record", "containers", true, true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				vol := t.TempDir()
+				files := map[string]string{"keep.txt": "keep", "sub/nested.txt": "nested"}
+				for f, body := range files {
+					os.MkdirAll(filepath.Dir(filepath.Join(vol, f)), 0o755)
+					if err := os.WriteFile(filepath.Join(vol, f), []byte(body), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				cfg := e.netPodConfig("records", s)
+				podID := e.runStage1Pod(cfg, s)
+				c := e.netContainer(s, "app", "sleep", "3600")
+				c.Mounts = []*runtimeapi.Mount{{HostPath: vol, ContainerPath: "/data"}}
+				ctr := e.createAndStart(podID, cfg, c)
+				if out := e.execOK(ctr, "cat", "/data/sub/nested.txt"); out != "nested" {
+					t.Fatalf("the volume in the container: %q", out)
+				}
+				restart := func() {
+					t.Helper()
+					ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
+					defer cancel()
+					if err := e.d.Restart(ctx); err != nil {
+						t.Fatalf("restart the daemon: %v", err)
+					}
+				}
+
+				if err := e.d.Kill9(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				id := podID
+				if tc.kind == "containers" {
+					id = ctr
+				}
+				rec := filepath.Join(e.d.StateDir, tc.kind, id+".json")
+				orig, err := os.ReadFile(rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				bad := orig[:len(orig)/2]
+				if tc.newer {
+					var m map[string]any
+					if err := json.Unmarshal(orig, &m); err != nil {
+						t.Fatal(err)
+					}
+					m["version"] = 1000
+					bad, _ = json.Marshal(m)
+				}
+				if err := os.WriteFile(rec, bad, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				restart()
+
+				for f, body := range files {
+					if b, err := os.ReadFile(filepath.Join(vol, f)); err != nil || string(b) != body {
+						t.Errorf("the volume's %s after the restart: %q, %v", f, b, err)
+					}
+				}
+				resp, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{Verbose: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				quarantine := filepath.Join(e.d.StateDir, "quarantine", tc.kind+"-"+id+".json")
+				if tc.newer {
+					if _, err := os.Stat(rec); err != nil {
+						t.Errorf("a newer stagelet's record was moved: %v", err)
+					}
+				} else {
+					if got := resp.Info["quarantinedRecords"]; got != "1" {
+						t.Errorf("verbose Status counts %q records in quarantine, want 1", got)
+					}
+					if _, err := os.Stat(quarantine); err != nil {
+						t.Errorf("the torn record is not in quarantine: %v", err)
+					}
+				}
+				_, err = e.rt().PodSandboxStatus(e.ctx(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: podID})
+				if (err == nil) != tc.podUp {
+					t.Errorf("the pod's status while a record is set aside: %v", err)
+				}
+
+				// The operator puts the record right; the next daemon
+				// manages everything again.
+				if err := e.d.Kill9(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				os.Remove(quarantine)
+				if err := os.WriteFile(rec, orig, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				restart()
+				e.waitContainerState(ctr, running, stateTimeout)
+				if out := e.execOK(ctr, "cat", "/data/keep.txt"); out != "keep" {
+					t.Errorf("the volume in the container after the repair: %q", out)
+				}
+				if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.rt().RemovePodSandbox(e.ctx(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
+					t.Fatal(err)
+				}
+				for f, body := range files {
+					if b, err := os.ReadFile(filepath.Join(vol, f)); err != nil || string(b) != body {
+						t.Errorf("the volume's %s after the pod's removal: %q, %v", f, b, err)
+					}
+				}
+			})
+		}
+	})
+}
