@@ -69,7 +69,7 @@ func (b *Broker) Recover(ctx context.Context) error {
 		switch b.recoverPod(ctx, rec, byPod[rec.ID]) {
 		case "ready":
 			recovered++
-		case "gone":
+		case "gone", "unrecovered":
 			dead++
 		case "discarded":
 			discarded++
@@ -91,7 +91,8 @@ func (b *Broker) discardContainer(c *ContainerRecord) {
 }
 
 // recoverPod brings one pod record back; it returns "ready", "gone",
-// "stopped" or "discarded".
+// "unrecovered" (the backend could not reattach, and the pod may still
+// run), "stopped" or "discarded".
 func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*ContainerRecord) string {
 	be, ok := b.opts.Backends[rec.Stage1]
 	log := b.log.With("pod", rec.ID, "stage1", rec.Stage1)
@@ -122,28 +123,41 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	result := "stopped"
 	if rec.State == PodReady {
 		if !ok {
-			log.Error("the pod's stage1 is not registered in this daemon; marking it not ready")
+			log.Error("the pod's stage1 is not registered in this daemon; marking it not ready and leaving what it holds as it is")
 			rec.State = PodNotReady
+			result = "unrecovered"
 		} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
 			p.handle = h
 			result = "ready"
 		} else {
-			if !errors.Is(err, stage1.ErrPodGone) {
-				log.Error("reattaching to the pod failed; marking it not ready", "err", err)
-			} else {
-				log.Warn("the pod died while the daemon was down")
-			}
+			// Gone: StopPodSandbox asks the backend to release what is
+			// left before the network goes.
 			rec.State = PodNotReady
 			rec.Gone = true
 			result = "gone"
-			// Nothing runs in the pod: release its address and ports now;
-			// the netns itself goes with RemovePodSandbox.
-			if err := b.teardownNetwork(ctx, rec, false); err != nil {
-				log.Error("releasing a dead pod's network", "err", err)
+			if errors.Is(err, stage1.ErrPodGone) {
+				log.Warn("the pod died while the daemon was down")
+				// Nothing runs in the pod: release its address and
+				// ports now; the netns itself goes with
+				// RemovePodSandbox.
+				if err := b.teardownNetwork(ctx, rec, false); err != nil {
+					log.Error("releasing a dead pod's network", "err", err)
+				}
+			} else {
+				// It may still run (a state from a newer stagelet, say):
+				// it keeps its network, and stopping it fails as long as
+				// its backend cannot read its state.
+				log.Error("reattaching to the pod failed; marking it not ready and leaving what it holds as it is", "err", err)
+				result = "unrecovered"
 			}
 		}
-		if err := b.rec.savePod(rec); err != nil {
-			log.Error("persist pod record", "err", err)
+		// An unrecovered pod's record stays as it was on disk, so that a
+		// daemon that can read it (a newer one, or this one once it is
+		// repaired) reattaches to the pod.
+		if result != "unrecovered" {
+			if err := b.rec.savePod(rec); err != nil {
+				log.Error("persist pod record", "err", err)
+			}
 		}
 	}
 	b.mu.Lock()
@@ -175,6 +189,20 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 		b.ctrNames[ctrNameKey(cr.PodID, cr.Config.Metadata)] = c
 		b.mu.Unlock()
 		live = append(live, c)
+	}
+	if result == "unrecovered" {
+		// Its apps may run on: their state is unknown, in memory only,
+		// so that a daemon that reattaches finds their records as they
+		// were.
+		b.mu.Lock()
+		for _, c := range live {
+			if c.rec.State == ContainerRunning || c.rec.State == ContainerCreated {
+				c.rec.State = ContainerUnknown
+				c.rec.Message = "this stagelet cannot reattach to the container's pod"
+			}
+		}
+		b.mu.Unlock()
+		return result
 	}
 	if p.handle == nil {
 		for _, c := range live {

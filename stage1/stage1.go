@@ -19,6 +19,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
 )
 
 // Isolation levels, ordered: a higher level isolates more.
@@ -242,6 +243,39 @@ func Default() Registry {
 		r[n] = b
 	}
 	return r
+}
+
+// ErrNewerState says a pod's backend state was written by a newer
+// stagelet: this one refuses to act on it (the pod is left as it is),
+// rather than misreading it.
+// It is a FailedPrecondition.
+var ErrNewerState = fmt.Errorf("state written by a newer stagelet: %w", errdefs.ErrFailedPrecondition)
+
+// ParseState is a helper for backends: it decodes state b (MarshalState's,
+// with a "version" field) into s after checking its version against
+// want, the newest the backend writes. Empty b leaves s as it is (nothing
+// was persisted). A version above want is ErrNewerState; an older one the
+// backend cannot read, or bad JSON, is InvalidArgument.
+func ParseState(backend string, b []byte, want int, s any) error {
+	if len(b) == 0 {
+		return nil
+	}
+	var v struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case v.Version > want:
+		return fmt.Errorf("%s: state version %d is newer than this stagelet's %d: %w", backend, v.Version, want, ErrNewerState)
+	case v.Version != want:
+		return fmt.Errorf("%s: state version %d, want %d: %w", backend, v.Version, want, errdefs.ErrInvalidArgument)
+	}
+	if err := json.Unmarshal(b, s); err != nil {
+		return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // MarshalState is a helper for backends: versioned JSON state.

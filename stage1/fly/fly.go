@@ -13,7 +13,6 @@ package fly
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -99,14 +98,8 @@ func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
 func parseState(b []byte) (*state, error) {
 	var s state
-	if len(b) == 0 {
-		return &s, nil
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("fly: bad state: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	if s.Version != stateVersion {
-		return nil, fmt.Errorf("fly: state version %d, want %d: %w", s.Version, stateVersion, errdefs.ErrInvalidArgument)
+	if err := stage1.ParseState(Name, b, stateVersion, &s); err != nil {
+		return nil, err
 	}
 	return &s, nil
 }
@@ -214,6 +207,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // the first persist completed) it derives the cgroup from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
 	st, err := parseState(stateBytes)
+	if errors.Is(err, stage1.ErrNewerState) {
+		return err // what it names is a newer stagelet's to release
+	}
 	if err != nil {
 		b.log.Warn("fly: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
 		st = &state{}

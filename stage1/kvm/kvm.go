@@ -36,7 +36,6 @@ package kvm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -256,14 +255,8 @@ func (s *state) sockName(name string) string {
 
 func parseState(b []byte) (*state, error) {
 	var s state
-	if len(b) == 0 {
-		return &s, nil
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("kvm: bad state: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	if s.Version != stateVersion {
-		return nil, fmt.Errorf("kvm: state version %d, want %d: %w", s.Version, stateVersion, errdefs.ErrInvalidArgument)
+	if err := stage1.ParseState(Name, b, stateVersion, &s); err != nil {
+		return nil, err
 	}
 	return &s, nil
 }
@@ -498,6 +491,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
 	st, err := parseState(stateBytes)
+	if errors.Is(err, stage1.ErrNewerState) {
+		return err // what it names is a newer stagelet's to release
+	}
 	if err != nil {
 		b.log.Warn("kvm: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
 		st = &state{}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -12,24 +13,27 @@ import (
 
 // TestCorruptRecordKeepsHostPathFiles: a pod whose container mounts a
 // hostPath volume; the daemon is killed and one of its records is torn
-// (half written) or carries a version from a newer stagelet. After the
-// restart the volume's files are all there, the unreadable record is in
-// quarantine (counted in verbose Status), and nothing the record names
-// was torn down: once the record is repaired and the daemon restarted
-// again, the pod and its container are managed as before and are removed
-// through the CRI with nothing left.
+// (half written) or carries a version from a newer stagelet, or the
+// pod's backend state does. After the restart the volume's files are all
+// there, a torn record is in quarantine (counted in verbose Status), and
+// nothing the record names was torn down (a pod whose backend state is
+// newer is NotReady, its app still serving, and stopping it is refused):
+// once the record is repaired and the daemon restarted again, the pod and
+// its container are managed as before and are removed through the CRI
+// with nothing left.
 func TestCorruptRecordKeepsHostPathFiles(t *testing.T) {
 	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
 		for _, tc := range []struct {
 			name  string
-			kind  string // pods, containers
+			kind  string // pods, containers, backend (the pod record's backend state)
 			newer bool
-			podUp bool // the pod is managed while its record is set aside
+			podUp bool // the pod is known while its record is set aside
 		}{
 			{"torn pod record", "pods", false, false},
 			{"torn container record", "containers", false, true},
 			{"newer pod record", "pods", true, false},
 			{"newer container record", "containers", true, true},
+			{"newer backend state", "backend", true, true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				vol := t.TempDir()
@@ -42,12 +46,14 @@ func TestCorruptRecordKeepsHostPathFiles(t *testing.T) {
 				}
 				cfg := e.netPodConfig("records", s)
 				podID := e.runStage1Pod(cfg, s)
-				c := e.netContainer(s, "app", "sleep", "3600")
+				c := e.netContainer(s, "app", httpServer("serving")...)
 				c.Mounts = []*runtimeapi.Mount{{HostPath: vol, ContainerPath: "/data"}}
 				ctr := e.createAndStart(podID, cfg, c)
 				if out := e.execOK(ctr, "cat", "/data/sub/nested.txt"); out != "nested" {
 					t.Fatalf("the volume in the container: %q", out)
 				}
+				url := "http://" + e.podIP(podID).String() + ":8080/"
+				e.waitHTTP(url, "serving\n")
 				restart := func() {
 					t.Helper()
 					ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
@@ -64,13 +70,35 @@ func TestCorruptRecordKeepsHostPathFiles(t *testing.T) {
 				if tc.kind == "containers" {
 					id = ctr
 				}
-				rec := filepath.Join(e.d.StateDir, tc.kind, id+".json")
+				dir := tc.kind
+				if dir == "backend" {
+					dir = "pods"
+				}
+				rec := filepath.Join(e.d.StateDir, dir, id+".json")
 				orig, err := os.ReadFile(rec)
 				if err != nil {
 					t.Fatal(err)
 				}
 				bad := orig[:len(orig)/2]
-				if tc.newer {
+				switch {
+				case tc.kind == "backend":
+					var m map[string]any
+					if err := json.Unmarshal(orig, &m); err != nil {
+						t.Fatal(err)
+					}
+					raw, err := base64.StdEncoding.DecodeString(m["backendState"].(string))
+					if err != nil {
+						t.Fatal(err)
+					}
+					var st map[string]any
+					if err := json.Unmarshal(raw, &st); err != nil {
+						t.Fatal(err)
+					}
+					st["version"] = 1000
+					raw, _ = json.Marshal(st)
+					m["backendState"] = base64.StdEncoding.EncodeToString(raw)
+					bad, _ = json.Marshal(m)
+				case tc.newer:
 					var m map[string]any
 					if err := json.Unmarshal(orig, &m); err != nil {
 						t.Fatal(err)
@@ -105,9 +133,26 @@ func TestCorruptRecordKeepsHostPathFiles(t *testing.T) {
 						t.Errorf("the torn record is not in quarantine: %v", err)
 					}
 				}
-				_, err = e.rt().PodSandboxStatus(e.ctx(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: podID})
+				ps, err := e.rt().PodSandboxStatus(e.ctx(), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: podID})
 				if (err == nil) != tc.podUp {
 					t.Errorf("the pod's status while a record is set aside: %v", err)
+				}
+				if got, err := httpGet(url); err != nil || got != "serving\n" {
+					t.Errorf("the pod's app while a record is set aside: %q, %v", got, err)
+				}
+				if tc.kind == "backend" {
+					if ps.GetStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+						t.Errorf("a pod whose backend state is newer: %v", ps.GetStatus().GetState())
+					}
+					if st := e.containerStatus(ctr); st.State != runtimeapi.ContainerState_CONTAINER_UNKNOWN {
+						t.Errorf("its container: %v, want CONTAINER_UNKNOWN", st.State)
+					}
+					if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID}); err == nil {
+						t.Errorf("StopPodSandbox of a pod whose state this stagelet cannot read succeeded")
+					}
+					if got, err := httpGet(url); err != nil || got != "serving\n" {
+						t.Errorf("the pod's app after the refused stop: %q, %v", got, err)
+					}
 				}
 
 				// The operator puts the record right; the next daemon
