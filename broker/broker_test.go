@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -85,7 +86,7 @@ func (e *env) broker(t *testing.T) *Broker {
 	if b.Ready() {
 		t.Fatal("ready before recovery")
 	}
-	if err := b.Recover(context.Background()); err != nil {
+	if _, err := b.Recover(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if !b.Ready() {
@@ -1044,5 +1045,65 @@ func TestUnreadableRecordsSetAside(t *testing.T) {
 			t.Errorf("restart %d: the pod of a container set aside: %v", restart, err)
 		}
 		b.Close()
+	}
+}
+
+// TestRecoveryInParallelUnderADeadline: pods are reattached several at a
+// time; one whose backend does not answer by the deadline is left as it
+// is (not ready, its record unchanged on disk) while the others recover.
+func TestRecoveryInParallelUnderADeadline(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	b := e.broker(t)
+	var ids []string
+	for i := range 8 {
+		id, err := b.RunPod(ctx, podCfg(fmt.Sprintf("p%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	b.Close()
+	stuck := ids[3]
+	e.be.hang = map[string]bool{stuck: true}
+	defer func(old time.Duration) { RecoverTimeout = old }(RecoverTimeout)
+	RecoverTimeout = 2 * time.Second
+	before, err := os.ReadFile(filepath.Join(e.state, "pods", stuck+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	b2, err := New(Options{
+		StateDir: e.state, RunDir: e.run, CgroupParent: "test", Policy: e.policy(t),
+		AgentBinary: "/nonexistent", Backends: stage1.Registry{"fake": e.be, "vm": e.vm}, Images: e.images,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b2.Close)
+	res, err := b2.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Pods != 8 || res.Ready != 7 || res.Unrecovered != 1 {
+		t.Errorf("recovery result %+v, want 8 pods, 7 ready, 1 unrecovered", res)
+	}
+	if e.be.maxRecovering < 2 {
+		t.Errorf("at most %d pods were reattached at once", e.be.maxRecovering)
+	}
+	if st, err := b2.PodStatus(ctx, stuck, false); err != nil || st.Ready {
+		t.Errorf("the pod past the deadline: %+v, %v", st, err)
+	}
+	after, _ := os.ReadFile(filepath.Join(e.state, "pods", stuck+".json"))
+	if string(after) != string(before) {
+		t.Errorf("the unrecovered pod's record changed on disk")
+	}
+	for _, id := range ids {
+		if id == stuck {
+			continue
+		}
+		if st, err := b2.PodStatus(ctx, id, false); err != nil || !st.Ready {
+			t.Errorf("pod %s after recovery: %+v, %v", id, st, err)
+		}
 	}
 }

@@ -28,6 +28,11 @@ type fakeBackend struct {
 	specs     map[string]*stage1.PodSpec
 	failStart bool
 	caps      stage1.Capabilities
+	// hang: RecoverPod of these pods waits until its context ends.
+	hang map[string]bool
+	// recovering counts RecoverPod calls under way; maxRecovering is the
+	// most at once.
+	recovering, maxRecovering int
 }
 
 func newFakeBackend() *fakeBackend {
@@ -68,6 +73,26 @@ func (f *fakeBackend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stat
 	var st fakeState
 	if err := json.Unmarshal(state, &st); err != nil {
 		return nil, err
+	}
+	f.mu.Lock()
+	f.recovering++
+	f.maxRecovering = max(f.maxRecovering, f.recovering)
+	hang := f.hang[st.ID]
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.recovering--
+		f.mu.Unlock()
+	}()
+	if hang {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	// Long enough for the calls of a parallel recovery to overlap.
+	select {
+	case <-time.After(20 * time.Millisecond):
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

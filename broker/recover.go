@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
@@ -18,13 +19,17 @@ import (
 // half made. A record that cannot be read is moved to quarantine (one a
 // newer stagelet wrote is left in place), and nothing its pod or
 // container holds is touched: not its directories, its network namespace,
-// nor the containers of a pod whose record is set aside. Ready reports
-// true once it returns; it is called once, before serving.
-func (b *Broker) Recover(ctx context.Context) error {
+// nor the containers of a pod whose record is set aside.
+//
+// Pods are reattached in parallel (RecoverParallel at a time) under one
+// deadline (RecoverTimeout): a pod not reattached by then is left as it
+// is, not ready, for the next start to try again. Ready reports true once
+// Recover returns; it is called once, before serving.
+func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	start := time.Now()
 	pods, ctrs, bad, err := b.rec.loadAll()
 	if err != nil {
-		return err
+		return RecoveryResult{}, err
 	}
 	// aside: IDs of pods and containers whose records are set aside, now
 	// or by an earlier start; what they name is left alone.
@@ -64,23 +69,68 @@ func (b *Broker) Recover(ctx context.Context) error {
 		}
 		byPod[c.PodID] = append(byPod[c.PodID], c)
 	}
-	var recovered, dead, discarded int
+	res := RecoveryResult{Pods: len(pods), BadRecords: len(bad)}
+	rctx, cancel := context.WithTimeout(ctx, RecoverTimeout)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		slot = make(chan struct{}, RecoverParallel)
+	)
 	for _, rec := range pods {
-		switch b.recoverPod(ctx, rec, byPod[rec.ID]) {
-		case "ready":
-			recovered++
-		case "gone", "unrecovered":
-			dead++
-		case "discarded":
-			discarded++
-		}
+		wg.Add(1)
+		slot <- struct{}{}
+		go func() {
+			defer func() { <-slot; wg.Done() }()
+			r := b.recoverPod(rctx, rec, byPod[rec.ID])
+			mu.Lock()
+			defer mu.Unlock()
+			switch r {
+			case "ready":
+				res.Ready++
+			case "gone":
+				res.Gone++
+			case "unrecovered":
+				res.Unrecovered++
+			case "stopped":
+				res.Stopped++
+			case "discarded":
+				res.Discarded++
+			}
+		}()
 	}
+	wg.Wait()
 	b.collectOrphans(aside)
 	b.collectNetNS(ctx, aside)
+	res.SetAside = len(aside)
+	res.Took = time.Since(start)
 	b.ready.Store(true)
-	b.log.Info("recovery done", "pods", len(pods), "running", recovered, "dead", dead, "discarded", discarded, "badRecords", len(bad), "setAside", len(aside), "took", time.Since(start))
-	return nil
+	b.log.Info("recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
+		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside, "took", res.Took)
+	return res, nil
 }
+
+// RecoveryResult is what Recover found and did, pod by pod.
+type RecoveryResult struct {
+	Pods int // pod records read
+	// Ready: reattached; Gone: their isolation had died; Unrecovered:
+	// not reattached (a state this stagelet cannot read, an unregistered
+	// stage1, the deadline), left as they are; Stopped: stopped before
+	// the restart; Discarded: half created, released.
+	Ready, Gone, Unrecovered, Stopped, Discarded int
+	// BadRecords could not be read; SetAside are the pods and containers
+	// whose records are set aside (quarantined or newer), this time or
+	// before.
+	BadRecords, SetAside int
+	Took                 time.Duration
+}
+
+// Recovery bounds: how many pods are reattached at once, and how long
+// the whole recovery may take.
+var (
+	RecoverParallel = 16
+	RecoverTimeout  = 2 * time.Minute
+)
 
 func (b *Broker) discardContainer(c *ContainerRecord) {
 	if err := b.opts.Images.UnmountRootfs(c.Dir); err != nil {

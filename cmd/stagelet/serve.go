@@ -187,7 +187,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
-	if err := b.Recover(ctx); err != nil {
+	if _, err := b.Recover(ctx); err != nil {
 		g.Stop()
 		return fmt.Errorf("recovery: %w", err)
 	}
