@@ -45,7 +45,7 @@ func main() {
 	verbose := flag.Bool("v", false, "log the harness's progress")
 	stage1 := flag.String("stage1", "fly", "stage1 (runtime handler) of the measured pods: fly, nspawn or kvm (kvm needs the guest: make guest, STAGELET_GUEST_ASSETS)")
 	podNet := flag.Bool("podnet", false, "give each pod its own network namespace and CNI attachment (otherwise the host network)")
-	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls ListContainers and ListPodSandbox at each, then -n container exits to their GetContainerEvents event")
+	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls ListContainers and ListPodSandbox and 3 kill -9 restarts at each, then -n container exits to their GetContainerEvents event")
 	calls := flag.Int("calls", 200, "list calls timed at each -scale level")
 	flag.Parse()
 	var levels []int

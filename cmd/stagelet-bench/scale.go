@@ -14,12 +14,17 @@ import (
 	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
-// scaleRow is the list latencies at one number of running pods.
+// scaleRow is the list latencies at one number of running pods, and the
+// time a restarted daemon took to answer with them all ready.
 type scaleRow struct {
 	pods           int
 	listContainers []time.Duration
 	listPods       []time.Duration
+	restart        []time.Duration
 }
+
+// restartRuns is how many daemon restarts are timed at each level.
+const restartRuns = 3
 
 // parseLevels reads "10,50,100": increasing pod counts.
 func parseLevels(s string) ([]int, error) {
@@ -36,7 +41,9 @@ func parseLevels(s string) ([]int, error) {
 
 // measureScale starts pods up to each level and, at each, times calls
 // ListContainers and calls ListPodSandbox at the gRPC level (what the
-// kubelet's relist does every second). Then it times n exits, from the
+// kubelet's relist does every second) and restartRuns kill -9 restarts of
+// the daemon until it answers with every pod ready. Then it times n
+// exits, from the
 // container's own finish time to its CONTAINER_STOPPED event reaching a
 // GetContainerEvents subscriber.
 func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, levels []int, calls, n int) ([]scaleRow, []time.Duration, error) {
@@ -72,10 +79,48 @@ func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, po
 				return nil, nil, fmt.Errorf("ListPodSandbox at %d pods listed %d pods", level, len(lp.Items))
 			}
 		}
+		for range restartRuns {
+			took, err := timeRestart(ctx, d, level)
+			if err != nil {
+				return nil, nil, err
+			}
+			row.restart = append(row.restart, took)
+		}
+		rt = d.Runtime() // the restarted daemon's connection
 		rows = append(rows, row)
 	}
 	lat, err := exitToEvent(ctx, rt, pods[0], n)
 	return rows, lat, err
+}
+
+// timeRestart kills the daemon with SIGKILL, as a crash would, starts it
+// again and returns the time from its start until ListPodSandbox answers
+// with all pods pods ready.
+func timeRestart(ctx context.Context, d *harness.Daemon, pods int) (time.Duration, error) {
+	if err := d.Kill9(ctx); err != nil {
+		return 0, err
+	}
+	began := time.Now()
+	if err := d.Launch(); err != nil {
+		return 0, err
+	}
+	_, err := d.WaitReady(ctx, func(ctx context.Context) error {
+		lp, err := d.Runtime().ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for _, p := range lp.Items {
+			if p.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+				ready++
+			}
+		}
+		if ready != pods {
+			return fmt.Errorf("%d of %d pods ready", ready, pods)
+		}
+		return nil
+	})
+	return time.Since(began), err
 }
 
 // exitToEvent runs n containers that exit at once in bp's pod and returns,
@@ -174,6 +219,7 @@ func reportScale(w io.Writer, what string, calls int, rows []scaleRow, lat []tim
 	for _, r := range rows {
 		fmt.Fprintf(w, row, fmt.Sprintf("ListContainers, %d pods running", r.pods), ms(median(r.listContainers)), ms(percentile(r.listContainers, 90)))
 		fmt.Fprintf(w, row, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), ms(median(r.listPods)), ms(percentile(r.listPods, 90)))
+		fmt.Fprintf(w, row, fmt.Sprintf("kill -9 and restart to all %d pods ready (%d restarts)", r.pods, len(r.restart)), ms(median(r.restart)), ms(percentile(r.restart, 90)))
 	}
 	fmt.Fprintf(w, row, fmt.Sprintf("container exit to its GetContainerEvents event (%d exits)", len(lat)), ms(median(lat)), ms(percentile(lat, 90)))
 }

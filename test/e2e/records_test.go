@@ -184,3 +184,39 @@ func TestCorruptRecordKeepsHostPathFiles(t *testing.T) {
 		}
 	})
 }
+
+// TestHostRootMountCleansUp: a container that mounts the host's / (a
+// privileged node agent's pattern), with each propagation, is removed
+// with its pod, leaving no mount, cgroup or directory behind (the harness
+// checks when the test ends).
+func TestHostRootMountCleansUp(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		for _, prop := range []runtimeapi.MountPropagation{
+			runtimeapi.MountPropagation_PROPAGATION_PRIVATE,
+			runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER,
+			runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL,
+		} {
+			t.Run(prop.String(), func(t *testing.T) {
+				cfg := e.netPodConfig("hostroot", s)
+				cfg.Linux.SecurityContext.Privileged = true
+				podID := e.runStage1Pod(cfg, s)
+				c := e.netContainer(s, "agent", "sleep", "3600")
+				c.Linux.SecurityContext.Privileged = true
+				c.Mounts = []*runtimeapi.Mount{{HostPath: "/", ContainerPath: "/host", Propagation: prop}}
+				ctr := e.createAndStart(podID, cfg, c)
+				if out := e.execOK(ctr, "cat", "/host/proc/1/comm"); out == "" {
+					t.Errorf("the host's / is not at /host")
+				}
+				if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
+					t.Fatalf("StopPodSandbox: %v", err)
+				}
+				if _, err := e.rt().RemovePodSandbox(e.ctx(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
+					t.Fatalf("RemovePodSandbox: %v", err)
+				}
+				if _, err := os.Stat("/proc/1/comm"); err != nil {
+					t.Errorf("the host's files after the removal: %v", err)
+				}
+			})
+		}
+	})
+}
