@@ -530,7 +530,14 @@ func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id strin
 			return fmt.Errorf("app %s: join cgroup: %w", id, err)
 		}
 	}
-	if err := json.NewEncoder(c.sync).Encode(spec); err != nil {
+	// The spec goes without json.Encoder's trailing newline: the child's
+	// decoder stops at the closing brace, and a byte it leaves unread
+	// would turn its close-on-exec into a connection reset here.
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("app %s: encode spec: %w", id, err)
+	}
+	if _, err := c.sync.Write(b); err != nil {
 		return fmt.Errorf("app %s: send spec to init: %w", id, err)
 	}
 	rr, err := newRightsReader(c.sync)
@@ -546,7 +553,9 @@ func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id strin
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return fmt.Errorf("app %s: %w", id, errdefs.ErrDeadlineExceeded)
 			}
-			if execing && errors.Is(err, io.EOF) {
+			// After "exec" the socket closes by close-on-exec: EOF, or a
+			// reset when the child left something unread.
+			if execing && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
 				if spec.TTY && c.pty == nil {
 					return fmt.Errorf("app %s: init ran the command without a terminal", id)
 				}
