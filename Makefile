@@ -3,7 +3,7 @@ BIN     := bin/stagelet
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build guest run deps test unit e2e conformance bench lint clean systemd-testbed test-systemd test-node
+.PHONY: all build guest run deps test unit e2e conformance bench fuzz lint clean systemd-testbed test-systemd test-node
 
 all: build guest
 
@@ -78,6 +78,20 @@ bench: deps build guest
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -scale 10,50,100
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10
+
+# Each fuzz target briefly (FUZZTIME each); the corpora in the packages'
+# testdata/fuzz also run as plain tests in `make test`. Root: the layer
+# unpacker is fuzzed with the privileges it runs with. Minimising a new
+# input is kept short: at go's default of 60s a slow target spends its
+# whole FUZZTIME minimising the first input it finds.
+FUZZTIME ?= 5s
+FUZZMINIMIZETIME ?= 1s
+FUZZ_TARGETS = ./policy/:FuzzParse ./policy/:FuzzDecide ./config/:FuzzParse ./cri/:FuzzRequestConversion ./image/:FuzzUnpackLayer
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} $${t##*:} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) "$${t%%:*}"; \
+	done
 
 # gofmt, go.mod and go.sum as `go mod tidy` leaves them, vet and
 # staticcheck (pinned; fetched through the module proxy the first time).
