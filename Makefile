@@ -93,8 +93,10 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) "$${t%%:*}"; \
 	done
 
-# gofmt, go.mod and go.sum as `go mod tidy` leaves them, vet and
-# staticcheck (pinned; fetched through the module proxy the first time).
+# gofmt, go.mod and go.sum as `go mod tidy` leaves them, vet,
+# staticcheck (pinned; fetched through the module proxy the first time)
+# and stagelet-lint (no dropped error of fsync, syncfs, rename, mount or
+# unmount outside tests).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -102,6 +104,7 @@ lint:
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) run ./cmd/stagelet-lint -test=false ./...
 
 clean:
 	rm -rf bin

@@ -46,7 +46,7 @@ func ipcSysctlPath(proc, name string) (string, error) {
 // proc mount beneath scratch is written through instead, then detached.
 // InvalidArgument for a name the IPC namespace does not isolate (checked
 // before anything is written) or a value the kernel refuses.
-func setIPCSysctls(sysctls map[string]string, scratch string) error {
+func setIPCSysctls(sysctls map[string]string, scratch string) (retErr error) {
 	names := make([]string, 0, len(sysctls))
 	for k, v := range sysctls {
 		if _, err := ipcSysctlPath("/proc", k); err != nil {
@@ -67,11 +67,15 @@ func setIPCSysctls(sysctls map[string]string, scratch string) error {
 		if err != nil {
 			return fmt.Errorf("sysctls: %w", err)
 		}
-		defer os.Remove(dir)
+		defer os.Remove(dir) // not a mount point any more, or EBUSY: never recursive
 		if err := unix.Mount("proc", dir, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 			return fmt.Errorf("sysctls: mount a private proc: %w", err)
 		}
-		defer unix.Unmount(dir, unix.MNT_DETACH)
+		defer func() {
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && retErr == nil {
+				retErr = fmt.Errorf("sysctls: detach the private proc %s: %w", dir, err)
+			}
+		}()
 		proc = dir
 	}
 	for _, k := range names {

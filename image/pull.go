@@ -489,9 +489,10 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 	if got := hex.EncodeToString(h.Sum(nil)); got != hexd {
 		return errdefs.InvalidArgument("layer content has diff ID sha256:%s, want %s", got, d)
 	}
-	if fd, err := unix.Open(tmp, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
-		_ = unix.Syncfs(fd)
-		unix.Close(fd)
+	// The layer is on disk before it takes its final name: a crash after
+	// the rename must not leave a layer with holes.
+	if err := syncFS(tmp); err != nil {
+		return fmt.Errorf("layer %s: %w", d, err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		if _, serr := os.Stat(final); serr == nil {
@@ -567,4 +568,17 @@ func (e *errReader) Read(p []byte) (int, error) {
 		e.err = err
 	}
 	return n, err
+}
+
+// syncFS flushes the file system holding dir (syncfs(2)).
+func syncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s to sync it: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
+	}
+	return nil
 }

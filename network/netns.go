@@ -50,7 +50,12 @@ func (m *Manager) NewNetNS(podID string) (string, error) {
 	}
 	f.Close()
 	if err := onFreshThread(func() error { return unshareAndMount(path) }); err != nil {
-		unix.Unmount(path, unix.MNT_DETACH)
+		// The bind may not have happened (EINVAL); if it did and cannot
+		// be detached, the file stays (Remove fails with EBUSY) and the
+		// error says so.
+		if uerr := unix.Unmount(path, unix.MNT_DETACH); uerr != nil && !errors.Is(uerr, unix.EINVAL) {
+			err = fmt.Errorf("%w (and detaching it: %v)", err, uerr)
+		}
 		os.Remove(path)
 		return "", fmt.Errorf("netns %s: %w", path, err)
 	}
