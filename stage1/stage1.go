@@ -254,9 +254,12 @@ var ErrNewerState = fmt.Errorf("state written by a newer stagelet: %w", errdefs.
 // ParseState is a helper for backends: it decodes state b (MarshalState's,
 // with a "version" field) into s after checking its version against
 // want, the newest the backend writes. Empty b leaves s as it is (nothing
-// was persisted). A version above want is ErrNewerState; an older one the
-// backend cannot read, or bad JSON, is InvalidArgument.
-func ParseState(backend string, b []byte, want int, s any) error {
+// was persisted). A version above want is ErrNewerState; bad JSON is
+// InvalidArgument. An older version is brought up to want by the
+// backend's migrations, one version at a time (migrate[n] turns a state
+// of version n into one of version n+1, as a JSON object); a version with
+// no way up is InvalidArgument.
+func ParseState(backend string, b []byte, want int, s any, migrate ...map[int]Migration) error {
 	if len(b) == 0 {
 		return nil
 	}
@@ -266,17 +269,43 @@ func ParseState(backend string, b []byte, want int, s any) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
 	}
-	switch {
-	case v.Version > want:
+	if v.Version > want {
 		return fmt.Errorf("%s: state version %d is newer than this stagelet's %d: %w", backend, v.Version, want, ErrNewerState)
-	case v.Version != want:
-		return fmt.Errorf("%s: state version %d, want %d: %w", backend, v.Version, want, errdefs.ErrInvalidArgument)
+	}
+	if v.Version < want {
+		var obj map[string]any
+		if err := json.Unmarshal(b, &obj); err != nil {
+			return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+		}
+		for n := v.Version; n < want; n++ {
+			var m Migration
+			for _, ms := range migrate {
+				if f, ok := ms[n]; ok {
+					m = f
+				}
+			}
+			if m == nil {
+				return fmt.Errorf("%s: state version %d cannot be read (no migration to %d), want %d: %w", backend, n, n+1, want, errdefs.ErrInvalidArgument)
+			}
+			if err := m(obj); err != nil {
+				return fmt.Errorf("%s: migrate state from version %d to %d: %v: %w", backend, n, n+1, err, errdefs.ErrInvalidArgument)
+			}
+			obj["version"] = n + 1
+		}
+		var err error
+		if b, err = json.Marshal(obj); err != nil {
+			return fmt.Errorf("%s: migrated state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	if err := json.Unmarshal(b, s); err != nil {
 		return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
+
+// A Migration turns a backend's state of one version, decoded as a JSON
+// object, into the next version's in place (ParseState sets "version").
+type Migration func(state map[string]any) error
 
 // MarshalState is a helper for backends: versioned JSON state.
 func MarshalState(v any) []byte {

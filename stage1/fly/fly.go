@@ -30,7 +30,9 @@ import (
 // Name is the stage1's registered name.
 const Name = "fly"
 
-// stateVersion is the version of the persisted state.
+// stateVersion is the version of the persisted state. Every version ever
+// written stays readable: raising it means passing parseState's
+// stage1.ParseState a stage1.Migration from the version before.
 const stateVersion = 1
 
 // Timeouts; variables so tests may shorten them.
