@@ -100,13 +100,16 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 		}()
 	}
 	wg.Wait()
+	keep := func(id string) bool { return podIDs[id] || aside[id] }
+	res.OrphanCgroups = b.collectCgroups(keep)
 	b.collectOrphans(aside)
 	b.collectNetNS(ctx, aside)
 	res.SetAside = len(aside)
 	res.Took = time.Since(start)
 	b.ready.Store(true)
 	b.log.Info("recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
-		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside, "took", res.Took)
+		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside,
+		"orphanCgroups", res.OrphanCgroups, "took", res.Took)
 	return res, nil
 }
 
@@ -122,7 +125,10 @@ type RecoveryResult struct {
 	// whose records are set aside (quarantined or newer), this time or
 	// before.
 	BadRecords, SetAside int
-	Took                 time.Duration
+	// OrphanCgroups: pod cgroups no record named, released with the
+	// processes they held.
+	OrphanCgroups int
+	Took          time.Duration
 }
 
 // Recovery bounds: how many pods are reattached at once, and how long
@@ -275,6 +281,31 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	return result
 }
 
+// collectCgroups releases the pod cgroups beneath the node's cgroup
+// parent that no pod record names (keep), with whatever still runs in
+// them, and returns how many it released. With the systemd driver, or no
+// node cgroup parent, there is nothing of the daemon's own to search.
+func (b *Broker) collectCgroups(keep func(id string) bool) int {
+	parent := b.opts.CgroupParent
+	if parent == "" || b.opts.SystemdCgroup || stage1.SliceOf(parent) != "" {
+		return 0
+	}
+	found, err := stage1.CollectPodCgroups(parent, keep)
+	if err != nil {
+		b.log.Error("searching for pod cgroups no record names", "parent", parent, "err", err)
+	}
+	n := 0
+	for _, o := range found {
+		if o.Err != nil {
+			b.log.Error("a pod cgroup no record names cannot be released; it is left", "pod", o.PodID, "processes", o.Procs, "err", o.Err)
+			continue
+		}
+		b.log.Warn("released a pod cgroup no record names", "pod", o.PodID, "killedProcesses", o.Procs)
+		n++
+	}
+	return n
+}
+
 // collectOrphans removes container filesystems and pod run directories
 // that no record names (left by a crash between taking and recording,
 // which the record-first order makes rare), except those of the IDs set
@@ -306,7 +337,13 @@ func (b *Broker) collectOrphans(aside map[string]bool) {
 			d := filepath.Join(b.podsRunDir(), e.Name())
 			if !runDirs[d] && !aside[e.Name()] {
 				b.log.Warn("removing an orphaned pod run directory", "dir", d)
-				if err := mountsafe.RemoveAll(d); err != nil {
+				// No record names it: no pod the daemon manages uses
+				// what is mounted beneath it (and a pod's processes in
+				// the node's cgroup parent were released above). It is
+				// detached (made private first, so nothing propagates
+				// to a volume's source), then removed without crossing
+				// a mount.
+				if err := stage1.RemoveUnmounted(d); err != nil {
 					b.log.Error("removing an orphaned pod run directory: what is mounted in it stays", "dir", d, "err", err)
 				}
 			}

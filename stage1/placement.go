@@ -18,7 +18,7 @@ func PodCgroup(spec *PodSpec) (*cgroups.Cgroup, error) {
 	if err != nil {
 		return nil, err
 	}
-	return p.Child("stagelet-pod-" + spec.ID), nil
+	return p.Child(podCgroupPrefix + spec.ID), nil
 }
 
 // PodSlice is the systemd slice a UnitLauncher puts a pod's units in: the

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -217,6 +218,52 @@ func TestHostRootMountCleansUp(t *testing.T) {
 					t.Errorf("the host's files after the removal: %v", err)
 				}
 			})
+		}
+	})
+}
+
+// TestLostPodRecordReleased: a running pod whose record is lost while
+// the daemon is down (deleted, as after a disk repair) is no one's: the
+// restarted daemon kills what runs in its cgroup, releases the cgroup,
+// its network and its directories, and never lists it. The harness then
+// finds no process, mount, cgroup or network entry left.
+func TestLostPodRecordReleased(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("lost", s)
+		podID := e.runStage1Pod(cfg, s)
+		ctr := e.createAndStart(podID, cfg, e.netContainer(s, "app", httpServer("lost")...))
+		url := "http://" + e.podIP(podID).String() + ":8080/"
+		e.waitHTTP(url, "lost\n")
+		if err := e.d.Kill9(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range []string{filepath.Join("pods", podID+".json"), filepath.Join("containers", ctr+".json")} {
+			if err := os.Remove(filepath.Join(e.d.StateDir, rec)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
+		defer cancel()
+		if err := e.d.Restart(ctx); err != nil {
+			t.Fatalf("restart the daemon: %v", err)
+		}
+		pods, err := e.rt().ListPodSandbox(e.ctx(), &runtimeapi.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) != 0 {
+			t.Errorf("pods listed after their records were lost: %v", pods.Items)
+		}
+		if got, err := httpGet(url); err == nil {
+			t.Errorf("the lost pod's app still answers: %q", got)
+		}
+		if log := e.d.LogTail(400); !strings.Contains(log, "released a pod cgroup no record names") || !strings.Contains(log, podID) {
+			t.Errorf("the daemon's log does not say it released the pod's cgroup:\n%s", log)
+		}
+		for _, dir := range []string{filepath.Join(e.d.RunDir, "pods", podID), filepath.Join(e.d.RunDir, "netns", podID)} {
+			if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+				t.Errorf("%s after the restart: %v", dir, err)
+			}
 		}
 	})
 }

@@ -1,0 +1,85 @@
+package stage1
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/stagelet/stagelet/cgroups"
+)
+
+// podCgroupPrefix names every pod cgroup (PodCgroup) and launch unit.
+const podCgroupPrefix = "stagelet-pod-"
+
+// OrphanCgroup is a pod cgroup no pod record names, as CollectPodCgroups
+// found and released it.
+type OrphanCgroup struct {
+	PodID string
+	// Procs is how many processes it still held (killed).
+	Procs int
+	// Err is why it could not be released (it is left), or nil.
+	Err error
+}
+
+// CollectPodCgroups releases the pod cgroups of the plain launcher
+// ("stagelet-pod-<id>" beneath the node's default cgroup parent, where
+// PodCgroup puts them) whose pod ID keep refuses: what a crash between
+// taking a pod's resources and recording the pod, or a record lost since,
+// left behind. The processes in such a cgroup (an agent, an nspawn, a
+// qemu or virtiofsd of every stage1 alike) are killed and the cgroup is
+// removed. Cgroups the kubelet placed elsewhere (an absolute parent per
+// pod) are not searched: the kubelet removes pod cgroups it does not know.
+func CollectPodCgroups(parent string, keep func(podID string) bool) ([]OrphanCgroup, error) {
+	if parent == "" || SliceOf(parent) != "" {
+		parent = "."
+	}
+	p, err := cgroups.Resolve(parent)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	for _, dir := range p.Paths {
+		ents, err := os.ReadDir(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("collect pod cgroups: %w", err)
+		}
+		for _, e := range ents {
+			id, ok := strings.CutPrefix(e.Name(), podCgroupPrefix)
+			if e.IsDir() && ok && validPodID(id) && !keep(id) {
+				ids[id] = true
+			}
+		}
+	}
+	var out []OrphanCgroup
+	for id := range ids {
+		c := p.Child(podCgroupPrefix + id)
+		o := OrphanCgroup{PodID: id}
+		if pids, err := c.Procs(); err == nil {
+			o.Procs = len(pids)
+		}
+		if err := c.Kill(); err != nil {
+			o.Err = err
+		} else if err := c.Delete(); err != nil {
+			o.Err = err
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// validPodID: the broker's IDs are 64 lower-case hex digits.
+func validPodID(id string) bool {
+	if len(id) != 64 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
