@@ -1107,3 +1107,32 @@ func TestRecoveryInParallelUnderADeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestInterruptedRecordWriteCleared: the temporary file of a record write
+// the daemon died in is removed at the next start; the record it was
+// replacing is read as it was.
+func TestInterruptedRecordWriteCleared(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	b := e.broker(t)
+	id, err := b.RunPod(ctx, podCfg("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	tmp := filepath.Join(e.state, "pods", "."+id+".json.tmp-123456")
+	if err := os.WriteFile(tmp, []byte(`{"half`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b = e.broker(t)
+	defer b.Close()
+	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
+		t.Errorf("the interrupted write is still there: %v", err)
+	}
+	if st, err := b.PodStatus(ctx, id, false); err != nil || st == nil {
+		t.Errorf("the pod whose record was being replaced: %v", err)
+	}
+	if n := b.QuarantinedRecords(); n != 0 {
+		t.Errorf("%d records in quarantine, want 0", n)
+	}
+}

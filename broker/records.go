@@ -169,8 +169,16 @@ func loadDir(dir string, bad map[string]badRecord, decode func(b []byte, id stri
 	}
 	for _, e := range ents {
 		name := e.Name()
+		if atomicfile.IsTemp(name) && e.Type().IsRegular() {
+			// A write the daemon died in: the record it was replacing
+			// is intact beside it (or was never written).
+			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("remove an interrupted write: %w", err)
+			}
+			continue
+		}
 		if !strings.HasSuffix(name, ".json") {
-			continue // temp files from an interrupted write
+			continue
 		}
 		p := filepath.Join(dir, name)
 		fileID := strings.TrimSuffix(name, ".json")

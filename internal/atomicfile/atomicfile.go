@@ -5,13 +5,22 @@ package atomicfile
 import (
 	"os"
 	"path/filepath"
+	"strings"
 )
+
+// IsTemp reports whether name (a base name) is one of Write's temporary
+// files: ".<name>.tmp-<random>", left behind only when the writer died
+// before its rename, so never the file's committed content.
+func IsTemp(name string) bool {
+	i := strings.LastIndex(name, ".tmp-")
+	return strings.HasPrefix(name, ".") && i > 1 && i+len(".tmp-") < len(name)
+}
 
 // Write replaces path with data: it writes a temp file in the same
 // directory, fsyncs it, renames it over path and fsyncs the directory.
 func Write(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*") // see IsTemp
 	if err != nil {
 		return err
 	}
