@@ -3,7 +3,7 @@ BIN     := bin/stagelet
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build guest run deps test unit e2e conformance bench fuzz lint clean systemd-testbed test-systemd test-node
+.PHONY: all build guest run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node
 
 all: build guest
 
@@ -78,6 +78,13 @@ bench: deps build guest
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -scale 10,50,100
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10
+
+# The data race detector on the packages where goroutines meet: the
+# broker, the CRI server, policy, the stage1s and the agent. The race
+# runtime needs cgo (gcc); the binaries the tests build stay static.
+RACE_PKGS = ./broker/... ./cri/... ./policy/... ./stage1/... ./agent/...
+race: deps guest
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
 
 # Each fuzz target briefly (FUZZTIME each); the corpora in the packages'
 # testdata/fuzz also run as plain tests in `make test`. Root: the layer

@@ -23,6 +23,8 @@ for t in cpio lz4 xz:xz-utils zstd; do
 done
 # make conformance: the kit's critest.sh and the expectations check.
 command -v python3 >/dev/null 2>&1 || need="$need python3"
+# make race: the race detector's runtime is linked with cgo.
+command -v gcc >/dev/null 2>&1 || need="$need gcc libc6-dev"
 # The node VM image (mkfs.ext4 -d) and the systemd launcher test bed.
 command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
