@@ -174,3 +174,20 @@ func cgroupString(c *cgroups.Cgroup) string {
 	}
 	return c.String()
 }
+
+// LaunchName is the launcher's name of a pod's main host process (its
+// transient unit's under a UnitLauncher): "stagelet-pod-<id>", the name
+// of its cgroup under the plain launcher as well.
+func LaunchName(podID string) string { return podCgroupPrefix + podID }
+
+// BackendDefaults fills in a backend constructor's nil arguments: the
+// default logger, and the plain launcher (the cgroupfs driver).
+func BackendDefaults(log *slog.Logger, l Launcher) (*slog.Logger, Launcher) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if l == nil {
+		l = &PlainLauncher{Log: log}
+	}
+	return log, l
+}

@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/stagelet/stagelet/agent"
@@ -63,12 +62,7 @@ func New(log *slog.Logger) *Backend {
 // NewWithLauncher returns the fly backend starting agents with l; nil
 // means the plain launcher (the cgroupfs driver).
 func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
-	if log == nil {
-		log = slog.Default()
-	}
-	if l == nil {
-		l = &stage1.PlainLauncher{Log: log}
-	}
+	log, l = stage1.BackendDefaults(log, l)
 	return &Backend{log: log, launcher: l}
 }
 
@@ -109,7 +103,7 @@ func parseState(b []byte) (*state, error) {
 func socketPath(spec *stage1.PodSpec) string { return filepath.Join(spec.RunDir, "agent.sock") }
 
 // launchName names a pod's agent to the launcher (and its systemd unit).
-func launchName(id string) string { return "stagelet-pod-" + id }
+func launchName(id string) string { return stage1.LaunchName(id) }
 
 // StartPod implements stage1.Backend. It records the pod cgroup and creates
 // it, launches the agent in it, records the agent, and waits until the
@@ -139,7 +133,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		if retErr == nil {
 			return
 		}
-		if err := b.release(st, launchName(spec.ID)); err != nil {
+		if err := b.release(context.WithoutCancel(ctx), st, launchName(spec.ID)); err != nil {
 			log.Warn("fly: releasing a failed pod", "err", err)
 		}
 	}()
@@ -208,13 +202,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // the agent socket. Idempotent. With no cgroup in the state (a crash before
 // the first persist completed) it derives the cgroup from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := parseState(stateBytes)
-	if errors.Is(err, stage1.ErrNewerState) {
-		return err // what it names is a newer stagelet's to release
-	}
+	st, err := stage1.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
 	if err != nil {
-		b.log.Warn("fly: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
-		st = &state{}
+		return err
 	}
 	if st.Cgroup == nil && spec.ID != "" {
 		if cg, err := stage1.PodCgroup(spec); err == nil {
@@ -228,49 +218,30 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	if spec.ID != "" {
 		name = launchName(spec.ID)
 	}
-	return b.release(st, name)
+	return b.release(ctx, st, name)
 }
 
 // release kills and removes everything named in st, and the launcher's
-// record of the agent launched under name ("": none).
-func (b *Backend) release(st *state, name string) error {
-	var errs []error
-	if st.Agent != nil {
-		if err := st.Agent.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
-			errs = append(errs, fmt.Errorf("fly: kill agent: %w", err))
-		}
+// record of the agent launched under name ("": none), in stage1.Release's
+// order.
+func (b *Backend) release(ctx context.Context, st *state, name string) error {
+	r := stage1.HostResources{
+		Processes: []*stage1.Process{st.Agent},
+		Launched:  []string{name},
+		Cgroups:   []*cgroups.Cgroup{st.Cgroup},
 	}
-	if name != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), AgentExitGrace)
-		err := stage1.ReleaseLaunched(ctx, b.launcher, name)
-		cancel()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("fly: %w", err))
-		}
+	if sock := st.Socket; sock != "" {
+		r.Then = append(r.Then, stage1.ReleaseStep{What: "agent socket", Do: func() error {
+			if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+			return nil
+		}})
 	}
-	if st.Cgroup != nil {
-		if err := st.Cgroup.Kill(); err != nil {
-			errs = append(errs, fmt.Errorf("fly: %w", err))
-		} else if err := st.Cgroup.Delete(); err != nil {
-			errs = append(errs, fmt.Errorf("fly: %w", err))
-		}
+	if err := stage1.Release(ctx, b.launcher, AgentExitGrace, r); err != nil {
+		return fmt.Errorf("fly: %w", err)
 	}
-	if st.Agent != nil {
-		// The agent was in the cgroup, so it is dead; make sure it is
-		// reaped (when this daemon is its parent) before returning.
-		ctx, cancel := context.WithTimeout(context.Background(), AgentExitGrace)
-		err := st.Agent.Wait(ctx)
-		cancel()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("fly: agent pid %d did not exit", st.Agent.PID))
-		}
-	}
-	if st.Socket != "" {
-		if err := os.Remove(st.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("fly: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Pod is a running fly pod.

@@ -36,7 +36,6 @@ package kvm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -44,7 +43,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/stagelet/stagelet/agent"
@@ -147,9 +145,7 @@ var _ stage1.Backend = (*Backend)(nil)
 // virtiofsd and the guest assets are present is checked by StartPod
 // (FailedPrecondition), not here.
 func New(log *slog.Logger, cfg Config) *Backend {
-	if log == nil {
-		log = slog.Default()
-	}
+	log, l := stage1.BackendDefaults(log, cfg.Launcher)
 	if cfg.AssetsDir == "" {
 		cfg.AssetsDir = DefaultAssetsDir
 	}
@@ -164,10 +160,6 @@ func New(log *slog.Logger, cfg Config) *Backend {
 	}
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = 10 * time.Second
-	}
-	l := cfg.Launcher
-	if l == nil {
-		l = &stage1.PlainLauncher{Log: log}
 	}
 	return &Backend{
 		log:      log,
@@ -339,7 +331,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		if retErr == nil {
 			return
 		}
-		if err := b.release(st, spec.ID); err != nil {
+		if err := b.release(context.WithoutCancel(ctx), st, spec.ID); err != nil {
 			log.Warn("kvm: releasing a failed pod", "err", err)
 		}
 	}()
@@ -492,13 +484,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // What the state lacks (a crash before the first persist) is derived from
 // spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := parseState(stateBytes)
-	if errors.Is(err, stage1.ErrNewerState) {
-		return err // what it names is a newer stagelet's to release
-	}
+	st, err := stage1.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
 	if err != nil {
-		b.log.Warn("kvm: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
-		st = &state{}
+		return err
 	}
 	if spec.ID != "" && spec.RunDir != "" {
 		def := layout(spec)
@@ -513,82 +501,42 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 			st.Cgroup = def.Cgroup
 		}
 	}
-	return b.release(st, spec.ID)
+	return b.release(ctx, st, spec.ID)
 }
 
 // launchName and fsLaunchName name a pod's qemu and virtiofsd to the
 // launcher (and their systemd units).
-func launchName(id string) string   { return "stagelet-pod-" + id }
-func fsLaunchName(id string) string { return "stagelet-pod-" + id + "-virtiofsd" }
+func launchName(id string) string   { return stage1.LaunchName(id) }
+func fsLaunchName(id string) string { return stage1.LaunchName(id) + "-virtiofsd" }
 
 // release kills and removes everything named in st, and the launcher's
-// records of the processes launched for pod id ("": none).
-func (b *Backend) release(st *state, id string) error {
-	var errs []error
+// records of the processes launched for pod id ("": none), in
+// stage1.Release's order; then the tap, the shared directory and the VM
+// directory.
+func (b *Backend) release(ctx context.Context, st *state, id string) error {
 	if st.Dir != "" {
 		b.dropDialer(st.ctlSocket())
 	}
-	for _, p := range []*stage1.Process{st.Qemu, st.Virtiofsd} {
-		if p == nil {
-			continue
-		}
-		if err := p.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
-			errs = append(errs, fmt.Errorf("kvm: kill pid %d: %w", p.PID, err))
-		}
+	r := stage1.HostResources{
+		Processes: []*stage1.Process{st.Qemu, st.Virtiofsd},
+		Cgroups:   []*cgroups.Cgroup{st.Cgroup, st.FSCgroup},
 	}
 	if id != "" {
-		for _, name := range []string{launchName(id), fsLaunchName(id)} {
-			ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
-			err := stage1.ReleaseLaunched(ctx, b.launcher, name)
-			cancel()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("kvm: %w", err))
-			}
-		}
-	}
-	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.FSCgroup} {
-		if cg == nil {
-			continue
-		}
-		if err := cg.Kill(); err != nil {
-			errs = append(errs, fmt.Errorf("kvm: %w", err))
-		}
-	}
-	for _, p := range []*stage1.Process{st.Qemu, st.Virtiofsd} {
-		if p == nil {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
-		err := p.Wait(ctx)
-		cancel()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("kvm: pid %d did not exit", p.PID))
-		}
-	}
-	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.FSCgroup} {
-		if cg == nil {
-			continue
-		}
-		if err := cg.Delete(); err != nil {
-			errs = append(errs, fmt.Errorf("kvm: %w", err))
-		}
+		r.Launched = []string{launchName(id), fsLaunchName(id)}
 	}
 	if st.NetNS != "" && st.Tap != "" {
-		if err := teardownTap(st.NetNS, st.Tap); err != nil {
-			errs = append(errs, fmt.Errorf("kvm: pod network: %w", err))
-		}
+		r.Then = append(r.Then, stage1.ReleaseStep{What: "pod network", Do: func() error { return teardownTap(st.NetNS, st.Tap) }})
 	}
 	if st.Mounts != "" {
-		if err := st.shared().Release(); err != nil {
-			errs = append(errs, fmt.Errorf("kvm: %w", err))
-		}
+		r.Then = append(r.Then, stage1.ReleaseStep{What: "shared directory", Do: st.shared().Release})
 	}
-	if st.Dir != "" {
-		if err := os.RemoveAll(st.Dir); err != nil {
-			errs = append(errs, fmt.Errorf("kvm: %w", err))
-		}
+	if dir := st.Dir; dir != "" {
+		r.Then = append(r.Then, stage1.ReleaseStep{What: "VM directory", Do: func() error { return os.RemoveAll(dir) }})
 	}
-	return errors.Join(errs...)
+	if err := stage1.Release(ctx, b.launcher, ExitGrace, r); err != nil {
+		return fmt.Errorf("kvm: %w", err)
+	}
+	return nil
 }
 
 // dialer returns the serial session of the VM whose control socket is

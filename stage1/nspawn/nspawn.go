@@ -45,7 +45,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -104,18 +103,13 @@ func New(log *slog.Logger) *Backend {
 // NewWithLauncher returns the nspawn backend starting systemd-nspawn with
 // l; nil means the plain launcher (the cgroupfs driver).
 func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
-	if log == nil {
-		log = slog.Default()
-	}
-	if l == nil {
-		l = &stage1.PlainLauncher{Log: log}
-	}
+	log, l = stage1.BackendDefaults(log, l)
 	return &Backend{log: log, launcher: l}
 }
 
 // launchName names a pod's systemd-nspawn to the launcher (and its systemd
 // unit).
-func launchName(id string) string { return "stagelet-pod-" + id }
+func launchName(id string) string { return stage1.LaunchName(id) }
 
 // Name implements stage1.Backend.
 func (b *Backend) Name() string { return Name }
@@ -364,7 +358,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		if retErr == nil {
 			return
 		}
-		if err := b.release(st, launchName(spec.ID)); err != nil {
+		if err := b.release(context.WithoutCancel(ctx), st, launchName(spec.ID)); err != nil {
 			log.Warn("nspawn: releasing a failed pod", "err", err)
 		}
 	}()
@@ -526,13 +520,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // Idempotent. What the state lacks (a crash before the first persist) is
 // derived from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := parseState(stateBytes)
-	if errors.Is(err, stage1.ErrNewerState) {
-		return err // what it names is a newer stagelet's to release
-	}
+	st, err := stage1.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
 	if err != nil {
-		b.log.Warn("nspawn: unreadable pod state; releasing by convention", "pod", spec.ID, "err", err)
-		st = &state{}
+		return err
 	}
 	if spec.ID != "" && spec.RunDir != "" {
 		def := layout(spec)
@@ -559,88 +549,56 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	if spec.ID != "" {
 		name = launchName(spec.ID)
 	}
-	return b.release(st, name)
+	return b.release(ctx, st, name)
 }
 
 // release kills and removes everything named in st, and the launcher's
-// record of the nspawn launched under name ("": none).
-func (b *Backend) release(st *state, name string) error {
-	var errs []error
-	for _, p := range []*stage1.Process{st.Leader, st.NSpawn} {
-		if p == nil {
-			continue
-		}
-		if err := p.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
-			errs = append(errs, fmt.Errorf("nspawn: kill pid %d: %w", p.PID, err))
-		}
+// record of the nspawn launched under name ("": none), in stage1.Release's
+// order; then nspawn's own leftovers.
+func (b *Backend) release(ctx context.Context, st *state, name string) error {
+	r := stage1.HostResources{
+		Processes: []*stage1.Process{st.Leader, st.NSpawn},
+		Launched:  []string{name},
+		Cgroups:   []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup},
 	}
-	if name != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
-		err := stage1.ReleaseLaunched(ctx, b.launcher, name)
-		cancel()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("nspawn: %w", err))
-		}
-	}
-	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup} {
-		if cg == nil {
-			continue
-		}
-		if err := cg.Kill(); err != nil {
-			errs = append(errs, fmt.Errorf("nspawn: %w", err))
-		}
-	}
-	if st.NSpawn != nil {
-		// nspawn was in the pod cgroup, so it is dead; make sure it is
-		// reaped (when this daemon is its parent) before going on.
-		ctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
-		err := st.NSpawn.Wait(ctx)
-		cancel()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("nspawn: systemd-nspawn pid %d did not exit", st.NSpawn.PID))
-		}
-	}
-	for _, cg := range []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup} {
-		if cg == nil {
-			continue
-		}
-		if err := cg.Delete(); err != nil {
-			errs = append(errs, fmt.Errorf("nspawn: %w", err))
-		}
-	}
-	if st.Tree != "" {
-		// nspawn's lock of the tree, left behind when it was killed:
-		// named by the device and inode of the directory it ran.
-		var fi unix.Stat_t
-		if err := unix.Stat(filepath.Join(st.Tree, "rootfs"), &fi); err == nil {
-			lock := fmt.Sprintf("/run/systemd/nspawn/locks/inode-%d:%d", fi.Dev, fi.Ino)
-			if err := os.Remove(lock); err != nil && !errors.Is(err, os.ErrNotExist) {
-				b.log.Warn("nspawn: removing a leftover lock", "file", lock, "err", err)
+	if tree := st.Tree; tree != "" {
+		r.Then = append(r.Then, stage1.ReleaseStep{What: "nspawn's lock", Do: func() error {
+			// nspawn's lock of the tree, left behind when it was
+			// killed: named by the device and inode of the directory
+			// it ran.
+			var fi unix.Stat_t
+			if err := unix.Stat(filepath.Join(tree, "rootfs"), &fi); err == nil {
+				lock := fmt.Sprintf("/run/systemd/nspawn/locks/inode-%d:%d", fi.Dev, fi.Ino)
+				if err := os.Remove(lock); err != nil && !errors.Is(err, os.ErrNotExist) {
+					b.log.Warn("nspawn: removing a leftover lock", "file", lock, "err", err)
+				}
 			}
-		}
+			return nil
+		}})
 	}
 	for _, dir := range []string{st.Mounts, st.Tree} {
-		if dir == "" {
-			continue
-		}
-		if err := stage1.RemoveUnmounted(dir); err != nil {
-			errs = append(errs, fmt.Errorf("nspawn: %w", err))
+		if dir != "" {
+			r.Then = append(r.Then, stage1.ReleaseStep{What: dir, Do: func() error { return stage1.RemoveUnmounted(dir) }})
 		}
 	}
-	if st.AgentDir != "" {
-		if err := os.RemoveAll(st.AgentDir); err != nil {
-			errs = append(errs, fmt.Errorf("nspawn: %w", err))
-		}
+	if dir := st.AgentDir; dir != "" {
+		r.Then = append(r.Then, stage1.ReleaseStep{What: "agent directory", Do: func() error { return os.RemoveAll(dir) }})
 	}
-	if st.Machine != "" && !strings.ContainsRune(st.Machine, '/') {
-		// Left behind when nspawn was killed; nspawn made it for the
-		// machine name, which is this pod's.
-		d := filepath.Join("/run/systemd/nspawn/propagate", st.Machine)
-		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
-			b.log.Warn("nspawn: removing a leftover directory", "dir", d, "err", err)
-		}
+	if m := st.Machine; m != "" && !strings.ContainsRune(m, '/') {
+		r.Then = append(r.Then, stage1.ReleaseStep{What: "nspawn's propagation directory", Do: func() error {
+			// Left behind when nspawn was killed; nspawn made it for
+			// the machine name, which is this pod's.
+			d := filepath.Join("/run/systemd/nspawn/propagate", m)
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				b.log.Warn("nspawn: removing a leftover directory", "dir", d, "err", err)
+			}
+			return nil
+		}})
 	}
-	return errors.Join(errs...)
+	if err := stage1.Release(ctx, b.launcher, ExitGrace, r); err != nil {
+		return fmt.Errorf("nspawn: %w", err)
+	}
+	return nil
 }
 
 // Pod is a running nspawn pod.
