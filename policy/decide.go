@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/caps"
 )
 
 // Pod is what the policy knows of a pod when it decides.
@@ -146,7 +146,7 @@ func (d *decision) because(format string, args ...any) {
 // unparseable annotation, or a capability the stage1 lacks), or
 // errdefs.ErrFailedPrecondition (the stage1 is not registered); the message
 // names the rule, handler mapping, allow-list or conflict setting.
-func (p *Policy) Decide(pod Pod, caps map[string]stage1.Capabilities) (Decision, error) {
+func (p *Policy) Decide(pod Pod, declared map[string]caps.Capabilities) (Decision, error) {
 	d := &decision{}
 
 	// 1. Refuse rules refuse, wherever they are in the list.
@@ -211,23 +211,23 @@ func (p *Policy) Decide(pod Pod, caps map[string]stage1.Capabilities) (Decision,
 		d.Stage1, d.chosen = p.DefaultStage1, "default_stage1"
 		d.because("no rule matched; default_stage1 is %q", p.DefaultStage1)
 	}
-	if _, ok := caps[d.Stage1]; !ok {
+	if _, ok := declared[d.Stage1]; !ok {
 		return Decision{}, d.refuse(errdefs.ErrFailedPrecondition, d.chosen, d.Rule,
-			"stage1 %q (chosen by %s) is not available on this node (available: %s)", d.Stage1, d.chosen, listOrNone(sortedKeys(caps)))
+			"stage1 %q (chosen by %s) is not available on this node (available: %s)", d.Stage1, d.chosen, listOrNone(sortedKeys(declared)))
 	}
 
 	// 3. A pod annotation may change it, within the operator's limits.
-	if err := p.annotation(d, pod, caps); err != nil {
+	if err := p.annotation(d, pod, declared); err != nil {
 		return Decision{}, err
 	}
 
 	// 4. Capabilities: what the pod needs against what the stage1 declares.
 	tried := map[string]bool{d.Stage1: true}
 	for {
-		c := caps[d.Stage1]
+		c := declared[d.Stage1]
 		missing := -1
 		for i, n := range needs {
-			if n.pod(pod) && !n.caps(c) {
+			if n.pod(pod) && !n.met(c) {
 				missing = i
 				break
 			}
@@ -251,12 +251,12 @@ func (p *Policy) Decide(pod Pod, caps map[string]stage1.Capabilities) (Decision,
 			}
 			return Decision{}, d.refuse(errdefs.ErrInvalidArgument, key, d.Rule, "%s", msg)
 		}
-		fc, ok := caps[route.Fallback]
+		fc, ok := declared[route.Fallback]
 		if !ok {
 			return Decision{}, d.refuse(errdefs.ErrFailedPrecondition, key, d.Rule,
-				"%s.fallback names stage1 %q, which is not available on this node (available: %s)", key, route.Fallback, listOrNone(sortedKeys(caps)))
+				"%s.fallback names stage1 %q, which is not available on this node (available: %s)", key, route.Fallback, listOrNone(sortedKeys(declared)))
 		}
-		if tried[route.Fallback] || !n.caps(fc) {
+		if tried[route.Fallback] || !n.met(fc) {
 			return Decision{}, d.refuse(errdefs.ErrInvalidArgument, key, d.Rule,
 				"stage1 %q declares no %s, which the pod needs (%s), and %s.fallback %q cannot run the pod either", d.Stage1, n.what, podFlag(n.key), key, route.Fallback)
 		}
@@ -269,7 +269,7 @@ func (p *Policy) Decide(pod Pod, caps map[string]stage1.Capabilities) (Decision,
 }
 
 // annotation applies the pod's stage1 annotation, if any, to d.
-func (p *Policy) annotation(d *decision, pod Pod, caps map[string]stage1.Capabilities) error {
+func (p *Policy) annotation(d *decision, pod Pod, declared map[string]caps.Capabilities) error {
 	req, key, value, err := requestedStage1(pod.Annotations)
 	if err != nil {
 		return d.refuse(errdefs.ErrInvalidArgument, "annotation "+key, d.Rule, "%v", err)
@@ -292,12 +292,12 @@ func (p *Policy) annotation(d *decision, pod Pod, caps map[string]stage1.Capabil
 		return d.refuse(errdefs.ErrPermissionDenied, fmt.Sprintf("rule %q", d.locked.Name), d.locked.Name,
 			"%s requests stage1 %q, but rule %q is locked: annotations cannot override it (it gives %q)", ann, req, d.locked.Name, d.locked.Stage1)
 	}
-	rc, ok := caps[req]
+	rc, ok := declared[req]
 	if !ok {
 		return d.refuse(errdefs.ErrFailedPrecondition, ann, d.Rule,
-			"%s requests stage1 %q, which is not available on this node (available: %s)", ann, req, listOrNone(sortedKeys(caps)))
+			"%s requests stage1 %q, which is not available on this node (available: %s)", ann, req, listOrNone(sortedKeys(declared)))
 	}
-	bc := caps[d.Stage1]
+	bc := declared[d.Stage1]
 	verb := "changed"
 	switch {
 	case rc.Isolation > bc.Isolation:

@@ -8,15 +8,15 @@ import (
 	"testing"
 
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/caps"
 )
 
-// caps are the capabilities the three stage1s declare.
-var caps = map[string]stage1.Capabilities{
-	"fly": {Isolation: stage1.IsolationHost, HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
-	"nspawn": {Isolation: stage1.IsolationNamespaces, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true,
+// stage1Caps are the capabilities the three stage1s declare.
+var stage1Caps = map[string]caps.Capabilities{
+	"fly": {Isolation: caps.IsolationHost, HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
+	"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true,
 		Privileged: "pod"},
-	"kvm": {Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
+	"kvm": {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
 }
 
 func mustPolicy(t testing.TB, name, text string) *Policy {
@@ -25,7 +25,7 @@ func mustPolicy(t testing.TB, name, text string) *Policy {
 	if err != nil {
 		t.Fatalf("parse %s:\n%v", name, err)
 	}
-	if err := p.Validate(caps); err != nil {
+	if err := p.Validate(stage1Caps); err != nil {
 		t.Fatalf("validate %s:\n%v", name, err)
 	}
 	return p
@@ -109,14 +109,14 @@ type decideCase struct {
 
 func runDecide(t *testing.T, p *Policy, tests []decideCase) {
 	t.Helper()
-	runDecideCaps(t, p, caps, tests)
+	runDecideCaps(t, p, stage1Caps, tests)
 }
 
-func runDecideCaps(t *testing.T, p *Policy, caps map[string]stage1.Capabilities, tests []decideCase) {
+func runDecideCaps(t *testing.T, p *Policy, stage1Caps map[string]caps.Capabilities, tests []decideCase) {
 	t.Helper()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := p.Decide(tc.pod, caps)
+			d, err := p.Decide(tc.pod, stage1Caps)
 			if tc.class != nil {
 				if err == nil {
 					t.Fatalf("got %+v, want a refusal", d)
@@ -286,7 +286,7 @@ func TestDecideConflicts(t *testing.T) {
 }
 
 func TestDecideNodeMismatch(t *testing.T) {
-	only := map[string]stage1.Capabilities{"fly": caps["fly"]}
+	only := map[string]caps.Capabilities{"fly": stage1Caps["fly"]}
 	p := Default()
 	_, err := p.Decide(Pod{Namespace: "default"}, only)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), `stage1 "nspawn" (chosen by default_stage1) is not available on this node (available: fly)`) {
@@ -298,12 +298,12 @@ func TestDecideNodeMismatch(t *testing.T) {
 
 	// A fallback that, on this node, cannot run the pod either.
 	q := &Policy{Version: 1, DefaultStage1: "kvm", Conflicts: Conflicts{HostNetwork: &Conflict{Fallback: "kvm2"}}}
-	two := map[string]stage1.Capabilities{"kvm": caps["kvm"], "kvm2": caps["kvm"]}
+	two := map[string]caps.Capabilities{"kvm": stage1Caps["kvm"], "kvm2": stage1Caps["kvm"]}
 	_, err = q.Decide(Pod{HostNetwork: true}, two)
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `conflicts.host_network.fallback "kvm2" cannot run the pod either`) {
 		t.Errorf("bad fallback: %v", err)
 	}
-	_, err = q.Decide(Pod{HostNetwork: true}, map[string]stage1.Capabilities{"kvm": caps["kvm"]})
+	_, err = q.Decide(Pod{HostNetwork: true}, map[string]caps.Capabilities{"kvm": stage1Caps["kvm"]})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), `fallback names stage1 "kvm2", which is not available`) {
 		t.Errorf("missing fallback: %v", err)
 	}
@@ -311,7 +311,7 @@ func TestDecideNodeMismatch(t *testing.T) {
 
 func TestDefaultPolicy(t *testing.T) {
 	p := Default()
-	if err := p.Validate(caps); err != nil {
+	if err := p.Validate(stage1Caps); err != nil {
 		t.Fatalf("embedded default does not validate:\n%v", err)
 	}
 	if got := p.Handlers(); !reflect.DeepEqual(got, []string{"fly", "kvm", "nspawn"}) {
@@ -413,7 +413,7 @@ func TestParseStage1Annotation(t *testing.T) {
 
 func TestExplain(t *testing.T) {
 	p := mustPolicy(t, "rules.yaml", rulesPolicy)
-	d, err := p.Decide(Pod{Namespace: "default", Labels: ann("accel", "gpu")}, caps)
+	d, err := p.Decide(Pod{Namespace: "default", Labels: ann("accel", "gpu")}, stage1Caps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ why:
 	if got := p.Explain(d); got != want {
 		t.Errorf("Explain:\n%s\nwant:\n%s", got, want)
 	}
-	_, err = p.Decide(Pod{Namespace: "default", Handler: "kvm", Annotations: ann(AnnotationStage1, "nspawn")}, caps)
+	_, err = p.Decide(Pod{Namespace: "default", Handler: "kvm", Annotations: ann(AnnotationStage1, "nspawn")}, stage1Caps)
 	var r *Refusal
 	if !errors.As(err, &r) {
 		t.Fatalf("%v is not a *Refusal", err)
@@ -444,7 +444,7 @@ why:
 
 func TestDecideDoesNotModify(t *testing.T) {
 	p := mustPolicy(t, "rules.yaml", rulesPolicy)
-	d, err := p.Decide(Pod{Namespace: "untrusted-1"}, caps)
+	d, err := p.Decide(Pod{Namespace: "untrusted-1"}, stage1Caps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,10 +460,10 @@ func TestDecideDoesNotModify(t *testing.T) {
 // isolated stage1 that gives it what it asks for, says so in the reasons,
 // and annotations still never lower isolation.
 func TestDefaultPolicyHostNamespaces(t *testing.T) {
-	real := map[string]stage1.Capabilities{
-		"fly":    {Isolation: stage1.IsolationHost, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
-		"nspawn": {Isolation: stage1.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod"},
-		"kvm":    {Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
+	real := map[string]caps.Capabilities{
+		"fly":    {Isolation: caps.IsolationHost, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
+		"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod"},
+		"kvm":    {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
 	}
 	p := Default()
 	if err := p.Validate(real); err != nil {

@@ -10,7 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/caps"
 )
 
 const head = "version: 1\ndefault_stage1: nspawn\n"
@@ -150,7 +150,7 @@ func TestValidateProblems(t *testing.T) {
 			if err != nil {
 				t.Fatalf("parse: %v", err)
 			}
-			err = p.Validate(caps)
+			err = p.Validate(stage1Caps)
 			if err == nil {
 				t.Fatal("validated")
 			}
@@ -170,7 +170,7 @@ func TestValidateProblems(t *testing.T) {
 // TestValidateUnregisteredDefault: the embedded default names stage1s a
 // node may not have yet; the problems say so and nothing else.
 func TestValidateUnregisteredDefault(t *testing.T) {
-	err := Default().Validate(map[string]stage1.Capabilities{"fly": caps["fly"]})
+	err := Default().Validate(map[string]caps.Capabilities{"fly": stage1Caps["fly"]})
 	var ps Problems
 	if !errors.As(err, &ps) || len(ps) == 0 {
 		t.Fatalf("err = %v", err)
@@ -227,7 +227,7 @@ func TestEmbedded(t *testing.T) {
 		t.Errorf("the section did not replace the default: %+v", c.Policy)
 	}
 	c.Policy.Source = "node.yaml"
-	if err := c.Policy.Validate(caps); err != nil {
+	if err := c.Policy.Validate(stage1Caps); err != nil {
 		t.Errorf("validate: %v", err)
 	}
 
@@ -245,7 +245,7 @@ func TestEmbedded(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Policy.Source = "node.yaml"
-	if err := c.Policy.Validate(caps); err == nil || !strings.HasPrefix(err.Error(), `node.yaml:4:19: default_stage1: unknown stage1 "gvisor"`) {
+	if err := c.Policy.Validate(stage1Caps); err == nil || !strings.HasPrefix(err.Error(), `node.yaml:4:19: default_stage1: unknown stage1 "gvisor"`) {
 		t.Errorf("validate names the file: %v", err)
 	}
 }

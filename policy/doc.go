@@ -1,7 +1,7 @@
 // Package policy decides which stage1 (isolation backend) each pod gets,
 // and why, from the operator's policy and the capabilities the node's
 // stage1s declare. Deciding is a pure function: no I/O, no state, no
-// backend known by name — only by the stage1.Capabilities it declares.
+// backend known by name — only by the caps.Capabilities it declares.
 //
 // # The policy file
 //

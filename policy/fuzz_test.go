@@ -38,14 +38,14 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if err := p.Validate(caps); err != nil {
+		if err := p.Validate(stage1Caps); err != nil {
 			var ps Problems
 			if !errors.As(err, &ps) {
 				t.Fatalf("Validate returned %T %v", err, err)
 			}
 		}
 		for _, pod := range pods {
-			if _, err := p.Decide(pod, caps); err != nil {
+			if _, err := p.Decide(pod, stage1Caps); err != nil {
 				var r *Refusal
 				if !errors.As(err, &r) {
 					t.Fatalf("Decide returned %T %v", err, err)
@@ -79,7 +79,7 @@ func FuzzDecide(f *testing.F) {
 		if key != "" {
 			pod.Annotations[key] = value
 		}
-		d, err := p.Decide(pod, caps)
+		d, err := p.Decide(pod, stage1Caps)
 		if err != nil {
 			var r *Refusal
 			if !errors.As(err, &r) {
@@ -90,7 +90,7 @@ func FuzzDecide(f *testing.F) {
 			}
 			return
 		}
-		if _, ok := caps[d.Stage1]; !ok || len(d.Reasons) == 0 {
+		if _, ok := stage1Caps[d.Stage1]; !ok || len(d.Reasons) == 0 {
 			t.Fatalf("decision %+v", d)
 		}
 		if d.Stage1 == "fly" && ns != "kube-system" {
@@ -99,8 +99,8 @@ func FuzzDecide(f *testing.F) {
 		if key == AnnotationStage1 || key == AnnotationRktStage1 {
 			plain := pod
 			plain.Annotations = nil
-			base, err := p.Decide(plain, caps)
-			if err == nil && caps[d.Stage1].Isolation < caps[base.Stage1].Isolation {
+			base, err := p.Decide(plain, stage1Caps)
+			if err == nil && stage1Caps[d.Stage1].Isolation < stage1Caps[base.Stage1].Isolation {
 				t.Fatalf("annotation %s=%q lowered %q to %q", key, value, base.Stage1, d.Stage1)
 			}
 			if err == nil && d.Stage1 == "fly" && base.Stage1 != "fly" {

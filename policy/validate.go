@@ -7,7 +7,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/caps"
 )
 
 // Validate checks the policy against the stage1s registered on this node
@@ -21,20 +21,20 @@ import (
 // pods that need a host namespace to a stage1 that lacks it; bad namespace
 // globs; and conflict fallbacks that cannot satisfy the need they are the
 // fallback for. It does not modify p.
-func (p *Policy) Validate(known map[string]stage1.Capabilities) error {
+func (p *Policy) Validate(known map[string]caps.Capabilities) error {
 	return p.check(known, true)
 }
 
 type checker struct {
 	p        *Policy
-	known    map[string]stage1.Capabilities
+	known    map[string]caps.Capabilities
 	withCaps bool
 	probs    Problems
 }
 
 // check runs the checks; withCaps false skips those that need the node's
 // stage1s (Parse and UnmarshalYAML run it so).
-func (p *Policy) check(known map[string]stage1.Capabilities, withCaps bool) error {
+func (p *Policy) check(known map[string]caps.Capabilities, withCaps bool) error {
 	c := &checker{p: p, known: known, withCaps: withCaps}
 	c.version()
 	c.defaultStage1()
@@ -207,18 +207,18 @@ var needs = []struct {
 	key  string // the conflicts key and match key
 	what string // for messages
 	pod  func(Pod) bool
-	caps func(stage1.Capabilities) bool
+	met  func(caps.Capabilities) bool
 	rule func(Match) *bool
 	conf func(*Conflicts) *Conflict
 }{
 	{"host_network", "host network", func(p Pod) bool { return p.HostNetwork },
-		func(c stage1.Capabilities) bool { return c.HostNetwork },
+		func(c caps.Capabilities) bool { return c.HostNetwork },
 		func(m Match) *bool { return m.HostNetwork }, func(c *Conflicts) *Conflict { return c.HostNetwork }},
 	{"host_pid", "host PID namespace", func(p Pod) bool { return p.HostPID },
-		func(c stage1.Capabilities) bool { return c.HostPID },
+		func(c caps.Capabilities) bool { return c.HostPID },
 		func(m Match) *bool { return m.HostPID }, func(c *Conflicts) *Conflict { return c.HostPID }},
 	{"host_ipc", "host IPC namespace", func(p Pod) bool { return p.HostIPC },
-		func(c stage1.Capabilities) bool { return c.HostIPC },
+		func(c caps.Capabilities) bool { return c.HostIPC },
 		func(m Match) *bool { return m.HostIPC }, func(c *Conflicts) *Conflict { return c.HostIPC }},
 }
 
@@ -289,9 +289,9 @@ func (c *checker) rules() {
 		if !c.stage1(key+".stage1", r.Stage1) {
 			continue
 		}
-		caps := c.known[r.Stage1]
+		declared := c.known[r.Stage1]
 		for _, n := range needs {
-			if b := n.rule(r.Match); b != nil && *b && !n.caps(caps) {
+			if b := n.rule(r.Match); b != nil && *b && !n.met(declared) {
 				c.errf(key+".stage1", "%s: sends %s pods to %q, which declares no %s", label, n.key, r.Stage1, n.what)
 			}
 		}
@@ -336,7 +336,7 @@ func (c *checker) conflicts() {
 		case r.Fallback == "" && r.Refuse == "":
 			c.errf(key, "%s: set fallback (a stage1) or refuse (a message)", key)
 		case r.Fallback != "":
-			if c.stage1(key+".fallback", r.Fallback) && !n.caps(c.known[r.Fallback]) {
+			if c.stage1(key+".fallback", r.Fallback) && !n.met(c.known[r.Fallback]) {
 				c.errf(key+".fallback", "%s.fallback: %q declares no %s, so it cannot be the fallback for %s", key, r.Fallback, n.what, n.key)
 			}
 		}

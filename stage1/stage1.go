@@ -20,34 +20,19 @@ import (
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1/caps"
 )
 
-// Isolation levels, ordered: a higher level isolates more.
+// Isolation levels, ordered: a higher level isolates more (caps holds
+// them, for policy).
 const (
-	IsolationHost       = 0 // chroot only, host namespaces (fly)
-	IsolationNamespaces = 1 // Linux namespaces (nspawn)
-	IsolationKernel     = 2 // own kernel (kvm)
+	IsolationHost       = caps.IsolationHost
+	IsolationNamespaces = caps.IsolationNamespaces
+	IsolationKernel     = caps.IsolationKernel
 )
 
-// Capabilities are facts a backend states about itself. Callers (policy, the
-// broker) read them before deciding; nothing matches a backend by name.
-type Capabilities struct {
-	// Isolation is one of the Isolation* levels.
-	Isolation int `json:"isolation"`
-	// KernelIsolated: pods run under their own kernel.
-	KernelIsolated bool `json:"kernelIsolated"`
-	// HostNetwork: the backend can run a pod in the host's network namespace.
-	HostNetwork bool `json:"hostNetwork"`
-	// PodNetwork: the backend can run a pod in its own network namespace.
-	PodNetwork bool `json:"podNetwork"`
-	// HostPID / HostIPC: the backend can share the host's PID / IPC namespace.
-	HostPID bool `json:"hostPID"`
-	HostIPC bool `json:"hostIPC"`
-	// Privileged says what a privileged container gets: "host" (host
-	// devices and capabilities), "pod" (all capabilities inside the pod's
-	// namespaces), "guest" (privileged inside a VM only).
-	Privileged string `json:"privileged"`
-}
+// Capabilities are facts a backend states about itself (see caps).
+type Capabilities = caps.Capabilities
 
 // PodSpec is what a backend needs to start a pod. Paths are host paths.
 type PodSpec struct {

@@ -1,0 +1,32 @@
+// Package caps is the part of the stage1 contract policy reads: the facts
+// a backend states about itself and the isolation levels they are ordered
+// by. It depends on nothing, so that policy links no agent, cgroup or
+// D-Bus code; stage1 re-exports it.
+package caps
+
+// Isolation levels, ordered: a higher level isolates more.
+const (
+	IsolationHost       = 0 // chroot only, host namespaces (fly)
+	IsolationNamespaces = 1 // Linux namespaces (nspawn)
+	IsolationKernel     = 2 // own kernel (kvm)
+)
+
+// Capabilities are facts a backend states about itself. Callers (policy, the
+// broker) read them before deciding; nothing matches a backend by name.
+type Capabilities struct {
+	// Isolation is one of the Isolation* levels.
+	Isolation int `json:"isolation"`
+	// KernelIsolated: pods run under their own kernel.
+	KernelIsolated bool `json:"kernelIsolated"`
+	// HostNetwork: the backend can run a pod in the host's network namespace.
+	HostNetwork bool `json:"hostNetwork"`
+	// PodNetwork: the backend can run a pod in its own network namespace.
+	PodNetwork bool `json:"podNetwork"`
+	// HostPID / HostIPC: the backend can share the host's PID / IPC namespace.
+	HostPID bool `json:"hostPID"`
+	HostIPC bool `json:"hostIPC"`
+	// Privileged says what a privileged container gets: "host" (host
+	// devices and capabilities), "pod" (all capabilities inside the pod's
+	// namespaces), "guest" (privileged inside a VM only).
+	Privileged string `json:"privileged"`
+}
