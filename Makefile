@@ -1,7 +1,10 @@
 GO      ?= go
 BIN     := bin/stagelet
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X main.version=$(VERSION)
+# -s -w: no symbol table or DWARF (panics still name functions). The
+# binary is every kvm guest's initramfs too: 30% smaller, it boots faster
+# under TCG and fits a 128 MiB VM.
+LDFLAGS := -s -w -X main.version=$(VERSION)
 
 .PHONY: all build guest run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node
 
@@ -75,9 +78,10 @@ bench: deps build guest
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -run '^$$' -bench . -benchtime 10x ./stage1/kvm/
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet
-	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet -n 10
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -scale 10,50,100
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -notemplate
 
 # The data race detector on the packages where goroutines meet: the
 # broker, the CRI server, policy, the stage1s and the agent. The race

@@ -478,7 +478,7 @@ func BuildAgent(dir string) (string, error) {
 	}
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
 	out := filepath.Join(dir, "stagelet")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/stagelet")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd/stagelet")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
