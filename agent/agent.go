@@ -31,6 +31,8 @@ type Config struct {
 	// Exe is the stagelet binary re-executed to start apps and execs
 	// (`Exe agent init`); empty means /proc/self/exe.
 	Exe string
+	// Setup answers OpSetup (at most once); nil: the agent refuses it.
+	Setup func(*api.Request) error
 }
 
 // Agent supervises a pod's apps. It reaps every child of the process, so
@@ -41,6 +43,9 @@ type Agent struct {
 	dir     string
 	exe     string
 	started time.Time
+	// setup answers OpSetup; nil once it ran (or when there is none).
+	setupMu sync.Mutex
+	setup   func(*api.Request) error
 	reaper  *reaper
 	// cg is the agent's own cgroup, the parent of every app's; nil when
 	// cgroups are not available (limits are then not applied).
@@ -80,6 +85,7 @@ func New(cfg Config) (*Agent, error) {
 		log:     log,
 		dir:     cfg.StateDir,
 		exe:     exe,
+		setup:   cfg.Setup,
 		started: time.Now(),
 		apps:    map[string]*app{},
 		done:    make(chan struct{}),
@@ -236,8 +242,23 @@ func (a *Agent) handle(req *api.Request) (*api.Response, error) {
 	case api.OpUpdate:
 		st, err := a.update(req.ID, req.Resources)
 		return &api.Response{App: st}, err
+	case api.OpSetup:
+		return &api.Response{}, a.runSetup(req)
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
+}
+
+// runSetup runs Config.Setup once: a second call, or one to an agent
+// without it, is FailedPrecondition.
+func (a *Agent) runSetup(req *api.Request) error {
+	a.setupMu.Lock()
+	defer a.setupMu.Unlock()
+	if a.setup == nil {
+		return errdefs.FailedPrecondition("setup: this agent awaits no setup (not a guest restored from a template, or set up already)")
+	}
+	f := a.setup
+	a.setup = nil
+	return f(req)
 }
 
 // errResponse turns an error into a response carrying its class.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
@@ -184,6 +185,14 @@ func (c *Client) ReopenLog(ctx context.Context, id string) error {
 // for a name the IPC namespace does not isolate.
 func (c *Client) SetSysctls(ctx context.Context, sysctls map[string]string) error {
 	_, err := c.Call(ctx, &api.Request{Op: api.OpSysctl, Sysctls: sysctls})
+	return err
+}
+
+// Setup gives a guest restored from a template its identity: guest is its
+// configuration as stagelet.* kernel parameters (GuestConfig.Cmdline),
+// now the host's clock, seed entropy for its random number generator.
+func (c *Client) Setup(ctx context.Context, guest []string, now time.Time, seed []byte) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpSetup, Guest: strings.Join(guest, " "), Time: now.UnixNano(), Seed: seed})
 	return err
 }
 

@@ -113,6 +113,16 @@ func (l *criLog) reopen() error {
 		return nil
 	}
 	f, err := openLogFile(l.path)
+	if errors.Is(err, os.ErrNotExist) && l.f != nil {
+		// A 9p mount without a dentry cache of its own (a kvm guest's
+		// shared directory) keeps the open file's dentry under its old
+		// name after the host renamed it, and finds that instead of
+		// creating a new file: once the old file is closed the dentry
+		// goes, and the name is looked up afresh.
+		l.f.Close()
+		l.f = nil
+		f, err = openLogFile(l.path)
+	}
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,7 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +47,18 @@ const (
 	guestStateDir = "/run/stagelet/state"
 )
 
+// File systems of the pod's shared directory (GuestConfig.FSType).
+const (
+	// FSVirtio9P is 9P over virtio (qemu's virtio-9p): qemu serves it
+	// itself, and the guest's memory need not be shared with another
+	// process, so a VM restored from a template may map the template's
+	// memory privately.
+	FSVirtio9P = "9p"
+	// FSVirtiofs is virtio-fs, served by a virtiofsd (vhost-user); it
+	// needs the guest's memory shared with virtiofsd.
+	FSVirtiofs = "virtiofs"
+)
+
 // GuestRoute is a route the guest adds on its interface: Dst via Gw (no
 // Gw: on link).
 type GuestRoute struct {
@@ -57,11 +73,18 @@ type GuestConfig struct {
 	Port string
 	// Probe: boot, print GuestReady, power off (stagelet.probe=1).
 	Probe bool
+	// Template: boot without a pod's identity (no hostname, network or
+	// shared directory), print GuestReady and serve; the host saves the
+	// VM then, and each pod's VM restored from it gets its identity from
+	// an OpSetup call (stagelet.template=1).
+	Template bool
 	// Hostname of the guest (stagelet.hostname).
 	Hostname string
-	// FSTag is the virtio-fs tag of the pod's shared directory, mounted
-	// at GuestMounts (stagelet.fs).
-	FSTag string
+	// FSTag is the tag of the pod's shared directory, mounted at
+	// GuestMounts (stagelet.fs); FSType its file system: FSVirtio9P or
+	// FSVirtiofs, the default (stagelet.fstype).
+	FSTag  string
+	FSType string
 	// MAC selects the interface to configure (stagelet.mac); it is named
 	// eth0. IPs (stagelet.ip, repeated) are its addresses with prefix
 	// length, Routes (stagelet.route=DST,GW, repeated) its routes, MTU
@@ -87,8 +110,14 @@ func (c *GuestConfig) Cmdline() []string {
 	if c.Hostname != "" {
 		add("hostname", c.Hostname)
 	}
+	if c.Template {
+		add("template", "1")
+	}
 	if c.FSTag != "" {
 		add("fs", c.FSTag)
+	}
+	if c.FSType != "" {
+		add("fstype", c.FSType)
 	}
 	if c.MAC != nil {
 		add("mac", c.MAC.String())
@@ -133,8 +162,15 @@ func ParseGuestCmdline(cmdline string) (*GuestConfig, error) {
 			c.Probe = v == "1"
 		case "hostname":
 			c.Hostname = v
+		case "template":
+			c.Template = v == "1"
 		case "fs":
 			c.FSTag = v
+		case "fstype":
+			if v != FSVirtio9P && v != FSVirtiofs {
+				err = fmt.Errorf("want %s or %s", FSVirtio9P, FSVirtiofs)
+			}
+			c.FSType = v
 		case "mac":
 			c.MAC, err = net.ParseMAC(v)
 		case "ip":
@@ -217,27 +253,17 @@ func guestInit() error {
 		fmt.Fprintln(os.Stderr, GuestReady)
 		return nil
 	}
-	if cfg.Hostname != "" {
-		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-			log.Warn("set hostname", "err", err)
-		}
-	}
-	if err := configureNetwork(cfg); err != nil {
-		return fmt.Errorf("network: %w", err)
-	}
-	if cfg.FSTag != "" {
-		if err := os.MkdirAll(GuestMounts, 0o755); err != nil {
-			return err
-		}
-		if err := unix.Mount(cfg.FSTag, GuestMounts, "virtiofs", 0, ""); err != nil {
-			return fmt.Errorf("mount virtio-fs %s: %w", cfg.FSTag, err)
-		}
+	var setup func(*api.Request) error
+	if cfg.Template {
+		setup = func(req *api.Request) error { return setupRestored(req, log) }
+	} else if err := personalize(cfg, log); err != nil {
+		return err
 	}
 	if err := guestCgroups(); err != nil {
 		log.Warn("cgroups: app limits and stats are off", "err", err)
 	}
 
-	a, err := New(Config{StateDir: guestStateDir, Logger: log})
+	a, err := New(Config{StateDir: guestStateDir, Logger: log, Setup: setup})
 	if err != nil {
 		return err
 	}
@@ -251,6 +277,125 @@ func guestInit() error {
 	}
 	l.Close()
 	log.Info("agent shut down: powering off")
+	return nil
+}
+
+// personalize gives the guest its pod's identity: hostname, network and
+// the shared directory.
+func personalize(cfg *GuestConfig, log *slog.Logger) error {
+	if cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			log.Warn("set hostname", "err", err)
+		}
+	}
+	if err := configureNetwork(cfg); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	if cfg.FSTag == "" {
+		return nil
+	}
+	if err := os.MkdirAll(GuestMounts, 0o755); err != nil {
+		return err
+	}
+	fstype, data := "virtiofs", ""
+	if cfg.FSType == FSVirtio9P {
+		// cache=mmap: no page cache beyond what mmap needs, so the host's
+		// changes (a volume's files, a bind made later) show at once;
+		// access=client: the guest kernel checks permissions, as on any
+		// local file system.
+		fstype, data = "9p", "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
+	}
+	if err := unix.Mount(cfg.FSTag, GuestMounts, fstype, 0, data); err != nil {
+		return fmt.Errorf("mount %s %s: %w", fstype, cfg.FSTag, err)
+	}
+	return nil
+}
+
+// Entropy ioctls of /dev/urandom (linux/random.h).
+const (
+	rndAddEntropy   = 0x40085203 // _IOW('R', 0x03, int[2])
+	rndReseedCRNG   = 0x5207     // _IO('R', 0x07)
+	maxSeedBytes    = 512
+	seedBitsPerByte = 8
+)
+
+// setupRestored is OpSetup of a guest restored from a template: every VM
+// restored from one template starts with its clock and its random number
+// generator's state, so the clock is set from the host's and the host's
+// seed is mixed in (credited, then the generator reseeded) before the
+// pod's identity is applied.
+func setupRestored(req *api.Request, log *slog.Logger) error {
+	cfg, err := ParseGuestCmdline(req.Guest)
+	if err != nil {
+		return errdefs.InvalidArgument("setup: %v", err)
+	}
+	if req.Time > 0 {
+		ts := unix.NsecToTimespec(req.Time)
+		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+			return fmt.Errorf("setup: set the clock: %w", err)
+		}
+	}
+	if len(req.Seed) > 0 {
+		if err := seedRandom(req.Seed); err != nil {
+			return fmt.Errorf("setup: seed the random number generator: %w", err)
+		}
+	}
+	if cfg.MAC != nil {
+		if err := adoptMAC(cfg.MAC); err != nil {
+			return fmt.Errorf("setup: network: %w", err)
+		}
+	}
+	return personalize(cfg, log)
+}
+
+// seedRandom mixes seed into the kernel's entropy pool, credited as
+// entropy, and reseeds the generator from it.
+func seedRandom(seed []byte) error {
+	if len(seed) > maxSeedBytes {
+		seed = seed[:maxSeedBytes]
+	}
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	info := make([]byte, 8+len(seed))
+	binary.NativeEndian.PutUint32(info[0:], uint32(len(seed)*seedBitsPerByte))
+	binary.NativeEndian.PutUint32(info[4:], uint32(len(seed)))
+	copy(info[8:], seed)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndAddEntropy, uintptr(unsafe.Pointer(&info[0]))); e != 0 {
+		return e
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndReseedCRNG, 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// adoptMAC gives the guest's network interface the address mac, unless one
+// has it already: a VM restored from a template has the template's.
+func adoptMAC(mac net.HardwareAddr) error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return err
+	}
+	var nic netlink.Link
+	for _, l := range links {
+		a := l.Attrs()
+		if a.HardwareAddr.String() == mac.String() {
+			return nil
+		}
+		if l.Type() == "device" && a.Flags&net.FlagLoopback == 0 && len(a.HardwareAddr) == 6 && nic == nil {
+			nic = l
+		}
+	}
+	if nic == nil {
+		return fmt.Errorf("no network interface for MAC %s", mac)
+	}
+	if err := netlink.LinkSetHardwareAddr(nic, mac); err != nil {
+		return fmt.Errorf("set the MAC of %s to %s: %w", nic.Attrs().Name, mac, err)
+	}
 	return nil
 }
 

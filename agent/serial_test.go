@@ -238,6 +238,13 @@ func TestGuestCmdline(t *testing.T) {
 	if _, err := ParseGuestCmdline("stagelet.ip=nonsense"); err == nil {
 		t.Error("bad ip accepted")
 	}
+	tpl, err := ParseGuestCmdline(joinWords((&GuestConfig{Port: "p", Template: true, FSTag: "fs", FSType: FSVirtio9P}).Cmdline()))
+	if err != nil || !tpl.Template || tpl.FSType != FSVirtio9P {
+		t.Errorf("template and fstype round trip: %+v, %v", tpl, err)
+	}
+	if _, err := ParseGuestCmdline("stagelet.fstype=ext4"); err == nil {
+		t.Error("unknown fstype accepted")
+	}
 	if d, _ := ParseGuestCmdline(""); d.Port != DefaultGuestPort {
 		t.Errorf("default port %q", d.Port)
 	}

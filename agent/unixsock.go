@@ -54,3 +54,10 @@ func listenAt(path string) (net.Listener, error) {
 	defer done()
 	return net.Listen("unix", addr)
 }
+
+// DialUnix connects to the unix socket at path, of any length (a socket
+// whose path is longer than a socket address holds is reached through
+// its directory's /proc/self/fd name).
+func DialUnix(ctx context.Context, path string) (net.Conn, error) {
+	return dialUnix(ctx, path)
+}

@@ -50,7 +50,14 @@ type KVM struct {
 	AssetsDir string `yaml:"assets_dir"`
 	// Accelerator: "kvm", "tcg", or empty to probe with a real boot.
 	Accelerator string `yaml:"accelerator"`
+	// Template: pods' VMs are restored from a VM booted once and saved
+	// (kept in <run_dir>/kvm-templates) instead of booting their kernel.
+	// Absent means true.
+	Template *bool `yaml:"template"`
 }
+
+// Templates reports whether kvm pods' VMs are restored from templates.
+func (k KVM) Templates() bool { return k.Template == nil || *k.Template }
 
 // CNI configures pod networking.
 type CNI struct {

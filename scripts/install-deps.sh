@@ -13,10 +13,9 @@ command -v systemd-nspawn >/dev/null 2>&1 || need="$need systemd-container"
 command -v iptables >/dev/null 2>&1 || need="$need iptables"
 command -v ip >/dev/null 2>&1 || need="$need iproute2"
 command -v mount >/dev/null 2>&1 || need="$need mount"
-# The kvm stage1: qemu (qemu-system-common brings virtiofsd) and the tools
-# guest/build.sh unpacks the Debian kernel package with.
+# The kvm stage1: qemu and the tools guest/build.sh unpacks the Debian
+# kernel package with.
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need="$need qemu-system-x86"
-[ -x /usr/lib/qemu/virtiofsd ] || command -v virtiofsd >/dev/null 2>&1 || need="$need qemu-system-common"
 for t in cpio lz4 xz:xz-utils zstd; do
 	cmd=${t%%:*} pkg=${t#*:}
 	command -v "$cmd" >/dev/null 2>&1 || need="$need $pkg"

@@ -59,6 +59,11 @@ const (
 	OpExecStream  = "execstream"  // Request.ID, Request.Cmd, Request.Stdio: run a command with its stdio streamed
 	OpAttach      = "attach"      // Request.ID, Request.Stdio: connect to a running app's stdio
 	OpPortForward = "portforward" // Request.Port: a TCP connection to the pod's loopback
+	// OpSetup gives a guest restored from a template its pod's identity:
+	// Request.Guest (stagelet.* kernel parameters: hostname, network,
+	// shared directory), Request.Time (the host's clock) and Request.Seed
+	// (entropy). Once per guest; FailedPrecondition otherwise.
+	OpSetup = "setup"
 )
 
 // Frame types of a session.
@@ -94,6 +99,10 @@ type Request struct {
 	// Resources are an app's new limits (OpUpdate); zero fields stay as
 	// they are.
 	Resources *Resources `json:"resources,omitempty"`
+	// Guest, Time (Unix nanoseconds) and Seed are OpSetup's.
+	Guest string `json:"guest,omitempty"`
+	Time  int64  `json:"time,omitempty"`
+	Seed  []byte `json:"seed,omitempty"`
 }
 
 // Stdio is the shape of an exec or attach session.

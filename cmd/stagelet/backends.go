@@ -15,8 +15,9 @@ import (
 // builtinBackends are the stage1s this binary carries and this node can
 // run: kvm only when its guest assets are there, unless anyAssets (for
 // operator tools that reason about what the build offers). They start pod
-// processes with l; nil means the plain launcher.
-func builtinBackends(log *slog.Logger, cfg *config.Config, l stage1.Launcher, anyAssets bool) stage1.Registry {
+// processes with l; nil means the plain launcher. runDir is the daemon's
+// run directory, where kvm keeps its VM templates ("": none).
+func builtinBackends(log *slog.Logger, cfg *config.Config, l stage1.Launcher, anyAssets bool, runDir string) stage1.Registry {
 	r := stage1.Registry{}
 	for _, be := range []stage1.Backend{
 		fly.NewWithLauncher(log.With("stage1", "fly"), l),
@@ -26,7 +27,11 @@ func builtinBackends(log *slog.Logger, cfg *config.Config, l stage1.Launcher, an
 	}
 	assets := kvmAssetsDir(cfg)
 	if anyAssets || kvm.HasAssets(assets) {
-		r[kvm.Name] = kvm.New(log.With("stage1", "kvm"), kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Launcher: l})
+		kc := kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Launcher: l}
+		if cfg.KVM.Templates() && runDir != "" {
+			kc.TemplateDir = filepath.Join(runDir, "kvm-templates")
+		}
+		r[kvm.Name] = kvm.New(log.With("stage1", "kvm"), kc)
 	} else {
 		log.Warn("the kvm stage1 is not offered: no guest kernel and initramfs (make guest)", "assetsDir", assets)
 	}

@@ -55,7 +55,7 @@ func policyCheck(files []string, out io.Writer) int {
 		fmt.Fprint(os.Stderr, policyUsage)
 		return 2
 	}
-	caps := capabilitiesOf(builtinBackends(quietLog, config.Default(), nil, true))
+	caps := capabilitiesOf(builtinBackends(quietLog, config.Default(), nil, true, ""))
 	rc := 0
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -146,7 +146,7 @@ func policyExplain(args []string, out io.Writer) int {
 		}
 		p.Source = *file
 	}
-	caps := capabilitiesOf(builtinBackends(quietLog, config.Default(), nil, true))
+	caps := capabilitiesOf(builtinBackends(quietLog, config.Default(), nil, true, ""))
 	rc := 0
 	for i, name := range fs.Args() {
 		var data []byte

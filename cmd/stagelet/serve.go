@@ -113,7 +113,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return err
 	}
-	backends := builtinBackends(log, cfg, launcher, false)
+	backends := builtinBackends(log, cfg, launcher, false, run)
 	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
 	if err != nil {
 		return fmt.Errorf("policy: %w", err)

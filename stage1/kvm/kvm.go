@@ -16,11 +16,14 @@
 //     behind a handshake that lets a restarted daemon start a new session
 //     with a running guest (agent.SerialDialer, agent.SerialListener).
 //   - files: the pod's shared directory <RunDir>/mounts is a shared mount,
-//     exported by a virtiofsd per pod and mounted in the guest at
+//     exported by qemu itself over virtio-9p and mounted in the guest at
 //     /mnt/stagelet. CreateContainer binds a container's rootfs, log
-//     directory and mount sources beneath it on the host; they propagate
-//     to virtiofsd and so appear in the running guest, where the agent
-//     writes the CRI log files straight to the kubelet's paths.
+//     directory and mount sources beneath it on the host; qemu sees them
+//     at once and so does the running guest, where the agent writes the
+//     CRI log files straight to the kubelet's paths.
+//   - start: with Config.TemplateDir set, a pod's VM is restored from a
+//     template, a VM booted once and saved, whose memory every pod's VM
+//     maps privately (template.go); else it boots the guest kernel.
 //   - network: in the pod's network namespace a tap device is wired to the
 //     CNI interface eth0 with tc ingress redirects both ways (tc-mirred);
 //     qemu gets the tap as a file descriptor, and the guest's interface
@@ -30,8 +33,10 @@
 //     the agent, else TCG; probed once per Backend (daemon run).
 //
 // Every host resource a pod takes (cgroup, shared mount, tap and tc
-// filters, virtiofsd and qemu processes) is recorded through Persist
-// before it is taken; DestroyPod releases them after any crash.
+// filters, the qemu process) is recorded through Persist before it is
+// taken; DestroyPod releases them after any crash. Pods started by
+// earlier versions also have a virtiofsd (and under systemd its cgroup),
+// released with them.
 package kvm
 
 import (
@@ -64,19 +69,17 @@ const (
 	// DefaultAssetsDir is where `make guest` puts the guest assets.
 	DefaultAssetsDir = "/usr/local/lib/stagelet/guest"
 	// DefaultMemoryMiB is a VM's memory when the policy gives none
-	// ("memory" option). The host pays it plus the overhead of qemu and
-	// virtiofsd (QemuOverheadMiB).
+	// ("memory" option). The host pays what the guest touches of it plus
+	// qemu's own memory (BenchmarkFootprint); a VM restored from a
+	// template shares what it only reads with the other VMs of that
+	// template.
 	DefaultMemoryMiB = 256
 	// DefaultVCPUs is a VM's vCPU count when the policy gives none
 	// ("vcpus" option).
 	DefaultVCPUs = 1
-	// QemuOverheadMiB is the host memory a pod costs beyond its guest
-	// memory, measured under TCG (BenchmarkFootprint): qemu's private
-	// memory, mostly TCG's translation cache (about 78 MiB), and
-	// virtiofsd's (about 4 MiB). qemu's code and libraries (about 90 MiB)
-	// are shared by every VM. Of the guest memory, an idle guest touches
-	// about 120 MiB (kernel, initramfs, agent).
-	QemuOverheadMiB = 96
+	// DefaultTBSizeMiB bounds TCG's translation cache per VM (qemu's
+	// default lets it grow to 1 GiB of the host's memory).
+	DefaultTBSizeMiB = 32
 )
 
 // Timeouts; variables so tests may shorten them.
@@ -91,8 +94,6 @@ var (
 	// recoverTimeout bounds the first call to a recovered pod's agent
 	// (a new serial session included).
 	recoverTimeout = 15 * time.Second
-	// socketTimeout bounds the wait for virtiofsd's socket.
-	socketTimeout = 10 * time.Second
 )
 
 // Config configures the kvm stage1.
@@ -102,9 +103,12 @@ type Config struct {
 	AssetsDir string
 	// QemuPath is qemu-system-x86_64; default: found in PATH.
 	QemuPath string
-	// VirtiofsdPath is virtiofsd; default /usr/lib/qemu/virtiofsd (Debian's
-	// qemu-system-common), else found in PATH.
-	VirtiofsdPath string
+	// TemplateDir holds the VM templates pods' VMs are restored from
+	// (template.go); empty: every VM boots its kernel.
+	TemplateDir string
+	// TBSizeMiB bounds TCG's translation cache per VM (qemu's tb-size);
+	// 0 means DefaultTBSizeMiB. Unused under KVM.
+	TBSizeMiB int
 	// Accelerator is "kvm", "tcg", or "" to probe (a real boot under KVM,
 	// falling back to TCG).
 	Accelerator string
@@ -116,10 +120,10 @@ type Config struct {
 	VCPUs     int
 	// ProbeTimeout bounds the KVM probe boot; default 10s.
 	ProbeTimeout time.Duration
-	// Launcher starts qemu and virtiofsd; nil means the plain launcher
-	// (the cgroupfs driver). Under a stage1.UnitLauncher (the systemd
-	// driver) each runs as a transient unit in the pod's slice, qemu in
-	// the pod's network namespace, opening the tap by name.
+	// Launcher starts qemu; nil means the plain launcher (the cgroupfs
+	// driver). Under a stage1.UnitLauncher (the systemd driver) qemu runs
+	// as a transient unit in the pod's slice, in the pod's network
+	// namespace, opening the tap by name.
 	Launcher stage1.Launcher
 }
 
@@ -137,12 +141,16 @@ type Backend struct {
 
 	mu      sync.Mutex
 	dialers map[string]*agent.SerialDialer // by control socket path
+	builds  map[string]*templateBuild      // templates being built, by key
+	// templateGC is the assets fingerprint stale templates were last
+	// removed for.
+	templateGC string
 }
 
 var _ stage1.Backend = (*Backend)(nil)
 
-// New returns the kvm backend; the caller registers it. Whether qemu,
-// virtiofsd and the guest assets are present is checked by StartPod
+// New returns the kvm backend; the caller registers it. Whether qemu and
+// the guest assets are present is checked by StartPod
 // (FailedPrecondition), not here.
 func New(log *slog.Logger, cfg Config) *Backend {
 	log, l := stage1.BackendDefaults(log, cfg.Launcher)
@@ -158,6 +166,9 @@ func New(log *slog.Logger, cfg Config) *Backend {
 	if cfg.VCPUs <= 0 {
 		cfg.VCPUs = DefaultVCPUs
 	}
+	if cfg.TBSizeMiB <= 0 {
+		cfg.TBSizeMiB = DefaultTBSizeMiB
+	}
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = 10 * time.Second
 	}
@@ -166,6 +177,7 @@ func New(log *slog.Logger, cfg Config) *Backend {
 		cfg:      cfg,
 		launcher: l,
 		dialers:  map[string]*agent.SerialDialer{},
+		builds:   map[string]*templateBuild{},
 	}
 }
 
@@ -196,9 +208,9 @@ type state struct {
 	// Mounts is the shared mount point exported to the guest; every mount
 	// beneath it is the backend's.
 	Mounts string `json:"mounts,omitempty"`
-	// Cgroup holds qemu and virtiofsd (the pod cgroup) under the plain
-	// launcher; under a UnitLauncher it is qemu's unit's, and FSCgroup
-	// virtiofsd's.
+	// Cgroup holds qemu (the pod cgroup) under the plain launcher; under a
+	// UnitLauncher it is qemu's unit's. FSCgroup and Virtiofsd are those
+	// of the virtiofsd of pods started by earlier versions.
 	Cgroup   *cgroups.Cgroup `json:"cgroup,omitempty"`
 	FSCgroup *cgroups.Cgroup `json:"fsCgroup,omitempty"`
 	// NetNS and Tap name the tap device (and the tc filters on eth0) in
@@ -219,25 +231,28 @@ type vmInfo struct {
 	VCPUs       int    `json:"vcpus,omitempty"`
 	Kernel      string `json:"kernel,omitempty"`
 	MAC         string `json:"mac,omitempty"`
+	// TBSizeMiB is TCG's translation cache bound (0 under KVM).
+	TBSizeMiB int `json:"tbSizeMiB,omitempty"`
+	// Template is the directory of the template the VM was restored from;
+	// empty for a VM that booted its kernel.
+	Template string `json:"template,omitempty"`
 }
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
-// The sockets of qemu and virtiofsd, in state.Dir.
+// qemu's sockets, in state.Dir: the agent's control channel and QMP.
 const (
 	ctlSocketName = "ctl.sock"
-	fsSocketName  = "fs.sock"
+	qmpSocketName = "qmp.sock"
 )
 
 func (s *state) ctlSocket() string { return filepath.Join(s.Dir, ctlSocketName) }
-func (s *state) fsSocket() string  { return filepath.Join(s.Dir, fsSocketName) }
+func (s *state) qmpSocket() string { return filepath.Join(s.Dir, qmpSocketName) }
 
-// sockDir is the working directory of qemu and virtiofsd: two levels above
-// the VM directory (the run directory's pods directory). They are given
-// their sockets as paths relative to it (sockName: "<pod>/vm/fs.sock"),
-// which fit a unix socket address (107 bytes) however long the run
-// directory is, and stay unique on the host: virtiofsd names its pid file
-// (/run/virtiofsd/<path, / as .>.pid) after the path it is given.
+// sockDir is qemu's working directory: two levels above the VM directory
+// (the run directory's pods directory). It is given its sockets as paths
+// relative to it (sockName: "<pod>/vm/ctl.sock"), which fit a unix socket
+// address (107 bytes) however long the run directory is.
 // maxSocketName is the room for a path in a unix socket address.
 const maxSocketName = 107
 
@@ -290,13 +305,15 @@ func validate(spec *stage1.PodSpec) error {
 
 // StartPod implements stage1.Backend. In order, each recorded before it is
 // taken: the pod cgroup, the shared mounts directory, the tap and its tc
-// filters in the pod's network namespace, virtiofsd, qemu (both launched
-// detached in the pod cgroup). It returns once the guest's agent answers
-// Info (at most AgentReadyTimeout, or ctx). Errors: InvalidArgument (a
-// spec a VM cannot run, bad options), FailedPrecondition (qemu, virtiofsd
-// or the guest assets missing), Unavailable or DeadlineExceeded (the guest
-// did not come up; the console log is named). On failure it releases what
-// it took.
+// filters in the pod's network namespace, qemu (launched detached in the
+// pod cgroup). With templates, qemu is restored from the VM's template
+// (built first when there is none; when it cannot be, the VM boots its
+// kernel) and the agent then gets the pod's identity. It returns once the
+// guest's agent answers Info (at most AgentReadyTimeout, or ctx). Errors:
+// InvalidArgument (a spec a VM cannot run, bad options),
+// FailedPrecondition (qemu or the guest assets missing), Unavailable or
+// DeadlineExceeded (the guest did not come up; the console log is named).
+// On failure it releases what it took.
 func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
 	log := b.log.With("pod", spec.ID)
 	if err := validate(spec); err != nil {
@@ -316,6 +333,9 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	vm.Accelerator = b.accelerator(ctx, res)
 	vm.Kernel = res.kernelVersion
+	if vm.Accelerator != "kvm" {
+		vm.TBSizeMiB = b.cfg.TBSizeMiB
+	}
 
 	_, unitLaunch := b.launcher.(stage1.UnitLauncher)
 	st := layout(spec)
@@ -351,6 +371,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Port:     agent.DefaultGuestPort,
 		Hostname: spec.Hostname,
 		FSTag:    fsTag,
+		FSType:   agent.FSVirtio9P,
 	}
 	var tapFile *os.File
 	tapMode := ""
@@ -372,35 +393,40 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		st.VM.MAC = nc.MAC.String()
 	}
 
-	// virtiofsd, then qemu, which connects to it.
-	vfs, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
-		Name:    fsLaunchName(spec.ID),
-		Path:    res.virtiofsd,
-		Args:    virtiofsdArgs(st),
-		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		Dir:     st.sockDir(),
-		LogPath: filepath.Join(st.Dir, "virtiofsd.log"),
-		Cgroup:  cg,
-		Slice:   stage1.PodSlice(spec),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("kvm: virtiofsd: %w", err)
+	var tpl *template
+	if b.cfg.TemplateDir != "" {
+		if tpl, err = b.template(ctx, res, vm); err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			log.Warn("kvm: no VM template: booting the guest kernel", "err", err)
+		}
 	}
-	st.Virtiofsd = vfs
-	if unitLaunch {
-		st.FSCgroup = vfs.Cgroup
+	vs := vmSpec{
+		name:    "stagelet-" + spec.ID,
+		vm:      st.VM,
+		port:    guest.Port,
+		console: filepath.Join(st.Dir, "console.log"),
+		ctl:     st.sockName(ctlSocketName),
+		qmp:     st.sockName(qmpSocketName),
+		share:   st.Mounts,
+		tap:     tapMode,
+		tapName: st.Tap,
+		mac:     st.VM.MAC,
+	}
+	if tpl != nil {
+		vs.mem, vs.memDir, vs.incoming = memRestored, tpl.dir, true
+		st.VM.Template = tpl.dir
+	} else {
+		vs.cmdline = guest.Cmdline()
 	}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
-	if err := waitSocket(ctx, st.fsSocket(), vfs); err != nil {
-		return nil, fmt.Errorf("kvm: virtiofsd (log %s): %w", filepath.Join(st.Dir, "virtiofsd.log"), err)
-	}
-
 	launch := stage1.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    res.qemu,
-		Args:    qemuArgs(res, st, guest, tapMode, spec.ID),
+		Args:    qemuArgs(res, vs),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		Dir:     st.sockDir(),
 		LogPath: filepath.Join(st.Dir, "qemu.log"),
@@ -424,39 +450,27 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
+	if tpl != nil {
+		if err := restore(ctx, st.qmpSocket(), qemu, tpl); err != nil {
+			return nil, fmt.Errorf("kvm: restoring the VM (qemu log %s): %w", launch.LogPath, err)
+		}
+	}
 	pod := b.newPod(spec, st)
 	// Each probe dials: a serial session whose handshake the guest
 	// answers once its agent serves the port.
 	if err := stage1.WaitAgentReady(ctx, pod.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
 		return nil, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w",
-			filepath.Join(st.Dir, "console.log"), launch.LogPath, err)
+			vs.console, launch.LogPath, err)
+	}
+	if tpl != nil {
+		if err := pod.Client.Setup(ctx, guest.Cmdline(), time.Now(), seed()); err != nil {
+			return nil, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", vs.console, err)
+		}
 	}
 	log.Info("kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
-		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "network", pod.Details()["network"])
+		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", tpl != nil,
+		"network", pod.Details()["network"])
 	return pod, nil
-}
-
-// waitSocket waits until path is a socket, or p exits, or socketTimeout.
-func waitSocket(ctx context.Context, path string, p *stage1.Process) error {
-	ctx, cancel := context.WithTimeout(ctx, socketTimeout)
-	defer cancel()
-	delay := time.Millisecond
-	for {
-		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			return nil
-		}
-		if !p.Alive() {
-			return fmt.Errorf("exited before creating %s: %w", path, errdefs.ErrUnavailable)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("no socket %s: %w", path, errdefs.ErrDeadlineExceeded)
-		case <-time.After(delay): // polling for the socket file
-		}
-		if delay < 20*time.Millisecond {
-			delay *= 2
-		}
-	}
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its qemu
@@ -476,9 +490,9 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	return pod, nil
 }
 
-// DestroyPod implements stage1.Backend: it kills qemu and virtiofsd (when
-// the recorded PIDs still name them) and whatever else is in the pod
-// cgroup, removes the cgroup, the tc filters and the tap in the pod's
+// DestroyPod implements stage1.Backend: it kills qemu (and an earlier
+// version's virtiofsd) when the recorded PIDs still name them, and
+// whatever else is in the pod cgroup, removes the cgroup, the tc filters and the tap in the pod's
 // network namespace (when it still exists), unmounts everything beneath
 // the shared directory and removes it and the VM directory. Idempotent.
 // What the state lacks (a crash before the first persist) is derived from
@@ -504,8 +518,8 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 	return b.release(ctx, st, spec.ID)
 }
 
-// launchName and fsLaunchName name a pod's qemu and virtiofsd to the
-// launcher (and their systemd units).
+// launchName and fsLaunchName name a pod's qemu and (pods of earlier
+// versions) virtiofsd to the launcher (and their systemd units).
 func launchName(id string) string   { return stage1.LaunchName(id) }
 func fsLaunchName(id string) string { return stage1.LaunchName(id) + "-virtiofsd" }
 
@@ -578,12 +592,12 @@ func (b *Backend) CloseSessions() {
 
 // tools are the resolved executables and assets.
 type tools struct {
-	qemu, virtiofsd string
-	kernel, initrd  string
-	kernelVersion   string
+	qemu           string
+	kernel, initrd string
+	kernelVersion  string
 }
 
-// resolveTools finds qemu, virtiofsd and the guest assets:
+// resolveTools finds qemu and the guest assets:
 // FailedPrecondition when one is missing.
 func (b *Backend) resolveTools() (*tools, error) {
 	t := &tools{}
@@ -591,14 +605,6 @@ func (b *Backend) resolveTools() (*tools, error) {
 	if t.qemu = b.cfg.QemuPath; t.qemu == "" {
 		if t.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
 			return nil, errdefs.FailedPrecondition("kvm: qemu-system-x86_64 is not installed (Debian: qemu-system-x86): %v", err)
-		}
-	}
-	if t.virtiofsd = b.cfg.VirtiofsdPath; t.virtiofsd == "" {
-		t.virtiofsd = "/usr/lib/qemu/virtiofsd"
-		if _, err := os.Stat(t.virtiofsd); err != nil {
-			if t.virtiofsd, err = exec.LookPath("virtiofsd"); err != nil {
-				return nil, errdefs.FailedPrecondition("kvm: virtiofsd is not installed (Debian: qemu-system-common)")
-			}
 		}
 	}
 	for _, k := range []string{"vmlinux", "vmlinuz"} {

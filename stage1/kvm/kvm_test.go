@@ -23,7 +23,7 @@ import (
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
-// The VM tests need root, qemu-system-x86_64, virtiofsd and the guest
+// The VM tests need root, qemu-system-x86_64 and the guest
 // assets. TestMain builds the stagelet binary and the assets with it
 // (guest/build.sh; the kernel package is cached in
 // $STAGELET_GUEST_CACHE, default /var/tmp/stagelet-guest-test), unless
@@ -31,6 +31,8 @@ import (
 var (
 	agentBinary string
 	assetsDir   string
+	// templateDir holds the templates of the tests' backends.
+	templateDir string
 	setupErr    error  // building failed: the tests fail
 	skipReason  string // the tests cannot run here: they skip
 )
@@ -59,12 +61,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		if _, err := os.Stat("/usr/lib/qemu/virtiofsd"); err != nil {
-			if _, err := exec.LookPath("virtiofsd"); err != nil {
-				skipReason = "needs virtiofsd (Debian: qemu-system-common)"
-				return m.Run()
-			}
-		}
+		templateDir = filepath.Join(dir, "templates")
 		agentBinary, setupErr = stage1test.BuildAgent(dir)
 		if assetsDir = os.Getenv("STAGELET_GUEST_ASSETS"); assetsDir == "" && setupErr == nil {
 			// Without a Debian archive to fetch the kernel from, the
@@ -118,22 +115,42 @@ func (w tWriter) Write(b []byte) (int, error) {
 }
 
 // sharedBackend is one Backend for the package's tests, as one daemon run
-// has: the accelerator is probed once.
+// has: the accelerator is probed once. Its pods' VMs are restored from
+// templates, as the daemon's are; coldBackend's boot their kernel.
 var (
 	backendOnce sync.Once
 	backend     *Backend
+	coldOnce    sync.Once
+	cold        *Backend
 )
 
 func testBackend(t *testing.T) *Backend {
 	needVM(t)
 	backendOnce.Do(func() {
-		backend = New(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Config{AssetsDir: assetsDir})
+		backend = New(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Config{AssetsDir: assetsDir, TemplateDir: templateDir})
 	})
 	return backend
 }
 
+func coldBackend(t *testing.T) *Backend {
+	needVM(t)
+	coldOnce.Do(func() {
+		cold = New(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), Config{AssetsDir: assetsDir})
+	})
+	return cold
+}
+
 func TestConformance(t *testing.T) {
-	b := testBackend(t)
+	conformance(t, testBackend(t))
+}
+
+// TestConformanceColdBoot runs the stage1 conformance suite on VMs that
+// boot their kernel (no templates).
+func TestConformanceColdBoot(t *testing.T) {
+	conformance(t, coldBackend(t))
+}
+
+func conformance(t *testing.T, b *Backend) {
 	stage1test.Run(t, b, stage1test.Env{
 		AgentBinary:  agentBinary,
 		Rootfs:       stage1test.BusyboxRootfs,
@@ -201,7 +218,7 @@ func startVM(t *testing.T, b *Backend, netns string, opts map[string]string) *vm
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, f := range []string{"console.log", "virtiofsd.log", "qemu.log"} {
+			for _, f := range []string{"console.log", "qemu.log"} {
 				out, _ := os.ReadFile(filepath.Join(vp.spec.RunDir, "vm", f))
 				t.Logf("%s:\n%s", f, out)
 			}
@@ -277,6 +294,96 @@ func TestGuestKernel(t *testing.T) {
 	t.Logf("guest kernel %s (host %s), details %v", guest, host, d)
 }
 
+// TestTemplate: pods' VMs are restored from one template, built once per
+// VM shape, and each gets its own identity: hostname, network, clock, and
+// a random number generator that no longer repeats the template's.
+func TestTemplate(t *testing.T) {
+	b := testBackend(t)
+	var outs []string
+	for i := range 2 {
+		vp := startVM(t, b, "", nil)
+		vp.run(t, "main", "/bin/sleep", "1000")
+		d := vp.pod.Details()
+		if d["template"] == "" {
+			t.Fatalf("pod %d: Details %v: not restored from a template", i, d)
+		}
+		out, code := vp.exec(t, "main", "sh", "-c", "hostname; date +%s; od -An -tx1 -N16 /dev/urandom | tr -d ' \n'")
+		f := strings.Fields(out)
+		if code != 0 || len(f) != 3 {
+			t.Fatalf("pod %d: %q (exit %d)", i, out, code)
+		}
+		if f[0] != vp.spec.Hostname {
+			t.Errorf("pod %d: hostname %q, want %q", i, f[0], vp.spec.Hostname)
+		}
+		var guestNow int64
+		fmt.Sscan(f[1], &guestNow)
+		if d := time.Now().Unix() - guestNow; d < -5 || d > 5 {
+			t.Errorf("pod %d: guest clock %d, host %d", i, guestNow, time.Now().Unix())
+		}
+		outs = append(outs, f[2])
+	}
+	if outs[0] == outs[1] {
+		t.Errorf("two restored guests read the same bytes from /dev/urandom: %s", outs[0])
+	}
+	ents, err := os.ReadDir(templateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	// One template for every pod of the default shape (TestOptions may
+	// have made one of its own); no build left behind.
+	for _, n := range names {
+		if strings.HasPrefix(n, buildPrefix) {
+			t.Errorf("templates %v: a build left behind", names)
+		}
+	}
+}
+
+// TestTemplateStale: a template of other guest assets is removed, and a
+// template is rebuilt when the assets change.
+func TestTemplateStale(t *testing.T) {
+	needVM(t)
+	dir := t.TempDir()
+	stale := filepath.Join(dir, "0123456789abcdef")
+	if err := os.MkdirAll(filepath.Join(stale, templateShare), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := json.Marshal(templateInfo{Key: "0123456789abcdef", Assets: "other"})
+	for f, b := range map[string][]byte{templateInfoFile: info, templateMemory: nil, templateState: nil} {
+		if err := os.WriteFile(filepath.Join(stale, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := filepath.Join(dir, buildPrefix+"fedcba9876543210-1")
+	if err := os.Mkdir(build, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	b := New(testLogger(t), Config{AssetsDir: assetsDir, TemplateDir: dir, Accelerator: testBackend(t).cfg.Accelerator})
+	tools, err := b.resolveTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := vmInfo{Accelerator: "tcg", Machine: "microvm", MemoryMiB: 128, VCPUs: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tpl, err := b.template(ctx, tools, vm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{stale, build} {
+		if _, err := os.Stat(gone); !os.IsNotExist(err) {
+			t.Errorf("%s: not removed (%v)", gone, err)
+		}
+	}
+	again, err := b.template(ctx, tools, vm)
+	if err != nil || again.dir != tpl.dir || again.info.Created != tpl.info.Created {
+		t.Errorf("second template(): %+v, %v; want the first, %+v", again, err, tpl)
+	}
+}
+
 // TestOptions: the policy's memory and vcpus options size the VM.
 func TestOptions(t *testing.T) {
 	b := testBackend(t)
@@ -341,19 +448,18 @@ func TestValidate(t *testing.T) {
 	if err := validate(&ok); err != nil {
 		t.Errorf("valid spec refused: %v", err)
 	}
-	// qemu and virtiofsd get their sockets' names relative to the VM
-	// directory, so a run directory longer than a socket address fits.
+	// qemu gets its sockets' names relative to the VM directory, so a run
+	// directory longer than a socket address fits.
 	long := ok
 	long.RunDir = "/" + strings.Repeat("x", 200) + "/pods/p"
 	if err := validate(&long); err != nil {
 		t.Errorf("long run dir refused: %v", err)
 	}
 	// The names are relative to the pods directory and carry the pod's
-	// ID: virtiofsd's pid file is named after the path it is given, so
-	// two pods' must differ.
+	// ID.
 	st := layout(&long)
-	if st.sockDir() != "/"+strings.Repeat("x", 200)+"/pods" || st.sockName(fsSocketName) != "p/vm/fs.sock" {
-		t.Errorf("socket dir %q name %q", st.sockDir(), st.sockName(fsSocketName))
+	if st.sockDir() != "/"+strings.Repeat("x", 200)+"/pods" || st.sockName(qmpSocketName) != "p/vm/qmp.sock" {
+		t.Errorf("socket dir %q name %q", st.sockDir(), st.sockName(qmpSocketName))
 	}
 	if filepath.Join(st.sockDir(), st.sockName(ctlSocketName)) != st.ctlSocket() {
 		t.Errorf("relative name %q does not lead to %q", st.sockName(ctlSocketName), st.ctlSocket())
@@ -448,8 +554,8 @@ func TestStopAndTeardown(t *testing.T) {
 		t.Fatalf("Stop: %v", err)
 	}
 	took := time.Since(start)
-	if st.Qemu.Alive() || st.Virtiofsd.Alive() {
-		t.Fatal("qemu or virtiofsd still runs after Stop")
+	if st.Qemu.Alive() {
+		t.Fatal("qemu still runs after Stop")
 	}
 	console, _ := os.ReadFile(filepath.Join(st.Dir, "console.log"))
 	if !strings.Contains(string(console), "powering off") {

@@ -74,6 +74,9 @@ func (p *Pod) Details() map[string]string {
 	if p.st.VM.Kernel != "" {
 		d["guestKernel"] = p.st.VM.Kernel
 	}
+	if p.st.VM.Template != "" {
+		d["template"] = p.st.VM.Template
+	}
 	if p.st.Tap != "" {
 		d["network"] = "tap " + p.st.Tap + " mirrored to " + podIf
 		d["mac"] = p.st.VM.MAC
@@ -87,7 +90,8 @@ func (p *Pod) Details() map[string]string {
 // Stop implements stage1.Pod: it asks the agent to stop every app
 // (SIGTERM, timeout, SIGKILL) and power the guest off; waits for qemu to
 // exit (at most timeout plus ExitGrace, or ctx); kills qemu if it did not,
-// then whatever remains in the pod cgroup (virtiofsd exits with qemu). The
+// then whatever remains in the pod cgroup (an earlier version's virtiofsd
+// exits with qemu). The
 // tap, mounts and cgroup stay until DestroyPod. Idempotent: a gone pod is
 // fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
@@ -133,7 +137,8 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
 // Stats implements stage1.Pod. A container's figures come from its cgroup
 // inside the guest. The pod's (id "") are the VM's cost on the host: CPU
 // and memory of the host pod cgroup, which holds qemu (guest memory the
-// guest touched, its vCPU threads, its own overhead) and virtiofsd; the
+// guest touched, its vCPU threads, its own overhead; an earlier version's
+// pods also virtiofsd); the
 // process count is the guest's.
 func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
 	guest, err := p.AgentPod.Stats(ctx, id)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,7 +18,7 @@ import (
 	"github.com/stagelet/stagelet/stage1"
 )
 
-// fsTag is the virtio-fs tag of a pod's shared directory.
+// fsTag is the virtio-9p mount tag of a pod's shared directory.
 const fsTag = "stagelet"
 
 // Pod options read from the policy decision.
@@ -29,9 +30,11 @@ const (
 	OptionVCPUs = "vcpus"
 )
 
-// Bounds of the options.
+// Bounds of the options. The guest kernel and initramfs boot in no less
+// than 128 MiB (below it the kernel runs out of memory unpacking the
+// initramfs).
 const (
-	minMemoryMiB = 64
+	minMemoryMiB = 128
 	maxMemoryMiB = 64 * 1024
 	maxVCPUs     = 64
 )
@@ -111,40 +114,84 @@ func kernelArgs(machine string) []string {
 	return args
 }
 
-// qemuArgs is the qemu command line of a pod's VM. tap says how qemu finds
-// the pod's tap device: "" (no network), "fd" (inherited as tapFD) or
-// "name" (opened by its name in the network namespace qemu runs in).
-func qemuArgs(t *tools, st *state, guest *agent.GuestConfig, tap string, podID string) []string {
-	vm := st.VM
+// memKind is how a VM's memory is backed.
+type memKind int
+
+const (
+	// memAnonymous: private anonymous memory (a cold boot).
+	memAnonymous memKind = iota
+	// memTemplate: the file memPath, shared, so that qemu writes the
+	// template VM's memory into it.
+	memTemplate
+	// memRestored: the template's file mapped privately: pages the guest
+	// only reads stay the template's, shared by every VM restored from
+	// it; pages it writes become its own.
+	memRestored
+)
+
+// vmSpec is one qemu process's VM. Template, restored and cold-booted VMs
+// have the same devices in the same order (qemuArgs renders them all),
+// which restoring a saved VM requires.
+type vmSpec struct {
+	name   string
+	vm     vmInfo
+	mem    memKind
+	memDir string // memTemplate, memRestored: the template directory
+	// cmdline is the guest's stagelet.* parameters; nil for a restored VM,
+	// which is not booted (no -kernel, -initrd, -append).
+	cmdline []string
+	port    string // the agent's virtio-serial port name
+	// console, ctl and qmp are paths (relative to qemu's working
+	// directory) of the console log and the control and QMP sockets.
+	console, ctl, qmp string
+	// share is the directory exported to the guest over virtio-9p.
+	share string
+	// tap: "" (no network: the NIC has no backend), "fd" (inherited as
+	// tapFD) or "name" (tapName, opened in qemu's network namespace).
+	tap, tapName, mac string
+	// incoming: wait for the VM's state on QMP (-incoming defer).
+	incoming bool
+}
+
+// qemuArgs is the qemu command line of a VM.
+func qemuArgs(t *tools, s vmSpec) []string {
+	vm := s.vm
 	mem := strconv.Itoa(vm.MemoryMiB) + "M"
 	args := []string{
-		"-name", "stagelet-" + podID,
+		"-name", s.name,
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 	}
 	switch vm.Machine {
 	case "q35":
 		args = append(args, "-M", "q35,memory-backend=mem")
 	default:
-		// Modern virtio-mmio: vhost-user (virtiofsd) refuses legacy
-		// devices.
 		args = append(args, "-M", "microvm,memory-backend=mem,rtc=on",
 			"-global", "virtio-mmio.force-legacy=false")
 	}
-	args = append(args, accelArgs(vm.Accelerator)...)
+	args = append(args, accelArgs(vm.Accelerator, vm.TBSizeMiB)...)
+	args = append(args, "-m", mem, "-smp", strconv.Itoa(vm.VCPUs))
+	switch s.mem {
+	case memTemplate:
+		args = append(args, "-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+filepath.Join(s.memDir, templateMemory)+",share=on")
+	case memRestored:
+		args = append(args, "-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+filepath.Join(s.memDir, templateMemory)+",share=off")
+	case memAnonymous:
+		args = append(args, "-object", "memory-backend-ram,id=mem,size="+mem)
+	}
+	if s.cmdline != nil {
+		args = append(args,
+			"-kernel", t.kernel,
+			"-initrd", t.initrd,
+			"-append", strings.Join(append(append(kernelArgs(vm.Machine), s.cmdline...), "--", "agent", "guest"), " "),
+		)
+	}
 	args = append(args,
-		"-m", mem,
-		"-smp", strconv.Itoa(vm.VCPUs),
-		// vhost-user (virtiofsd) needs the guest memory shared.
-		"-object", "memory-backend-memfd,id=mem,size="+mem+",share=on",
-		"-kernel", t.kernel,
-		"-initrd", t.initrd,
-		"-append", strings.Join(append(append(kernelArgs(vm.Machine), guest.Cmdline()...), "--", "agent", "guest"), " "),
-		"-chardev", "file,id=con,path="+st.Dir+"/console.log",
+		"-chardev", "file,id=con,path="+s.console,
 		"-serial", "chardev:con",
-		// Relative to the working directory, st.sockDir().
-		"-chardev", "socket,id=ctl,path="+st.sockName(ctlSocketName)+",server=on,wait=off",
-		"-chardev", "socket,id=fs,path="+st.sockName(fsSocketName),
+		"-chardev", "socket,id=ctl,path="+s.ctl+",server=on,wait=off",
+		"-qmp", "unix:"+s.qmp+",server=on,wait=off",
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
+		"-fsdev", "local,id=fs,path="+s.share+",security_model=passthrough,multidevs=remap",
 	)
 	dev := func(microvm, pci string) string {
 		if vm.Machine == "q35" {
@@ -152,51 +199,42 @@ func qemuArgs(t *tools, st *state, guest *agent.GuestConfig, tap string, podID s
 		}
 		return microvm
 	}
+	nic := dev("virtio-net-device", "virtio-net-pci") + ",id=nic0"
+	switch s.tap {
+	case "fd":
+		args = append(args, "-netdev", "tap,id=net0,fd="+strconv.Itoa(tapFD)+",vhost=off")
+	case "name":
+		args = append(args, "-netdev", "tap,id=net0,ifname="+s.tapName+",script=no,downscript=no,vhost=off")
+	}
+	if s.tap != "" {
+		nic += ",netdev=net0"
+	}
+	if s.mac != "" {
+		nic += ",mac=" + s.mac
+	}
 	args = append(args,
 		"-device", dev("virtio-serial-device", "virtio-serial-pci")+",max_ports=2",
-		"-device", "virtserialport,chardev=ctl,name="+guest.Port,
-		"-device", dev("vhost-user-fs-device", "vhost-user-fs-pci")+",chardev=fs,tag="+fsTag,
+		"-device", "virtserialport,chardev=ctl,name="+s.port,
+		"-device", dev("virtio-9p-device", "virtio-9p-pci")+",fsdev=fs,mount_tag="+fsTag,
 		"-device", dev("virtio-rng-device", "virtio-rng-pci")+",rng=rng",
+		"-device", nic,
 	)
-	if tap != "" {
-		netdev := "tap,id=net0,fd=" + strconv.Itoa(tapFD) + ",vhost=off"
-		if tap == "name" {
-			netdev = "tap,id=net0,ifname=" + st.Tap + ",script=no,downscript=no,vhost=off"
-		}
-		args = append(args,
-			"-netdev", netdev,
-			"-device", dev("virtio-net-device", "virtio-net-pci")+",netdev=net0,mac="+guest.MAC.String(),
-		)
+	if s.incoming {
+		args = append(args, "-incoming", "defer")
 	}
 	return args
 }
 
-func accelArgs(accel string) []string {
+// accelArgs selects the accelerator; under TCG tbSizeMiB (0: qemu's
+// default) bounds the translation cache, qemu's largest private memory.
+func accelArgs(accel string, tbSizeMiB int) []string {
 	if accel == "kvm" {
 		return []string{"-accel", "kvm", "-cpu", "host"}
 	}
-	return []string{"-accel", "tcg"}
-}
-
-// virtiofsdArgs is virtiofsd's command line: it exports the pod's shared
-// directory. In its own mount namespace (sandbox=namespace) it is a slave
-// of the shared mount, so binds made beneath it on the host later appear.
-//
-// Submounts are not announced: the guest then sees one file system, not
-// one superblock per host bind (each container's rootfs, log directory
-// and volumes). With them, a container's rootfs was a superblock only its
-// mount namespace held, torn down when its last process exited, and the
-// 6.1 guest kernel hit "Busy inodes after unmount of virtiofs" there (a
-// BUG that kills the VM) now and then. File serial numbers are then the
-// host's across its file systems, which may repeat between two volumes.
-func virtiofsdArgs(st *state) []string {
-	return []string{
-		"--socket-path=" + st.sockName(fsSocketName), // relative to st.sockDir()
-		"-o", "source=" + st.Mounts,
-		"-o", "cache=auto",
-		"-o", "sandbox=namespace",
-		"-o", "log_level=warn",
+	if tbSizeMiB > 0 {
+		return []string{"-accel", "tcg,tb-size=" + strconv.Itoa(tbSizeMiB)}
 	}
+	return []string{"-accel", "tcg"}
 }
 
 // tscKHz is the host's TSC frequency, read from /proc/cpuinfo (the
@@ -284,7 +322,7 @@ func bootProbe(ctx context.Context, t *tools, accel, machine string, timeout tim
 	}
 	args := []string{"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-M", m}
-	args = append(args, accelArgs(accel)...)
+	args = append(args, accelArgs(accel, 0)...)
 	args = append(args,
 		"-m", "128M", "-smp", "1",
 		"-kernel", t.kernel, "-initrd", t.initrd,

@@ -6,7 +6,8 @@ import (
 )
 
 // shared is the pod's propagating directory: <RunDir>/mounts on the host,
-// exported by virtiofsd and mounted in the guest at agent.GuestMounts.
+// exported by qemu over virtio-9p and mounted in the guest at
+// agent.GuestMounts.
 func (st *state) shared() stage1.SharedDir {
 	return stage1.SharedDir{Host: st.Mounts, InPod: agent.GuestMounts}
 }

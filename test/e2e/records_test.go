@@ -27,7 +27,7 @@ func TestCorruptRecordKeepsHostPathFiles(t *testing.T) {
 }
 
 // TestCorruptRecordKeepsHostPathFilesKVM: the same for a kvm pod, whose
-// volume virtiofsd serves into the VM.
+// volume qemu serves into the VM.
 func TestCorruptRecordKeepsHostPathFilesKVM(t *testing.T) {
 	corruptRecordKeepsHostPathFiles(t, newKVMEnv(t), kvmStage1)
 }
@@ -239,8 +239,8 @@ func TestLostPodRecordReleased(t *testing.T) {
 	forEachStage1(t, lostPodRecordReleased)
 }
 
-// TestLostPodRecordReleasedKVM: the same for a kvm pod: its qemu and
-// virtiofsd are killed, the VM's shared directory detached.
+// TestLostPodRecordReleasedKVM: the same for a kvm pod: its qemu is
+// killed, the VM's shared directory detached.
 func TestLostPodRecordReleasedKVM(t *testing.T) {
 	lostPodRecordReleased(t, newKVMEnv(t), kvmStage1)
 }

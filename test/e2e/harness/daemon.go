@@ -92,6 +92,9 @@ type Options struct {
 	// (make guest); empty means $STAGELET_GUEST_ASSETS. Without assets the
 	// daemon offers no kvm stage1.
 	GuestAssets string
+	// KVMNoTemplate: kvm pods' VMs boot their kernel instead of being
+	// restored from a template (kvm.template: false).
+	KVMNoTemplate bool
 	// LogLevel is the daemon's --log-level; "debug" when empty.
 	LogLevel string
 	// Logger receives the harness's own messages; discarded when nil.
@@ -216,6 +219,9 @@ func (d *Daemon) configYAML() string {
 		guest = filepath.Join(d.Root, "no-guest-assets")
 	}
 	fmt.Fprintf(&b, "kvm:\n  assets_dir: %q\n", guest)
+	if d.opts.KVMNoTemplate {
+		b.WriteString("  template: false\n")
+	}
 	b.WriteString("policy:\n")
 	for _, line := range strings.Split(strings.TrimRight(pol, "\n"), "\n") {
 		b.WriteString("  " + line + "\n")

@@ -1,0 +1,402 @@
+package kvm
+
+// Templates: a pod's VM is restored from a saved, booted VM instead of
+// booting its kernel (as Kata Containers' VM factory does). A template is
+// booted once per (guest assets, qemu, machine, memory, vCPUs,
+// accelerator): its agent comes up without a pod's identity
+// (agent.GuestConfig.Template), and the VM is saved with qemu's migration
+// to a file while its memory lives in a file of its own (x-ignore-shared:
+// the memory is not in the stream). A pod's qemu maps that memory file
+// privately and loads the stream: the guest runs on from where the
+// template stopped, every page it only reads is shared with every other
+// VM of the template, and the agent then gets the pod's identity (clock,
+// entropy, hostname, network, shared directory) from an OpSetup call.
+//
+// The shared directory is virtio-9p, served by qemu itself: virtio-fs
+// needs the guest's memory shared with virtiofsd, which a private mapping
+// of the template's memory cannot be, and Debian 12's qemu 7.2 refuses to
+// save a VM holding a vhost-user-fs device.
+//
+// A template's files are never written once it is complete: a pod's VM
+// maps the memory file privately, and a page it has not written yet is
+// read from the file. A template is built in a directory of its own and
+// renamed into place when complete; templates of other guest assets are
+// removed (a running VM keeps its mapping of a removed file).
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Files of a template directory.
+const (
+	templateMemory   = "memory"    // the guest's memory
+	templateState    = "state"     // the migration stream (devices, CPUs)
+	templateInfoFile = "info.json" // templateInfo
+	templateShare    = "share"     // the (empty) directory the template exports over 9p
+	templateFormat   = 1           // raised when the VM's devices change
+	buildPrefix      = ".build-"   // a template being built
+)
+
+// TemplateBuildTimeout bounds a template's boot and save.
+var TemplateBuildTimeout = 2 * time.Minute
+
+// templateInfo describes a template (its directory's info.json).
+type templateInfo struct {
+	Key     string    `json:"key"`
+	Assets  string    `json:"assets"`
+	VM      vmInfo    `json:"vm"`
+	Created time.Time `json:"created"`
+	// Boot is how long the template took to boot to its agent.
+	Boot time.Duration `json:"boot"`
+}
+
+// template is a complete template.
+type template struct {
+	dir  string
+	info templateInfo
+}
+
+// assetsFingerprint identifies what a template was booted from: the guest
+// assets and qemu (a saved VM loads only into the qemu that saved it).
+func assetsFingerprint(t *tools) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "format %d\n", templateFormat)
+	for _, p := range []string{t.kernel, t.initrd, t.qemu} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s %d %d\n", p, fi.Size(), fi.ModTime().UnixNano())
+	}
+	if b, err := os.ReadFile(filepath.Join(filepath.Dir(t.kernel), "manifest")); err == nil {
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// templateKey names the template of a VM shape booted from assets.
+func templateKey(assets string, vm vmInfo) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s %s %d %d %d", assets, vm.Accelerator, vm.Machine, vm.MemoryMiB, vm.VCPUs, vm.TBSizeMiB)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// templateBuild is a template being built, waited on by every pod that
+// needs it.
+type templateBuild struct {
+	done chan struct{}
+	t    *template
+	err  error
+}
+
+// template returns the template of vm (its Template field ignored),
+// building it first when there is none; concurrent callers of one key
+// share one build.
+func (b *Backend) template(ctx context.Context, t *tools, vm vmInfo) (*template, error) {
+	assets, err := assetsFingerprint(t)
+	if err != nil {
+		return nil, err
+	}
+	vm.Template = ""
+	key := templateKey(assets, vm)
+	dir := filepath.Join(b.cfg.TemplateDir, key)
+
+	b.mu.Lock()
+	if b.templateGC != assets {
+		b.templateGC = assets
+		b.removeStaleTemplates(assets)
+	}
+	if info, err := readTemplateInfo(dir); err == nil && info.Key == key {
+		b.mu.Unlock()
+		return &template{dir: dir, info: *info}, nil
+	}
+	tb, building := b.builds[key]
+	if !building {
+		tb = &templateBuild{done: make(chan struct{})}
+		b.builds[key] = tb
+		go func() {
+			tb.t, tb.err = b.buildTemplate(context.WithoutCancel(ctx), t, vm, assets, key, dir)
+			b.mu.Lock()
+			delete(b.builds, key)
+			b.mu.Unlock()
+			close(tb.done)
+		}()
+	}
+	b.mu.Unlock()
+	select {
+	case <-tb.done:
+		return tb.t, tb.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func readTemplateInfo(dir string) (*templateInfo, error) {
+	b, err := os.ReadFile(filepath.Join(dir, templateInfoFile))
+	if err != nil {
+		return nil, err
+	}
+	var info templateInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{templateMemory, templateState} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return nil, err
+		}
+	}
+	return &info, nil
+}
+
+// removeStaleTemplates removes the templates of other guest assets and
+// builds a daemon did not finish. Called with b.mu held.
+func (b *Backend) removeStaleTemplates(assets string) {
+	ents, err := os.ReadDir(b.cfg.TemplateDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		dir := filepath.Join(b.cfg.TemplateDir, e.Name())
+		if !e.IsDir() {
+			continue
+		}
+		if key, ok := strings.CutPrefix(e.Name(), buildPrefix); ok {
+			if key, _, _ = strings.Cut(key, "-"); b.builds[key] != nil {
+				continue // this daemon's, under way
+			}
+		} else if info, err := readTemplateInfo(dir); err == nil && info.Assets == assets {
+			continue
+		}
+		if err := stage1.RemoveUnmounted(dir); err != nil {
+			b.log.Warn("kvm: removing a stale VM template", "dir", dir, "err", err)
+		} else {
+			b.log.Info("kvm: removed a stale VM template", "dir", dir)
+		}
+	}
+}
+
+// buildTemplate boots a template VM of shape vm, waits for its agent,
+// saves it and moves it to dir.
+func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets, key, dir string) (_ *template, retErr error) {
+	// qemu gets SIGKILL when the thread that started it exits (the
+	// daemon's death included): the thread stays this goroutine's until
+	// qemu is gone.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ctx, cancel := context.WithTimeout(ctx, TemplateBuildTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := os.MkdirAll(b.cfg.TemplateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	tmp, err := os.MkdirTemp(b.cfg.TemplateDir, buildPrefix+key+"-")
+	if err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			if err := stage1.RemoveUnmounted(tmp); err != nil {
+				b.log.Warn("kvm: removing a failed template build", "dir", tmp, "err", err)
+			}
+		}
+	}()
+	if err := os.Mkdir(filepath.Join(tmp, templateShare), 0o700); err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	guest := &agent.GuestConfig{Port: agent.DefaultGuestPort, Template: true}
+	console := filepath.Join(tmp, "console.log")
+	args := qemuArgs(t, vmSpec{
+		name:    "stagelet-template-" + key,
+		vm:      vm,
+		mem:     memTemplate,
+		memDir:  tmp,
+		cmdline: guest.Cmdline(),
+		port:    guest.Port,
+		console: console,
+		ctl:     "ctl.sock",
+		qmp:     "qmp.sock",
+		share:   filepath.Join(tmp, templateShare),
+	})
+	logf, err := os.Create(filepath.Join(tmp, "qemu.log"))
+	if err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(t.qemu, args...)
+	cmd.Dir = tmp
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("kvm: template: qemu: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+	}()
+	alive := func() bool {
+		select {
+		case <-exited:
+			return false
+		default:
+			return true
+		}
+	}
+	if err := waitConsole(ctx, console, agent.GuestReady, alive); err != nil {
+		return nil, fmt.Errorf("kvm: template boot: %w (qemu: %s; console: %s)", err,
+			lastLine(filepath.Join(tmp, "qemu.log")), lastLine(console))
+	}
+	boot := time.Since(start)
+	q, err := dialQMP(ctx, filepath.Join(tmp, "qmp.sock"), alive)
+	if err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	defer q.Close()
+	if err := q.ignoreShared(ctx); err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	if _, err := q.run(ctx, "stop", nil); err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	if _, err := q.run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + templateState}); err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	for {
+		st, desc, err := q.migrationStatus(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("kvm: template: %w", err)
+		}
+		if st == "completed" {
+			break
+		}
+		if st == "failed" || st == "cancelled" {
+			return nil, fmt.Errorf("kvm: template: saving the VM %s: %s", st, desc)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("kvm: template: saving the VM: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond): // polling qemu for the save's end
+		}
+	}
+	q.run(ctx, "quit", nil) // the deferred kill ends it if this fails
+	<-exited
+	info := templateInfo{Key: key, Assets: assets, VM: vm, Created: time.Now().UTC(), Boot: boot}
+	ib, err := json.Marshal(info)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, templateInfoFile), ib, 0o600); err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	b.log.Info("kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
+		"total", time.Since(start).Round(time.Millisecond), "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs)
+	return &template{dir: dir, info: info}, nil
+}
+
+// waitConsole waits until the console log at path holds want, while alive.
+func waitConsole(ctx context.Context, path, want string, alive func() bool) error {
+	delay := time.Millisecond
+	for {
+		if b, err := os.ReadFile(path); err == nil && bytes.Contains(b, []byte(want)) {
+			return nil
+		}
+		if !alive() {
+			return fmt.Errorf("qemu exited: %w", errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no %s: %w", want, errdefs.ErrDeadlineExceeded)
+		case <-time.After(delay): // polling the console log
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// restore loads the template's saved state into the pod's qemu, started
+// with -incoming defer, and lets it run.
+func restore(ctx context.Context, qmpPath string, qemu *stage1.Process, tpl *template) error {
+	ctx, cancel := context.WithTimeout(ctx, AgentReadyTimeout)
+	defer cancel()
+	q, err := dialQMP(ctx, qmpPath, processAlive(qemu))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if err := q.ignoreShared(ctx); err != nil {
+		return err
+	}
+	state := filepath.Join(tpl.dir, templateState)
+	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(state)}); err != nil {
+		return err
+	}
+	for {
+		st, err := q.status(ctx)
+		if err != nil {
+			if !qemu.Alive() {
+				return fmt.Errorf("qemu exited while loading the template (%s): %w", tpl.dir, errdefs.ErrUnavailable)
+			}
+			return err
+		}
+		switch st {
+		case "running":
+			return nil
+		case "paused", "postmigrate":
+			// The template was saved stopped: the loaded VM waits.
+			if _, err := q.run(ctx, "cont", nil); err != nil {
+				return err
+			}
+			continue
+		case "inmigrate":
+		default:
+			return fmt.Errorf("restoring from %s: the VM is %s", tpl.dir, st)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("restoring from %s: %w", tpl.dir, errdefs.ErrDeadlineExceeded)
+		case <-time.After(2 * time.Millisecond): // polling qemu for the load's end
+		}
+	}
+}
+
+// lastLine is the last non-empty line of the file at path, for errors.
+func lastLine(path string) string {
+	b, _ := os.ReadFile(path)
+	s := strings.TrimSpace(string(b))
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return strings.TrimSpace(s)
+}
+
+// shellQuote quotes s for sh (qemu runs exec: URIs with sh -c).
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// seed returns entropy for a restored guest.
+func seed() []byte {
+	b := make([]byte, 64)
+	rand.Read(b) // never fails (crypto/rand)
+	return b
+}
