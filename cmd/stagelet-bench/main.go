@@ -24,7 +24,9 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +49,7 @@ func main() {
 	podNet := flag.Bool("podnet", false, "give each pod its own network namespace and CNI attachment (otherwise the host network)")
 	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls ListContainers and ListPodSandbox and 3 kill -9 restarts at each, then -n container exits to their GetContainerEvents event")
 	calls := flag.Int("calls", 200, "list calls timed at each -scale level")
+	noTemplate := flag.Bool("notemplate", false, "kvm: pods' VMs boot their kernel instead of being restored from a template")
 	flag.Parse()
 	var levels []int
 	if *scale != "" {
@@ -71,7 +74,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *n, *bin, *stage1, *podNet, levels, *calls, log); err != nil {
+	if err := run(ctx, *n, *bin, *stage1, *podNet, *noTemplate, levels, *calls, log); err != nil {
 		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 		os.Exit(1)
 	}
@@ -87,9 +90,16 @@ type result struct {
 	streamEcho []time.Duration
 	rssIdle    uint64
 	rssAfter   uint64
+	// mem1 is the host memory of the first pod while it ran alone; memN
+	// the mean per pod once all n ran.
+	mem1, memN podMem
+	// templates and templateBytes: kvm templates and the host memory (or
+	// disk) their memory files take, once for all the pods.
+	templates     int
+	templateBytes uint64
 }
 
-func run(ctx context.Context, n int, bin, stage1 string, podNet bool, levels []int, calls int, log *slog.Logger) (err error) {
+func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool, levels []int, calls int, log *slog.Logger) (err error) {
 	tb := newFixtureTB("stagelet-bench")
 	defer func() {
 		if ferr := tb.finish(); ferr != nil {
@@ -124,6 +134,7 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet bool, levels []i
 		Policy:             "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n  kvm: {stage1: kvm}\n",
 		LogLevel:           "info",
 		Logger:             log,
+		KVMNoTemplate:      noTemplate,
 	})
 	if err != nil {
 		return err
@@ -156,6 +167,13 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet bool, levels []i
 	if podNet {
 		network = "pod network (netns + CNI)"
 	}
+	if stage1 == "kvm" {
+		if noTemplate {
+			network += ", VMs boot their kernel"
+		} else {
+			network += ", VMs restored from a template"
+		}
+	}
 	if levels != nil {
 		rows, lat, err := measureScale(ctx, d, ref, stage1, podNet, levels, calls, n)
 		if err != nil {
@@ -180,6 +198,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 	}
 	rt := d.Runtime()
 	var firstCtr string
+	var pods []string
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -192,7 +211,20 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		res.podStart = append(res.podStart, time.Since(began))
 		if firstCtr == "" {
 			firstCtr = bp.ctrID
+			if res.mem1, err = podMemory(bp.podID); err != nil {
+				return nil, err
+			}
 		}
+		pods = append(pods, bp.podID)
+	}
+	for _, id := range pods {
+		m, err := podMemory(id)
+		if err != nil {
+			return nil, err
+		}
+		res.memN.rss += m.rss / uint64(n)
+		res.memN.pss += m.pss / uint64(n)
+		res.memN.procs += m.procs
 	}
 	for i := range n {
 		began := time.Now()
@@ -219,6 +251,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 	if res.rssAfter, err = d.RSS(); err != nil {
 		return nil, err
 	}
+	res.templates, res.templateBytes = templateMemory(filepath.Join(d.RunDir, "kvm-templates"))
 	return res, nil
 }
 
@@ -373,6 +406,7 @@ func report(w io.Writer, n int, what string, r *result) {
 	const row = "%-72s %10s %10s\n"
 	fmt.Fprintf(w, row, "measure", "median", "p90")
 	fmt.Fprintf(w, row, "pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", ms(median(r.podStart)), ms(percentile(r.podStart, 90)))
+	fmt.Fprintf(w, row, "  the first pod's (for kvm: includes building the template)", ms(r.podStart[0]), "")
 	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
 	fmt.Fprintf(w, row, "streaming exec true: Exec call to its exit status (first byte)", ms(median(r.streamTrue)), ms(percentile(r.streamTrue, 90)))
 	fmt.Fprintf(w, row, "streaming exec echo: Exec call to the first byte of output", ms(median(r.streamEcho)), ms(percentile(r.streamEcho, 90)))
@@ -380,6 +414,82 @@ func report(w io.Writer, n int, what string, r *result) {
 	const rss = "%-72s %10s\n"
 	fmt.Fprintf(w, rss, "daemon RSS (VmRSS) before the runs", mib(r.rssIdle))
 	fmt.Fprintf(w, rss, fmt.Sprintf("daemon RSS (VmRSS) after the runs, %d pods running", n), mib(r.rssAfter))
+	fmt.Fprintf(w, rss, fmt.Sprintf("host memory of one pod running alone: RSS (%d processes)", r.mem1.procs), mib(r.mem1.rss))
+	fmt.Fprintf(w, rss, "host memory of one pod running alone: PSS", mib(r.mem1.pss))
+	fmt.Fprintf(w, rss, fmt.Sprintf("host memory per pod, %d pods running: RSS", n), mib(r.memN.rss))
+	fmt.Fprintf(w, rss, fmt.Sprintf("host memory per pod, %d pods running: PSS", n), mib(r.memN.pss))
+	if r.templates > 0 {
+		fmt.Fprintf(w, rss, fmt.Sprintf("kvm templates' memory files, allocated (%d templates, once for all pods)", r.templates), mib(r.templateBytes))
+	}
+}
+
+// templateMemory counts the kvm templates in dir and the blocks their
+// memory files hold.
+func templateMemory(dir string) (int, uint64) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0
+	}
+	var n int
+	var total uint64
+	for _, e := range ents {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, e.Name(), "memory"), &st); err != nil {
+			continue
+		}
+		n++
+		total += uint64(st.Blocks) * 512
+	}
+	return n, total
+}
+
+// podMem is the host memory of a pod's processes (the pod agent, nspawn,
+// qemu, the apps, ...): the sums of their RSS and PSS (smaps_rollup).
+type podMem struct {
+	rss, pss uint64
+	procs    int
+}
+
+// podMemory sums the memory of the processes in the pod's cgroups (named
+// after the pod: stagelet-pod-<id>, or its systemd unit).
+func podMemory(podID string) (podMem, error) {
+	var m podMem
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return m, err
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil || !strings.Contains(string(cg), "stagelet-pod-"+podID) {
+			continue
+		}
+		sm, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue // exited, or a kernel thread
+		}
+		for _, line := range strings.Split(string(sm), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			kb, _ := strconv.ParseUint(f[1], 10, 64)
+			switch f[0] {
+			case "Rss:":
+				m.rss += kb << 10
+			case "Pss:":
+				m.pss += kb << 10
+			}
+		}
+		m.procs++
+	}
+	if m.procs == 0 {
+		return m, fmt.Errorf("pod %s: no process found in a cgroup named after it", podID)
+	}
+	return m, nil
 }
 
 // fixtureTB lets this command use the registry fixtures of package

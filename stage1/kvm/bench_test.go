@@ -21,12 +21,14 @@ import (
 
 // Benchmarks of the kvm stage1 (root, qemu; run with -benchtime 10x):
 //
-//	BenchmarkRunPodToRunning  StartPod → a container running (median)
+//	BenchmarkRunPodToRunning  StartPod → a container running (median), the
+//	                          VM restored from a template (built before
+//	                          the timing) or booting its kernel
 //	BenchmarkBareBoot         the same kernel, initramfs and accelerator
 //	                          booted to the agent's ready line (the floor),
 //	                          per machine type and kernel format
 //	BenchmarkExecSync         one ExecSync round trip
-//	BenchmarkFootprint        qemu's and virtiofsd's RSS per pod
+//	BenchmarkFootprint        qemu's RSS and PSS of one pod, restored or booted
 
 func benchBackend(b *testing.B) *Backend {
 	if skipReason != "" {
@@ -36,6 +38,13 @@ func benchBackend(b *testing.B) *Backend {
 		b.Fatal(setupErr)
 	}
 	return New(slog.New(slog.DiscardHandler), Config{AssetsDir: assetsDir})
+}
+
+// templateBenchBackend is benchBackend restoring VMs from templates.
+func templateBenchBackend(b *testing.B) *Backend {
+	be := benchBackend(b)
+	be.cfg.TemplateDir = b.TempDir()
+	return be
 }
 
 func medianMS(ds []time.Duration) float64 {
@@ -166,7 +175,29 @@ func startContainer(b *testing.B, pod stage1.Pod, rootfs, id string, args ...str
 }
 
 func BenchmarkRunPodToRunning(b *testing.B) {
-	be := benchBackend(b)
+	b.Run("template", func(b *testing.B) {
+		be := templateBenchBackend(b)
+		t, err := be.resolveTools()
+		if err != nil {
+			b.Fatal(err)
+		}
+		vm, err := be.vmConfig(nil, stage1.PodResources{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		vm.Accelerator = be.accelerator(context.Background(), t)
+		if vm.Accelerator != "kvm" {
+			vm.TBSizeMiB = be.cfg.TBSizeMiB
+		}
+		if _, err := be.template(context.Background(), t, vm); err != nil {
+			b.Fatal(err)
+		}
+		runPodToRunning(b, be)
+	})
+	b.Run("boot", func(b *testing.B) { runPodToRunning(b, benchBackend(b)) })
+}
+
+func runPodToRunning(b *testing.B, be *Backend) {
 	rootfs := benchRootfsDir(b)
 	if _, err := be.Accelerator(context.Background()); err != nil {
 		b.Fatal(err)
@@ -231,7 +262,16 @@ func BenchmarkExecSync(b *testing.B) {
 }
 
 func BenchmarkFootprint(b *testing.B) {
-	be := benchBackend(b)
+	b.Run("template", func(b *testing.B) { footprint(b, templateBenchBackend(b)) })
+	b.Run("boot", func(b *testing.B) { footprint(b, benchBackend(b)) })
+}
+
+// footprint reports the host memory of one pod's qemu running a container
+// alone: RSS, PSS, and of the RSS what is anonymous (qemu's own, TCG's
+// translation cache, and a booted guest's memory or the pages a restored
+// guest wrote) and what is file-backed (a restored guest's pages of the
+// template it only read, shared with other VMs of that template).
+func footprint(b *testing.B, be *Backend) {
 	bp := startBenchPod(b, be, 0)
 	startContainer(b, bp.pod, benchRootfsDir(b), "c", "/bin/sleep", "1000")
 	st, _ := parseState(bp.pod.State())
@@ -239,14 +279,24 @@ func BenchmarkFootprint(b *testing.B) {
 		// One measurement; the loop only satisfies the framework.
 	}
 	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "VmRSS"))/1024, "qemu-RSS-MiB")
-	// RssShmem is guest memory (a shared memfd) the guest touched; the
-	// rest is qemu's own (TCG's translation cache included).
-	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssShmem"))/1024, "qemu-guestmem-MiB")
+	b.ReportMetric(float64(rollupKiB(st.Qemu.PID, "Pss"))/1024, "qemu-PSS-MiB")
 	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssAnon"))/1024, "qemu-anon-MiB")
-	b.ReportMetric(float64(statusKiB(st.Virtiofsd.PID, "VmRSS"))/1024, "virtiofsd-RSS-MiB")
-	if s, err := st.Cgroup.Stats(); err == nil {
-		b.ReportMetric(float64(s.MemoryUsage)/(1<<20), "pod-cgroup-MiB")
+	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssFile")+statusKiB(st.Qemu.PID, "RssShmem"))/1024, "qemu-file-MiB")
+}
+
+// rollupKiB is a kB field of /proc/PID/smaps_rollup.
+func rollupKiB(pid int, field string) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0
 	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
 }
 
 // statusKiB is a kB field of /proc/PID/status.
