@@ -1246,32 +1246,3 @@ func TestUpdate(t *testing.T) {
 		t.Errorf("update of an exited app: %v, want FailedPrecondition", err)
 	}
 }
-
-// TestSetupOnce: OpSetup runs the agent's setup once; a second call, and
-// any call to an agent without one, is FailedPrecondition.
-func TestSetupOnce(t *testing.T) {
-	var got []string
-	a, err := agent.New(agent.Config{StateDir: t.TempDir(), Setup: func(r *api.Request) error {
-		got = append(got, r.Guest)
-		return nil
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp := a.Handle(&api.Request{Op: api.OpSetup, Guest: "stagelet.hostname=h"}); resp.Code != api.CodeOK {
-		t.Fatalf("first setup: %+v", resp)
-	}
-	if resp := a.Handle(&api.Request{Op: api.OpSetup, Guest: "stagelet.hostname=x"}); resp.Code != api.CodeFailedPrecondition {
-		t.Errorf("second setup: %+v, want FailedPrecondition", resp)
-	}
-	if len(got) != 1 || got[0] != "stagelet.hostname=h" {
-		t.Errorf("setup ran with %q", got)
-	}
-	b, err := agent.New(agent.Config{StateDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp := b.Handle(&api.Request{Op: api.OpSetup}); resp.Code != api.CodeFailedPrecondition {
-		t.Errorf("setup of an agent without one: %+v, want FailedPrecondition", resp)
-	}
-}

@@ -439,6 +439,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if unitLaunch {
 		launch.NetNS = spec.NetNSPath
 	}
+	launched := time.Now()
 	qemu, err := b.launcher.Launch(ctx, launch)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: qemu: %w", err)
@@ -452,9 +453,15 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	if tpl != nil {
 		if err := restore(ctx, st.qmpSocket(), qemu, tpl); err != nil {
+			if ctx.Err() == nil {
+				// A template this qemu cannot load would fail every pod:
+				// the next one builds it afresh.
+				b.discardTemplate(tpl, err)
+			}
 			return nil, fmt.Errorf("kvm: restoring the VM (qemu log %s): %w", launch.LogPath, err)
 		}
 	}
+	restored := time.Now()
 	pod := b.newPod(spec, st)
 	// Each probe dials: a serial session whose handshake the guest
 	// answers once its agent serves the port.
@@ -462,14 +469,17 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w",
 			vs.console, launch.LogPath, err)
 	}
+	ready := time.Now()
 	if tpl != nil {
 		if err := pod.Client.Setup(ctx, guest.Cmdline(), time.Now(), seed()); err != nil {
 			return nil, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", vs.console, err)
 		}
 	}
+	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
 	log.Info("kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
 		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", tpl != nil,
-		"network", pod.Details()["network"])
+		"network", pod.Details()["network"], "launch+restore", ms(restored.Sub(launched)),
+		"agent", ms(ready.Sub(restored)), "setup", ms(time.Since(ready)))
 	return pod, nil
 }
 

@@ -379,8 +379,13 @@ func TestTemplateStale(t *testing.T) {
 		}
 	}
 	again, err := b.template(ctx, tools, vm)
-	if err != nil || again.dir != tpl.dir || again.info.Created != tpl.info.Created {
+	if err != nil || again.dir != tpl.dir || !again.info.Created.Equal(tpl.info.Created) {
 		t.Errorf("second template(): %+v, %v; want the first, %+v", again, err, tpl)
+	}
+	// A restarted daemon (a new Backend) finds it too.
+	nb := New(testLogger(t), Config{AssetsDir: assetsDir, TemplateDir: dir})
+	if again, err := nb.template(ctx, tools, vm); err != nil || again.dir != tpl.dir || !again.info.Created.Equal(tpl.info.Created) {
+		t.Errorf("template() after a restart: %+v, %v; want the first, %+v", again, err, tpl)
 	}
 }
 
@@ -687,5 +692,47 @@ func TestDaemonKill9(t *testing.T) {
 	res, err := pod.ExecSync(ctx, "long", []string{"echo", "back"}, 30*time.Second)
 	if err != nil || string(res.Stdout) != "back\n" {
 		t.Fatalf("ExecSync after kill -9: %+v, %v", res, err)
+	}
+}
+
+// TestTemplateUnloadable: a template qemu cannot load fails the pod that
+// tried it and is removed, and the next pod builds it again.
+func TestTemplateUnloadable(t *testing.T) {
+	needVM(t)
+	dir := t.TempDir()
+	b := New(testLogger(t), Config{AssetsDir: assetsDir, TemplateDir: dir})
+	first := startVM(t, b, "", nil)
+	first.run(t, "main", "/bin/sleep", "1000")
+	tpl := first.pod.Details()["template"]
+	if tpl == "" {
+		t.Fatal("not restored from a template")
+	}
+	// A state file cut short, as a broken save would leave.
+	if err := os.Truncate(filepath.Join(tpl, templateState), 1000); err != nil {
+		t.Fatal(err)
+	}
+	spec := &stage1.PodSpec{ID: fmt.Sprintf("bad%d", os.Getpid()), Name: "bad", Namespace: "default", UID: "bad",
+		RunDir: stage1test.ShortRunDir(t), CgroupParent: stage1test.CgroupParent(t)}
+	var last []byte
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := b.StartPod(ctx, spec, func(st []byte) error { last = st; return nil }); err == nil {
+		t.Fatal("StartPod restored a VM from a broken template")
+	} else {
+		t.Logf("StartPod: %v", err)
+	}
+	if err := b.DestroyPod(ctx, spec, last); err != nil {
+		t.Errorf("DestroyPod: %v", err)
+	}
+	if _, err := os.Stat(tpl); !os.IsNotExist(err) {
+		t.Errorf("the broken template %s is still there (%v)", tpl, err)
+	}
+	// The first pod's VM runs on, on its private mapping.
+	if out, code := first.exec(t, "main", "true"); code != 0 {
+		t.Errorf("the first pod after its template went: %q (exit %d)", out, code)
+	}
+	again := startVM(t, b, "", nil)
+	if again.pod.Details()["template"] != tpl {
+		t.Errorf("next pod: Details %v, want the template %s built again", again.pod.Details(), tpl)
 	}
 }

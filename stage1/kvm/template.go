@@ -314,6 +314,18 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	return &template{dir: dir, info: info}, nil
 }
 
+// discardTemplate removes a template a VM could not be restored from
+// (VMs restored from it keep their mappings).
+func (b *Backend) discardTemplate(tpl *template, cause error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := stage1.RemoveUnmounted(tpl.dir); err != nil {
+		b.log.Warn("kvm: removing a VM template no VM could be restored from", "dir", tpl.dir, "err", err)
+		return
+	}
+	b.log.Warn("kvm: removed a VM template no VM could be restored from; the next pod builds it again", "dir", tpl.dir, "cause", cause)
+}
+
 // waitConsole waits until the console log at path holds want, while alive.
 func waitConsole(ctx context.Context, path, want string, alive func() bool) error {
 	delay := time.Millisecond
