@@ -284,24 +284,15 @@ func footprint(b *testing.B, be *Backend) {
 	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssFile")+statusKiB(st.Qemu.PID, "RssShmem"))/1024, "qemu-file-MiB")
 }
 
-// rollupKiB is a kB field of /proc/PID/smaps_rollup.
-func rollupKiB(pid int, field string) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return n
-		}
-	}
-	return 0
-}
-
 // statusKiB is a kB field of /proc/PID/status.
-func statusKiB(pid int, field string) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+func statusKiB(pid int, field string) int { return procKiB(pid, "status", field) }
+
+// rollupKiB is a kB field of /proc/PID/smaps_rollup.
+func rollupKiB(pid int, field string) int { return procKiB(pid, "smaps_rollup", field) }
+
+// procKiB is a "field: N kB" line of /proc/PID/file.
+func procKiB(pid int, file, field string) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/" + file)
 	if err != nil {
 		return 0
 	}
