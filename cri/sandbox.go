@@ -7,6 +7,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/errdefs"
 )
 
 var podFilterAll = broker.PodFilter{}
@@ -53,6 +54,9 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 		if sc := l.GetSecurityContext(); sc != nil {
 			pc.Privileged = sc.GetPrivileged()
 			if ns := sc.GetNamespaceOptions(); ns != nil {
+				if err := refuseUserns(ns, "config.linux.security_context.namespace_options"); err != nil {
+					return nil, err
+				}
 				pc.HostNetwork = ns.GetNetwork() == runtimeapi.NamespaceMode_NODE
 				pc.HostPID = ns.GetPid() == runtimeapi.NamespaceMode_NODE
 				pc.HostIPC = ns.GetIpc() == runtimeapi.NamespaceMode_NODE
@@ -60,6 +64,19 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 		}
 	}
 	return pc, nil
+}
+
+// refuseUserns refuses user namespace options other than the node's (no
+// user namespace, what an absent userns_options means): no stage1 runs a
+// pod in a user namespace of its own yet, and the runtime's Status says so
+// (user_namespaces false), so the kubelet sends none; a client that does
+// must not get a pod without the isolation it asked for.
+func refuseUserns(ns *runtimeapi.NamespaceOption, field string) error {
+	u := ns.GetUsernsOptions()
+	if u == nil || u.GetMode() == runtimeapi.NamespaceMode_NODE {
+		return nil
+	}
+	return errdefs.New(errdefs.ErrUnimplemented, "%s.userns_options: mode %s (a user namespace of the pod's, hostUsers: false) is not supported: the pod would run in the host's user namespace", field, u.GetMode())
 }
 
 // RunPodSandbox creates and starts a pod.

@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -67,6 +68,36 @@ func TestPodConfigFromNamespaces(t *testing.T) {
 	}
 	if !pc.HostNetwork || pc.HostPID || pc.HostIPC || pc.Metadata.Attempt != 2 || pc.RuntimeHandler != "fly" || pc.Labels["a"] != "b" || pc.Annotations["c"] != "d" {
 		t.Fatalf("converted: %+v", pc)
+	}
+}
+
+// TestUsernsRefused: a user namespace of the pod's (hostUsers: false) is
+// refused for the pod and for its containers, never run in the host's.
+func TestUsernsRefused(t *testing.T) {
+	pod := &runtimeapi.NamespaceOption{UsernsOptions: &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD,
+		Uids: []*runtimeapi.IDMapping{{HostId: 100000, ContainerId: 0, Length: 65536}},
+		Gids: []*runtimeapi.IDMapping{{HostId: 100000, ContainerId: 0, Length: 65536}}}}
+	_, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "n", Namespace: "ns", Uid: "u"},
+		Linux:    &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: pod}},
+	}})
+	if st := toStatus(err); st.Code() != codes.Unimplemented || !strings.Contains(st.Message(), "namespace_options.userns_options: mode POD") {
+		t.Errorf("pod with a user namespace: %v", err)
+	}
+	_, err = containerConfigFrom(&runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
+		Image:    &runtimeapi.ImageSpec{Image: "busybox"},
+		Linux:    &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: pod}},
+	})
+	if st := toStatus(err); st.Code() != codes.Unimplemented {
+		t.Errorf("container with a user namespace: %v", err)
+	}
+	host := &runtimeapi.NamespaceOption{UsernsOptions: &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}}
+	if _, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "n", Namespace: "ns", Uid: "u"},
+		Linux:    &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: host}},
+	}}); err != nil {
+		t.Errorf("pod in the host's user namespace: %v", err)
 	}
 }
 

@@ -125,7 +125,11 @@ const (
 	memTemplate
 	// memRestored: the template's file mapped privately: pages the guest
 	// only reads stay the template's, shared by every VM restored from
-	// it; pages it writes become its own.
+	// it; pages it writes become its own. Such a VM has no
+	// virtio-balloon (free page reporting): qemu 7.2 discards a reported
+	// page of a file-backed RAM block by punching a hole in the file
+	// (ram_block_discard_range), private mapping or not, which would
+	// zero that page of the template under every other VM.
 	memRestored
 )
 
