@@ -342,8 +342,10 @@ func TestTemplate(t *testing.T) {
 	}
 }
 
-// TestTemplateStale: a template of other guest assets is removed, and a
-// template is rebuilt when the assets change.
+// TestTemplateStale: a template of other guest assets and an unfinished
+// build are removed, an incomplete template of the key wanted is
+// replaced, and the template built is found again, by a restarted daemon
+// too.
 func TestTemplateStale(t *testing.T) {
 	needVM(t)
 	dir := t.TempDir()
@@ -361,12 +363,21 @@ func TestTemplateStale(t *testing.T) {
 	if err := os.Mkdir(build, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	b := New(testLogger(t), Config{AssetsDir: assetsDir, TemplateDir: dir, Accelerator: testBackend(t).cfg.Accelerator})
+	// An incomplete template of the very key wanted (no state file).
+	vm := vmInfo{Accelerator: "tcg", Machine: "microvm", MemoryMiB: 128, VCPUs: 1}
+	b := New(testLogger(t), Config{AssetsDir: assetsDir, TemplateDir: dir})
 	tools, err := b.resolveTools()
 	if err != nil {
 		t.Fatal(err)
 	}
-	vm := vmInfo{Accelerator: "tcg", Machine: "microvm", MemoryMiB: 128, VCPUs: 1}
+	assets, err := assetsFingerprint(tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	incomplete := filepath.Join(dir, templateKey(assets, vm))
+	if err := os.MkdirAll(filepath.Join(incomplete, templateShare), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	tpl, err := b.template(ctx, tools, vm)
@@ -377,6 +388,9 @@ func TestTemplateStale(t *testing.T) {
 		if _, err := os.Stat(gone); !os.IsNotExist(err) {
 			t.Errorf("%s: not removed (%v)", gone, err)
 		}
+	}
+	if tpl.dir != incomplete {
+		t.Errorf("template in %s, want %s (replacing the incomplete one)", tpl.dir, incomplete)
 	}
 	again, err := b.template(ctx, tools, vm)
 	if err != nil || again.dir != tpl.dir || !again.info.Created.Equal(tpl.info.Created) {

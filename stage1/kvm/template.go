@@ -307,7 +307,14 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 		return nil, fmt.Errorf("kvm: template: %w", err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
+		// A directory of this key that is no complete template (template
+		// found none): replaced.
+		if rerr := stage1.RemoveUnmounted(dir); rerr != nil {
+			return nil, fmt.Errorf("kvm: template: %w (removing the incomplete %s: %v)", err, dir, rerr)
+		}
+		if err := os.Rename(tmp, dir); err != nil {
+			return nil, fmt.Errorf("kvm: template: %w", err)
+		}
 	}
 	b.log.Info("kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
 		"total", time.Since(start).Round(time.Millisecond), "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs)
