@@ -617,7 +617,12 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	startErr := ap.startErr
 	ap.mu.Unlock()
 	rec.State = api.StateExited
+	// launch takes StartedAt once the handshake is done, which a quick
+	// app may outlive: it never ends before it started.
 	rec.FinishedAt = finished
+	if finished.Before(rec.StartedAt) {
+		rec.FinishedAt = rec.StartedAt
+	}
 	switch {
 	case startErr != nil:
 		rec.ExitCode = 128
