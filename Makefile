@@ -17,9 +17,11 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-# The kvm stage1's guest: a Debian kernel (fetched with apt-get download,
-# never installed on the host) and an initramfs whose /init is the stagelet
-# binary just built. The daemon finds it beside its binary (bin/guest).
+# The kvm stage1's guest: a kernel built from Debian's kernel source with
+# guest/kernel.config (cached in /var/cache/stagelet-guest-kernel, built
+# again only when its inputs change) and an initramfs whose /init is the
+# stagelet binary just built. The daemon finds it beside its binary
+# (bin/guest).
 GUEST_DIR ?= bin/guest
 guest: deps build
 	./guest/build.sh $(BIN) $(GUEST_DIR)

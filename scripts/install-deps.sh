@@ -13,13 +13,15 @@ command -v systemd-nspawn >/dev/null 2>&1 || need="$need systemd-container"
 command -v iptables >/dev/null 2>&1 || need="$need iptables"
 command -v ip >/dev/null 2>&1 || need="$need iproute2"
 command -v mount >/dev/null 2>&1 || need="$need mount"
-# The kvm stage1: qemu and the tools guest/build.sh unpacks the Debian
-# kernel package with.
+# The kvm stage1: qemu, the tools guest/build.sh makes the initramfs and
+# unpacks a Debian kernel package with, and what guest/build-kernel.sh
+# builds the guest kernel with.
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need="$need qemu-system-x86"
-for t in cpio lz4 xz:xz-utils zstd; do
+for t in cpio lz4 xz:xz-utils zstd make flex bison bc flock:util-linux; do
 	cmd=${t%%:*} pkg=${t#*:}
 	command -v "$cmd" >/dev/null 2>&1 || need="$need $pkg"
 done
+[ -f /usr/include/libelf.h ] || need="$need libelf-dev"
 # make conformance: the kit's critest.sh and the expectations check.
 command -v python3 >/dev/null 2>&1 || need="$need python3"
 # make race: the race detector's runtime is linked with cgo.

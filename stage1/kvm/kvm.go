@@ -4,8 +4,9 @@
 // apps run under their own kernel.
 //
 // The guest assets (an uncompressed PVH kernel, an initramfs holding the
-// stagelet binary and the kernel modules the guest loads) are built by
-// guest/build.sh from a Debian kernel package into Config.AssetsDir.
+// stagelet binary and, with a Debian kernel package, the modules the guest
+// loads) are built by guest/build.sh into Config.AssetsDir: by default a
+// minimal kernel built from Debian's source (guest/kernel.config).
 //
 // One VM per pod, started detached in the pod cgroup by the plain stage1
 // launcher so that it outlives the daemon:
