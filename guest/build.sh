@@ -14,7 +14,7 @@
 #
 # The kernel is built from Debian's kernel source (linux-source-6.1) by
 # guest/build-kernel.sh with the options in guest/kernel.config, all
-# built in: it boots to the agent in about 60% of the time Debian's
+# built in: it boots to the agent in about 55% of the time Debian's
 # generic kernel takes under TCG, and a template VM keeps about 70 MiB of
 # memory instead of 126. It is cached outside OUTDIR (KERNEL_CACHE,
 # default /var/cache/stagelet-guest-kernel) and built again only when its
