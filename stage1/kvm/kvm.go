@@ -665,9 +665,13 @@ func HasAssets(dir string) bool {
 var _ stage1.NodeInformer = (*Backend)(nil)
 
 // NodeInfo implements stage1.NodeInformer: the accelerator pods get (the
-// first call runs the probe) and the guest kernel.
+// first call runs the probe), the guest kernel, and where VM templates are
+// kept (or that there are none).
 func (b *Backend) NodeInfo(ctx context.Context) map[string]string {
-	info := map[string]string{"assetsDir": b.cfg.AssetsDir}
+	info := map[string]string{"assetsDir": b.cfg.AssetsDir, "templates": "off (VMs boot their kernel)"}
+	if b.cfg.TemplateDir != "" {
+		info["templates"] = b.cfg.TemplateDir
+	}
 	accel, err := b.Accelerator(ctx)
 	if err != nil {
 		info["error"] = err.Error()

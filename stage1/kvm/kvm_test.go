@@ -325,6 +325,12 @@ func TestTemplate(t *testing.T) {
 	if outs[0] == outs[1] {
 		t.Errorf("two restored guests read the same bytes from /dev/urandom: %s", outs[0])
 	}
+	if got := b.NodeInfo(context.Background())["templates"]; got != templateDir {
+		t.Errorf("NodeInfo templates = %q, want %q", got, templateDir)
+	}
+	if got := coldBackend(t).NodeInfo(context.Background())["templates"]; !strings.HasPrefix(got, "off") {
+		t.Errorf("NodeInfo templates of a backend without = %q, want off", got)
+	}
 	ents, err := os.ReadDir(templateDir)
 	if err != nil {
 		t.Fatal(err)
