@@ -29,6 +29,7 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // Images is what the broker needs from the image store.
@@ -122,7 +123,7 @@ type pod struct {
 	op  sync.Mutex // serialises Run/Stop/Remove and container creation
 	rec *PodRecord
 	// handle is the backend's running pod; nil when not running or gone.
-	handle stage1.Pod
+	handle *agentconn.Pod
 	// created is closed when RunPod finished (successfully or not); err is
 	// its outcome, read after created is closed.
 	created chan struct{}

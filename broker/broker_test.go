@@ -18,12 +18,13 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/fake"
 )
 
 type env struct {
 	net    *fakeNetwork
-	be     *fakeBackend
-	vm     *fakeBackend
+	be     *fake.Backend
+	vm     *fake.Backend
 	images *fakeImages
 	state  string
 	run    string
@@ -32,10 +33,14 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	dir := t.TempDir()
-	vm := newFakeBackend()
-	vm.name = "vm"
-	vm.caps = stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"}
-	return &env{be: newFakeBackend(), vm: vm, images: &fakeImages{}, state: filepath.Join(dir, "state"), run: filepath.Join(dir, "run")}
+	vm := fake.New("vm")
+	vm.Caps = stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"}
+	vm.PodMemory = 256 << 20
+	be := fake.New("fake")
+	be.Caps = stage1.Capabilities{HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"}
+	// Long enough for the calls of a parallel recovery to overlap.
+	be.RecoverDelay, vm.RecoverDelay = 20*time.Millisecond, 20*time.Millisecond
+	return &env{be: be, vm: vm, images: &fakeImages{}, state: filepath.Join(dir, "state"), run: filepath.Join(dir, "run")}
 }
 
 const testPolicy = `version: 1
@@ -165,7 +170,7 @@ func TestRunPodRetryAndNameReservation(t *testing.T) {
 			t.Fatalf("retries created different pods: %v", ids)
 		}
 	}
-	if n := len(e.be.pods); n != 1 {
+	if n := e.be.Pods(); n != 1 {
 		t.Fatalf("backend started %d pods, want 1", n)
 	}
 	other := podCfg("web")
@@ -222,8 +227,8 @@ func TestPodLifecycleIdempotent(t *testing.T) {
 	if err := b.RemovePod(ctx, "unknown-id"); err != nil {
 		t.Fatal("remove of an unknown pod:", err)
 	}
-	if e.be.destroyed[id] != 1 {
-		t.Fatalf("DestroyPod called %d times", e.be.destroyed[id])
+	if e.be.Destroyed(id) != 1 {
+		t.Fatalf("DestroyPod called %d times", e.be.Destroyed(id))
 	}
 	if _, err := os.Stat(filepath.Join(e.state, "pods", id+".json")); !os.IsNotExist(err) {
 		t.Fatal("record left after remove")
@@ -232,7 +237,7 @@ func TestPodLifecycleIdempotent(t *testing.T) {
 
 func TestFailedStartReleasesEverything(t *testing.T) {
 	e := newEnv(t)
-	e.be.failStart = true
+	e.be.FailStart(true)
 	b := e.broker(t)
 	_, err := b.RunPod(context.Background(), podCfg("bad"))
 	if err == nil {
@@ -245,10 +250,10 @@ func TestFailedStartReleasesEverything(t *testing.T) {
 	if len(ents) != 0 {
 		t.Fatalf("records left: %v", ents)
 	}
-	if len(e.be.destroyed) != 1 {
+	if e.be.DestroyedPods() != 1 {
 		t.Fatal("backend resources not released")
 	}
-	e.be.failStart = false
+	e.be.FailStart(false)
 	if _, err := b.RunPod(context.Background(), podCfg("bad")); err != nil {
 		t.Fatalf("the name stayed reserved: %v", err)
 	}
@@ -293,7 +298,7 @@ func TestContainerLifecycle(t *testing.T) {
 		t.Fatalf("label filter: %v", got)
 	}
 	// The app exits on its own: the agent tells the broker.
-	e.be.pods[pid].exit(cid, 3)
+	e.be.Pod(pid).Exit(cid, 3)
 	rec = waitContainer(t, b, cid, func(r *ContainerRecord) bool { return r.State == ContainerExited })
 	if rec.ExitCode != 3 || rec.Reason != api.ReasonError || rec.FinishedAt.IsZero() {
 		t.Fatalf("exit not seen: %+v", rec)
@@ -329,10 +334,8 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	}
 	// The daemon dies. While it is down c2 exits and the pod "dead" dies.
 	b.Close()
-	e.be.pods[live].exit(c2, 7)
-	e.be.pods[dead].mu.Lock()
-	e.be.pods[dead].alive = false
-	e.be.pods[dead].mu.Unlock()
+	e.be.Pod(live).Exit(c2, 7)
+	e.be.Pod(dead).Die()
 
 	// A crash in the middle of a create leaves a "creating" record.
 	half := &PodRecord{ID: "half", State: PodCreating, Config: *podCfg("half"), Stage1: "fake", RunDir: filepath.Join(e.run, "pods", "half")}
@@ -363,7 +366,7 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	if _, err := b2.PodStatus(ctx, "half", false); !errdefs.IsNotFound(err) {
 		t.Errorf("half-created pod not discarded: %v", err)
 	}
-	if e.be.destroyed["half"] != 1 {
+	if e.be.Destroyed("half") != 1 {
 		t.Errorf("half-created pod's resources not released")
 	}
 	if _, err := os.Stat(half.RunDir); !os.IsNotExist(err) {
@@ -430,8 +433,8 @@ func TestPolicyDecidesAndIsRecorded(t *testing.T) {
 	if !strings.Contains(st2.Info["reasons"], "stagelet.io/stage1") {
 		t.Fatalf("reasons do not name the annotation: %q", st2.Info["reasons"])
 	}
-	if len(e.vm.pods) != 1 || len(e.be.pods) != 1 {
-		t.Fatalf("pods per backend: fake %d, vm %d", len(e.be.pods), len(e.vm.pods))
+	if e.vm.Pods() != 1 || e.be.Pods() != 1 {
+		t.Fatalf("pods per backend: fake %d, vm %d", e.be.Pods(), e.vm.Pods())
 	}
 	// A new policy applies to new pods only; the recorded decision stays.
 	p, _ := policy.Parse("p2", []byte("version: 1\ndefault_stage1: vm\nhandlers: {fake: {stage1: fake}}\n"))
@@ -511,10 +514,10 @@ func TestKubeletCgroupParentIsUsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain, _ := b.RunPod(ctx, podCfg("plain"))
-	if got := e.be.specs[id].CgroupParent; got != c.CgroupParent {
+	if got := e.be.Spec(id).CgroupParent; got != c.CgroupParent {
 		t.Errorf("cgroup parent = %q, want the kubelet's %q", got, c.CgroupParent)
 	}
-	if got := e.be.specs[plain].CgroupParent; got != "test" {
+	if got := e.be.Spec(plain).CgroupParent; got != "test" {
 		t.Errorf("cgroup parent = %q, want the node's", got)
 	}
 }
@@ -548,7 +551,7 @@ func TestCgroupParentMatchesTheDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := e.be.specs[id].CgroupParent; got != c.CgroupParent {
+	if got := e.be.Spec(id).CgroupParent; got != c.CgroupParent {
 		t.Errorf("cgroup parent = %q, want the kubelet's slice", got)
 	}
 }
@@ -583,7 +586,7 @@ func TestPodNetworkLifecycle(t *testing.T) {
 	if st.Record.NetNS == "" || !slices.Equal(st.Record.IPs, []string{"10.213.0.2"}) {
 		t.Fatalf("record: netns %q ips %v", st.Record.NetNS, st.Record.IPs)
 	}
-	if got := e.be.specs[id].NetNSPath; got != st.Record.NetNS {
+	if got := e.be.Spec(id).NetNSPath; got != st.Record.NetNS {
 		t.Fatalf("backend got netns %q", got)
 	}
 	if pm := net.attached[id].PortMappings; len(pm) != 1 || pm[0].HostPort != 8080 {
@@ -688,12 +691,10 @@ func TestPodWhoseAgentDiesBecomesNotReady(t *testing.T) {
 	if err := b.StartContainer(ctx, cid); err != nil {
 		t.Fatal(err)
 	}
-	fp := e.be.pods[id]
-	fp.mu.Lock()
-	lists := fp.lists
-	fp.mu.Unlock()
+	fp := e.be.Pod(id)
+	lists := fp.Calls(api.OpList)
 	// The agent's event stream ends: the broker notices without a list.
-	fp.die()
+	fp.Die()
 	waitFor(t, "the pod turns not ready", func() bool {
 		st, err := b.PodStatus(ctx, id, false)
 		return err == nil && !st.Ready && st.Record.Gone
@@ -702,15 +703,15 @@ func TestPodWhoseAgentDiesBecomesNotReady(t *testing.T) {
 	if rec.ExitCode != 255 {
 		t.Fatalf("container after the agent died: %s/%d", rec.State, rec.ExitCode)
 	}
-	if fp.lists != lists {
-		t.Errorf("noticing the death took %d list calls", fp.lists-lists)
+	if n := fp.Calls(api.OpList); n != lists {
+		t.Errorf("noticing the death took %d list calls", n-lists)
 	}
 	// Stop kills what the pod left; remove releases the rest.
 	if err := b.StopPod(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if e.be.destroyed[id] != 1 {
-		t.Fatalf("stop of a dead pod did not release it: %d", e.be.destroyed[id])
+	if e.be.Destroyed(id) != 1 {
+		t.Fatalf("stop of a dead pod did not release it: %d", e.be.Destroyed(id))
 	}
 	if err := b.RemovePod(ctx, id); err != nil {
 		t.Fatal(err)
@@ -727,7 +728,7 @@ func TestPodResourcesReachTheBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := stage1.PodResources{MemoryLimit: 512 << 20, CPUQuota: 200000, CPUPeriod: 100000}
-	if got := e.be.specs[id].Resources; got != want {
+	if got := e.be.Spec(id).Resources; got != want {
 		t.Fatalf("backend got %+v, want %+v", got, want)
 	}
 }
@@ -744,15 +745,15 @@ func TestExecSyncOneRoundTrip(t *testing.T) {
 	if err := b.StartContainer(ctx, cid); err != nil {
 		t.Fatal(err)
 	}
-	fp := e.be.pods[pid]
-	lists := fp.lists
-	if res, err := b.ExecSync(ctx, cid, []string{"true"}, time.Second); err != nil || string(res.Stdout) != "[true]" {
+	fp := e.be.Pod(pid)
+	lists := fp.Calls(api.OpList)
+	if res, err := b.ExecSync(ctx, cid, []string{"echo", "x"}, time.Second); err != nil || string(res.Stdout) != "x\n" {
 		t.Fatalf("exec: %v %v", res, err)
 	}
-	if fp.execs != 1 || fp.lists != lists {
-		t.Fatalf("exec cost %d exec and %d list calls, want 1 and 0", fp.execs, fp.lists-lists)
+	if execs, n := fp.Calls(api.OpExec), fp.Calls(api.OpList); execs != 1 || n != lists {
+		t.Fatalf("exec cost %d exec and %d list calls, want 1 and 0", execs, n-lists)
 	}
-	fp.exitQuietly(cid, 5) // its event still on its way
+	fp.ExitQuietly(cid, 5) // its event still on its way
 	_, err := b.ExecSync(ctx, cid, []string{"true"}, time.Second)
 	wantClass(t, err, errdefs.ErrFailedPrecondition)
 	b.mu.Lock()
@@ -764,8 +765,8 @@ func TestExecSyncOneRoundTrip(t *testing.T) {
 	// Now the record alone refuses, without asking the agent.
 	_, err = b.ExecSync(ctx, cid, []string{"true"}, time.Second)
 	wantClass(t, err, errdefs.ErrFailedPrecondition)
-	if fp.execs != 2 {
-		t.Fatalf("exec into an exited container asked the agent: %d calls", fp.execs)
+	if n := fp.Calls(api.OpExec); n != 2 {
+		t.Fatalf("exec into an exited container asked the agent: %d calls", n)
 	}
 }
 
@@ -782,12 +783,7 @@ func TestIPCSysctlsGoToThePod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.be.mu.Lock()
-	p := e.be.pods[id]
-	e.be.mu.Unlock()
-	p.mu.Lock()
-	got := p.sysctls
-	p.mu.Unlock()
+	got := e.be.Pod(id).Sysctls()
 	if !maps.Equal(got, c.Sysctls) {
 		t.Errorf("the pod got sysctls %v, want %v", got, c.Sysctls)
 	}
@@ -918,10 +914,7 @@ func TestUpdateContainerResources(t *testing.T) {
 	if err := b.UpdateContainerResources(ctx, cid, Resources{MemoryLimit: 128 << 20, CPUQuota: 150000, OOMScoreAdj: 10}); err != nil {
 		t.Fatal(err)
 	}
-	fp := e.be.pods[pid]
-	fp.mu.Lock()
-	sent := fp.updates[cid]
-	fp.mu.Unlock()
+	sent := e.be.Pod(pid).Updated(cid)
 	if sent != (api.Resources{MemoryLimit: 128 << 20, CPUQuota: 150000}) {
 		t.Errorf("the agent got %+v", sent)
 	}
@@ -1065,7 +1058,7 @@ func TestRecoveryInParallelUnderADeadline(t *testing.T) {
 	}
 	b.Close()
 	stuck := ids[3]
-	e.be.hang = map[string]bool{stuck: true}
+	e.be.Hang(stuck)
 	defer func(old time.Duration) { RecoverTimeout = old }(RecoverTimeout)
 	RecoverTimeout = 2 * time.Second
 	before, err := os.ReadFile(filepath.Join(e.state, "pods", stuck+".json"))
@@ -1088,8 +1081,8 @@ func TestRecoveryInParallelUnderADeadline(t *testing.T) {
 	if res.Pods != 8 || res.Ready != 7 || res.Unrecovered != 1 {
 		t.Errorf("recovery result %+v, want 8 pods, 7 ready, 1 unrecovered", res)
 	}
-	if e.be.maxRecovering < 2 {
-		t.Errorf("at most %d pods were reattached at once", e.be.maxRecovering)
+	if e.be.MaxRecovering() < 2 {
+		t.Errorf("at most %d pods were reattached at once", e.be.MaxRecovering())
 	}
 	if st, err := b2.PodStatus(ctx, stuck, false); err != nil || st.Ready {
 		t.Errorf("the pod past the deadline: %+v, %v", st, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // agentTimeout bounds agent calls that have no timeout of their own.
@@ -716,7 +717,7 @@ func (b *Broker) ReopenLog(ctx context.Context, id string) error {
 // pod's handle. The record is not refreshed first: the agent refuses a call
 // for an app that has exited (FailedPrecondition), and refreshOnRefusal
 // then brings the record up to date, so a call costs one agent round trip.
-func (b *Broker) runningContainer(ctx context.Context, id string) (*container, *pod, stage1.Pod, error) {
+func (b *Broker) runningContainer(ctx context.Context, id string) (*container, *pod, *agentconn.Pod, error) {
 	c, p, err := b.containerAndPod(ctx, id)
 	if err != nil {
 		return nil, nil, nil, err

@@ -31,14 +31,14 @@ func TestStatusAndListsAskNoAgent(t *testing.T) {
 	}
 	calls := func() (n int) {
 		for _, pid := range pods {
-			n += e.be.pods[pid].callCount()
+			n += e.be.Pod(pid).Calls("")
 		}
 		return n
 	}
 	// Following begins with one Info per pod; wait until it is done.
 	waitFor(t, "every pod is followed", func() bool {
 		for _, pid := range pods {
-			if e.be.pods[pid].subscribers() != 1 {
+			if e.be.Pod(pid).Subscribers() != 1 {
 				return false
 			}
 		}
@@ -103,7 +103,7 @@ func TestContainerEvents(t *testing.T) {
 	if err := b.StartContainer(ctx, cid); err != nil {
 		t.Fatal(err)
 	}
-	e.be.pods[pid].exit(cid, 4)
+	e.be.Pod(pid).Exit(cid, 4)
 	waitContainer(t, b, cid, func(r *ContainerRecord) bool { return r.State == ContainerExited })
 	if err := b.RemoveContainer(ctx, cid); err != nil {
 		t.Fatal(err)
@@ -202,11 +202,11 @@ func TestResubscribeAfterDrop(t *testing.T) {
 	if err := b.StartContainer(ctx, cid); err != nil {
 		t.Fatal(err)
 	}
-	fp := e.be.pods[pid]
-	waitFor(t, "the pod is followed", func() bool { return fp.subscribers() == 1 })
-	fp.dropSubscribers()
-	waitFor(t, "the broker subscribes again", func() bool { return fp.subscribers() == 1 })
-	fp.exit(cid, 9)
+	fp := e.be.Pod(pid)
+	waitFor(t, "the pod is followed", func() bool { return fp.Subscribers() == 1 })
+	fp.DropSubscribers()
+	waitFor(t, "the broker subscribes again", func() bool { return fp.Subscribers() == 1 })
+	fp.Exit(cid, 9)
 	rec := waitContainer(t, b, cid, func(r *ContainerRecord) bool { return r.State == ContainerExited })
 	if rec.ExitCode != 9 {
 		t.Errorf("exit code %d, want 9", rec.ExitCode)
@@ -229,12 +229,10 @@ func TestAgentWithoutEventsIsPolled(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Close() // the daemon is upgraded; the pod's agent is the old one
-	fp := e.be.pods[pid]
-	fp.mu.Lock()
-	fp.noEvents = true
-	fp.mu.Unlock()
+	fp := e.be.Pod(pid)
+	fp.NoEvents()
 	b2 := e.broker(t)
-	fp.exitQuietly(cid, 6)
+	fp.ExitQuietly(cid, 6)
 	rec := waitContainer(t, b2, cid, func(r *ContainerRecord) bool { return r.State == ContainerExited })
 	if rec.ExitCode != 6 {
 		t.Errorf("exit code %d, want 6", rec.ExitCode)

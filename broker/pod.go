@@ -16,6 +16,7 @@ import (
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 func podNameKey(m PodMetadata) string {
@@ -287,10 +288,11 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 		b.mu.Unlock()
 		return b.rec.savePod(&cp)
 	}
-	h, err := be.StartPod(ctx, spec, persist)
+	started, err := be.StartPod(ctx, spec, persist)
 	if err != nil {
 		return fmt.Errorf("stage1 %s: start pod: %w", be.Name(), err)
 	}
+	h := agentconn.Open(started, b.log.With("pod", rec.ID))
 	if ipc := sysctlsOf(&rec.Config, network.SysctlIPC); len(ipc) > 0 {
 		// In the pod's IPC namespace, which the agent runs in; before
 		// any container can start.
@@ -585,7 +587,7 @@ func sortByCreated[T any](s []T, key func(T) (time.Time, string)) {
 }
 
 // podHandle returns the running pod's handle or FailedPrecondition.
-func (b *Broker) podHandle(p *pod) (stage1.Pod, error) {
+func (b *Broker) podHandle(p *pod) (*agentconn.Pod, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if p.handle == nil || p.rec.State != PodReady {
@@ -596,7 +598,7 @@ func (b *Broker) podHandle(p *pod) (stage1.Pod, error) {
 
 // podGone records that a running pod's agent is gone. The pod's resources
 // stay until StopPodSandbox/RemovePodSandbox.
-func (b *Broker) podGone(p *pod, h stage1.Pod, why error) {
+func (b *Broker) podGone(p *pod, h *agentconn.Pod, why error) {
 	b.mu.Lock()
 	if p.handle != h || h == nil {
 		b.mu.Unlock()
@@ -642,7 +644,7 @@ func (b *Broker) UpdatePodResources(ctx context.Context, id string, r Resources)
 	if err != nil {
 		return err
 	}
-	if rs, ok := h.(stage1.PodResizer); ok {
+	if rs, ok := h.Pod.(stage1.PodResizer); ok {
 		actx, cancel := agentCtx(ctx, agentTimeout)
 		defer cancel()
 		if err := rs.UpdatePodResources(actx, podResources(&r)); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // Recover reloads the persisted records, reattaches to every pod that
@@ -183,7 +184,7 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 			rec.State = PodNotReady
 			result = "unrecovered"
 		} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
-			p.handle = h
+			p.handle = agentconn.Open(h, b.log.With("pod", rec.ID))
 			result = "ready"
 		} else {
 			// Gone: StopPodSandbox asks the backend to release what is

@@ -5,7 +5,7 @@ import (
 	"io"
 
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // Streaming sessions: exec with streamed stdio, attach and port-forward.
@@ -29,11 +29,14 @@ func (b *Broker) CheckPodReady(ctx context.Context, podID string) error {
 	return err
 }
 
+// StreamIO are the streams of an exec or attach session.
+type StreamIO = agentconn.StreamIO
+
 // Exec runs cmd in a running container with its stdio connected to sio
 // and returns its exit code. InvalidArgument (empty command), NotFound,
 // FailedPrecondition (not running, the command cannot be executed),
 // Unavailable (the pod's agent went away).
-func (b *Broker) Exec(ctx context.Context, id string, cmd []string, sio stage1.StreamIO) (int32, error) {
+func (b *Broker) Exec(ctx context.Context, id string, cmd []string, sio StreamIO) (int32, error) {
 	if err := CheckCommand("cmd", cmd); err != nil {
 		return 0, err
 	}
@@ -51,7 +54,7 @@ func (b *Broker) Exec(ctx context.Context, id string, cmd []string, sio stage1.S
 
 // Attach connects sio to a running container's stdio until it exits or
 // the client detaches. NotFound, FailedPrecondition, Unavailable.
-func (b *Broker) Attach(ctx context.Context, id string, sio stage1.StreamIO) error {
+func (b *Broker) Attach(ctx context.Context, id string, sio StreamIO) error {
 	c, p, h, err := b.runningContainer(ctx, id)
 	if err != nil {
 		return err
@@ -77,7 +80,7 @@ func (b *Broker) PortForward(ctx context.Context, podID string, port int32, stre
 }
 
 // readyPod returns a ready pod with its handle.
-func (b *Broker) readyPod(ctx context.Context, podID string) (*pod, stage1.Pod, error) {
+func (b *Broker) readyPod(ctx context.Context, podID string) (*pod, *agentconn.Pod, error) {
 	p, err := b.lookupPod(podID)
 	if err != nil {
 		return nil, nil, err

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
 )
 
 // TestStreamingSessions: exec, attach and port-forward reach the pod's
@@ -27,7 +26,7 @@ func TestStreamingSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantClass(t, b.CheckRunning(ctx, cid), errdefs.ErrFailedPrecondition)
-	_, err = b.Exec(ctx, cid, []string{"true"}, stage1.StreamIO{Stdout: io.Discard})
+	_, err = b.Exec(ctx, cid, []string{"true"}, StreamIO{Stdout: io.Discard})
 	wantClass(t, err, errdefs.ErrFailedPrecondition)
 	if err := b.StartContainer(ctx, cid); err != nil {
 		t.Fatal(err)
@@ -38,15 +37,15 @@ func TestStreamingSessions(t *testing.T) {
 	wantClass(t, b.CheckRunning(ctx, "nosuch-container"), errdefs.ErrNotFound)
 
 	var out bytes.Buffer
-	code, err := b.Exec(ctx, cid[:12], []string{"cat", "-"}, stage1.StreamIO{Stdin: strings.NewReader(" in"), Stdout: &out})
-	if err != nil || code != 2 || out.String() != "[cat -] in" {
+	code, err := b.Exec(ctx, cid[:12], []string{"sh", "-c", "echo out; cat -; exit 2"}, StreamIO{Stdin: strings.NewReader("in"), Stdout: &out})
+	if err != nil || code != 2 || out.String() != "out\nin" {
 		t.Fatalf("exec: code %d, err %v, out %q", code, err, out.String())
 	}
-	_, err = b.Exec(ctx, cid, nil, stage1.StreamIO{Stdout: &out})
+	_, err = b.Exec(ctx, cid, nil, StreamIO{Stdout: &out})
 	wantClass(t, err, errdefs.ErrInvalidArgument)
 
 	out.Reset()
-	if err := b.Attach(ctx, cid, stage1.StreamIO{Stdin: strings.NewReader("typed"), Stdout: &out}); err != nil || out.String() != "typed" {
+	if err := b.Attach(ctx, cid, StreamIO{Stdin: strings.NewReader("typed"), Stdout: &out}); err != nil || out.String() != "typed" {
 		t.Fatalf("attach: %v %q", err, out.String())
 	}
 
@@ -66,8 +65,8 @@ func TestStreamingSessions(t *testing.T) {
 
 	// The app exits behind the record's back: the agent's refusal
 	// updates the record.
-	e.be.pods[pid].exit(cid, 3)
-	_, err = b.Exec(ctx, cid, []string{"true"}, stage1.StreamIO{Stdout: &out})
+	e.be.Pod(pid).Exit(cid, 3)
+	_, err = b.Exec(ctx, cid, []string{"true"}, StreamIO{Stdout: &out})
 	wantClass(t, err, errdefs.ErrFailedPrecondition)
 	b.mu.Lock()
 	state := b.ctrs[cid].rec.State

@@ -18,7 +18,6 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
 )
 
 // StreamServer is the HTTP server behind the URLs Exec, Attach and
@@ -168,8 +167,8 @@ func (r *streamRuntime) PortForward(ctx context.Context, podID string, port int3
 
 // streamIO turns the library's streams into the broker's. Absent streams
 // stay nil (not typed nils). stop ends the resize relay.
-func streamIO(in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) (stage1.StreamIO, func()) {
-	sio := stage1.StreamIO{TTY: tty}
+func streamIO(in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) (broker.StreamIO, func()) {
+	sio := broker.StreamIO{TTY: tty}
 	if in != nil {
 		sio.Stdin = in
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/mountsafe"
@@ -37,7 +35,16 @@ type SharedDir struct {
 	// as a slave, which propagates nothing back. Nil: the pod cannot
 	// have such mounts (InvalidArgument).
 	BindShared func(src, host string) error
+	// UnbindSourcesOnStart undoes the host-side binds of a container's
+	// mount sources once it started (Started): the app holds its own
+	// mounts in its own namespace by then, and a bind left in the host's
+	// namespace would keep the host from removing a volume's mount points
+	// (EBUSY) while the container runs, where runc's containers do not.
+	// Not for a pod that reaches the binds through a file server (a VM).
+	UnbindSourcesOnStart bool
 }
+
+var _ ContainerPaths = SharedDir{}
 
 // Prepare creates the directory and makes it a shared mount point (a bind
 // of itself), so that mounts made beneath it later propagate into the pod.
@@ -310,67 +317,46 @@ func makeTarget(src, dst string) error {
 	return f.Close()
 }
 
-// SharedDirPod is an AgentPod whose containers reach the pod through a
-// SharedDir: backends whose agent runs behind a namespace or VM boundary
-// embed it instead of AgentPod.
-type SharedDirPod struct {
-	AgentPod
-	Dir SharedDir
-	// UnbindSourcesOnStart undoes the host-side binds of a container's
-	// mount sources once it started: the app holds its own mounts in its
-	// own namespace by then, and a bind left in the host's namespace
-	// would keep the host from removing a volume's mount points (EBUSY)
-	// while the container runs, where runc's containers do not. Not for
-	// a pod that reaches the binds through a file server (a VM).
-	UnbindSourcesOnStart bool
-	// Log receives what goes wrong after a container started; nil means
-	// slog.Default().
-	Log *slog.Logger
-}
-
-// NewSharedDirPod returns a SharedDirPod talking through c.
-func NewSharedDirPod(c *agent.Client, d SharedDir) SharedDirPod {
-	return SharedDirPod{AgentPod: NewAgentPod(c, d.Map), Dir: d}
-}
-
-// CreateContainer implements Pod: the container's rootfs, log directory
-// and mount sources are bound beneath the shared directory, whence they
-// reach the running pod, and the agent is given the paths it sees them at.
-// Errors: those of BindContainer, and the agent's. On failure the binds
-// are undone.
-func (p *SharedDirPod) CreateContainer(ctx context.Context, spec *ContainerSpec) (*api.AppStatus, error) {
-	inPod, err := p.Dir.BindContainer(ctx, spec, p.known)
+// Share implements ContainerPaths: BindContainer, then the spec's paths
+// as the pod sees them.
+func (d SharedDir) Share(ctx context.Context, spec *ContainerSpec, known func(context.Context, string) (bool, error)) (*ContainerSpec, error) {
+	bound, err := d.BindContainer(ctx, spec, known)
 	if err != nil {
 		return nil, err
 	}
-	st, err := p.AgentPod.CreateContainer(ctx, inPod)
-	if err != nil {
-		if uerr := p.Dir.UnbindContainer(spec.ID); uerr != nil {
+	fail := func(err error) (*ContainerSpec, error) {
+		if uerr := d.UnbindContainer(spec.ID); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("undoing the binds: %w", uerr))
 		}
 		return nil, err
 	}
-	return st, nil
+	if bound.Rootfs, err = d.Map(bound.Rootfs); err != nil {
+		return fail(fmt.Errorf("container %s: rootfs: %w", spec.ID, err))
+	}
+	if bound.LogPath != "" {
+		if bound.LogPath, err = d.Map(bound.LogPath); err != nil {
+			return fail(fmt.Errorf("container %s: log: %w", spec.ID, err))
+		}
+	}
+	for i := range bound.Mounts {
+		if bound.Mounts[i].Source, err = d.Map(bound.Mounts[i].Source); err != nil {
+			return fail(fmt.Errorf("container %s: mount %s: %w", spec.ID, bound.Mounts[i].Destination, err))
+		}
+	}
+	return bound, nil
 }
 
-// StartContainer implements Pod: the agent starts the app; with
-// UnbindSourcesOnStart the host-side binds of its mount sources are then
-// undone. The app runs either way: a bind that cannot be undone is logged
-// and stays until RemoveContainer.
-func (p *SharedDirPod) StartContainer(ctx context.Context, id string) (*api.AppStatus, error) {
-	st, err := p.AgentPod.StartContainer(ctx, id)
-	if err != nil || !p.UnbindSourcesOnStart {
-		return st, err
+// Started implements ContainerPaths: with UnbindSourcesOnStart, the
+// host-side binds of the container's mount sources are undone.
+func (d SharedDir) Started(id string) error {
+	if !d.UnbindSourcesOnStart {
+		return nil
 	}
-	if err := p.Dir.UnbindSources(id); err != nil {
-		log := p.Log
-		if log == nil {
-			log = slog.Default()
-		}
-		log.Warn("container started; the host's binds of its mount sources stay until it is removed", "container", id, "err", err)
-	}
-	return st, nil
+	return d.UnbindSources(id)
 }
+
+// Unshare implements ContainerPaths: UnbindContainer.
+func (d SharedDir) Unshare(id string) error { return d.UnbindContainer(id) }
 
 // UnbindSources unmounts the binds of a container's mount sources
 // (<Host>/<id>/m<N>) and removes their mount points; the rootfs and log
@@ -395,25 +381,4 @@ func (d SharedDir) UnbindSources(id string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// known tells whether the agent knows a container.
-func (p *SharedDirPod) known(ctx context.Context, id string) (bool, error) {
-	_, err := p.ContainerStatus(ctx, id)
-	switch {
-	case err == nil:
-		return true, nil
-	case errdefs.IsNotFound(err):
-		return false, nil
-	}
-	return false, err
-}
-
-// RemoveContainer implements Pod: the agent forgets the container, then
-// its binds are undone. Idempotent.
-func (p *SharedDirPod) RemoveContainer(ctx context.Context, id string) error {
-	if err := p.AgentPod.RemoveContainer(ctx, id); err != nil {
-		return err
-	}
-	return p.Dir.UnbindContainer(id)
 }

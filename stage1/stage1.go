@@ -1,8 +1,10 @@
 // Package stage1 defines the one interface every isolation backend (a
 // "stage1", after rkt) implements, the capability facts a backend declares so
 // that policy can decide without knowing backends by name, the registry of
-// backends by name, and the bookkeeping every backend shares (talking to the
-// pod's agent, launching detached host processes).
+// backends by name, and the bookkeeping every backend shares (launching
+// detached host processes, shared directories, state). A backend owns a
+// pod's isolation only: the connection to the pod's agent is the
+// broker's (package agentconn), given an AgentEndpoint.
 //
 // Implementations live in stage1/<name> and import this package, never
 // broker, cri or policy.
@@ -12,12 +14,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
+	"net"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1/caps"
@@ -79,9 +80,6 @@ type ContainerSpec struct {
 	api.AppSpec
 }
 
-// StreamIO are the streams of an exec or attach session.
-type StreamIO = agent.StreamIO
-
 // Persist stores a backend's opaque state with the pod record. A backend
 // calls it before it takes each host resource, so that after a crash
 // DestroyPod finds everything that may have been taken.
@@ -108,60 +106,63 @@ type Backend interface {
 // ErrPodGone says a pod's isolation (its agent) no longer runs.
 var ErrPodGone = fmt.Errorf("pod is gone")
 
-// Pod is a running pod: its isolation plus the agent inside it. Container
-// calls carry errdefs classes (NotFound for an unknown container).
+// Pod is a running pod's isolation, as its backend holds it. The broker
+// owns the connection to the agent inside it (every container call, the
+// event subscription, exec, attach and port-forward sessions: package
+// agentconn); Agent tells it how to reach the agent and how a
+// container's host paths reach the pod.
 type Pod interface {
 	// State is the backend's opaque, versioned state to persist.
 	State() []byte
-	// Info asks the agent who it is; an error means it does not answer.
-	Info(ctx context.Context) (*api.Info, error)
-	// Info about the backend's runtime choices (e.g. accelerator), shown in
-	// verbose status.
+	// Details are the backend's runtime choices (e.g. accelerator),
+	// shown in verbose status.
 	Details() map[string]string
+	// Agent is how the pod's agent is reached.
+	Agent() AgentEndpoint
+	// Stop stops every app and the pod's isolation: it asks the agent
+	// through shutdown (the broker's connection) to stop every app
+	// (SIGTERM, timeout, SIGKILL) and exit, waits for the isolation to
+	// end, and kills what remains. Idempotent. The pod's host resources
+	// stay until DestroyPod.
+	Stop(ctx context.Context, timeout time.Duration, shutdown Shutdown) error
+}
 
-	CreateContainer(ctx context.Context, spec *ContainerSpec) (*api.AppStatus, error)
-	StartContainer(ctx context.Context, id string) (*api.AppStatus, error)
-	// StopContainer sends SIGTERM, waits up to timeout, then SIGKILL.
-	// Idempotent on an exited container.
-	StopContainer(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error)
-	// RemoveContainer forgets the app in the agent; idempotent.
-	RemoveContainer(ctx context.Context, id string) error
-	ContainerStatus(ctx context.Context, id string) (*api.AppStatus, error)
-	ListContainers(ctx context.Context) ([]*api.AppStatus, error)
-	// UpdateContainerResources changes a created or running container's
-	// cgroup limits (zero fields stay), in the pod's agent: on the host
-	// for fly and nspawn, in the guest for a VM.
-	UpdateContainerResources(ctx context.Context, id string, r api.Resources) error
-	// Watch subscribes to the agent's app events, as agent.Client.Watch:
-	// snapshot gets every app, then event each change, until ctx ends
-	// (nil) or the stream does (ErrUnavailable: the agent went away, or
-	// dropped a subscriber that read too slowly).
-	Watch(ctx context.Context, snapshot func([]*api.AppStatus), event func(*api.Event)) error
-	ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error)
-	ReopenLog(ctx context.Context, id string) error
-	// Stats of one container, or of the whole pod for id "".
-	Stats(ctx context.Context, id string) (*api.Stats, error)
-	// SetSysctls sets sysctls the pod's IPC namespace isolates
-	// (kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*) there, before
-	// any container starts. InvalidArgument for any other name.
-	SetSysctls(ctx context.Context, sysctls map[string]string) error
+// Shutdown asks a pod's agent to stop every app (SIGTERM, timeout,
+// SIGKILL) and exit. ErrUnavailable: the agent is gone already.
+type Shutdown func(ctx context.Context, timeout time.Duration) error
 
-	// ExecStream runs cmd in a running container with its stdio
-	// connected to sio and returns its exit code, as
-	// agent.Client.ExecStream.
-	ExecStream(ctx context.Context, id string, cmd []string, sio StreamIO) (int32, error)
-	// Attach connects sio to a running container's stdio, as
-	// agent.Client.Attach.
-	Attach(ctx context.Context, id string, sio StreamIO) error
-	// PortForward connects stream to a TCP port on the loopback of the
-	// pod's network namespace (the host's for a pod in the host network),
-	// dialled from inside the pod, as agent.Client.PortForward.
-	PortForward(ctx context.Context, port int32, stream io.ReadWriter) error
+// AgentEndpoint is how a pod's agent is reached.
+type AgentEndpoint struct {
+	// Dial opens one stream to the agent (a call, an event subscription
+	// or a session), whatever its transport: a unix socket, a VM's serial
+	// port.
+	Dial func(ctx context.Context) (net.Conn, error)
+	// Paths makes a container's host paths reachable in the pod; nil: the
+	// agent sees the host's files as they are (fly).
+	Paths ContainerPaths
+}
 
-	// Stop stops every app (SIGTERM, timeout, SIGKILL) and the pod's
-	// isolation. Idempotent. The pod's host resources stay until
-	// DestroyPod.
-	Stop(ctx context.Context, timeout time.Duration) error
+// ContainerPaths makes the host paths of a container (its rootfs, log
+// directory, mount sources) reachable by an agent that runs behind a
+// namespace or VM boundary (SharedDir).
+type ContainerPaths interface {
+	// Share makes spec's host paths reachable in the pod and returns the
+	// spec with the paths the agent sees them at. known tells whether the
+	// agent already knows a container: what a create that did not finish
+	// left is replaced. On failure nothing stays shared.
+	Share(ctx context.Context, spec *ContainerSpec, known func(context.Context, string) (bool, error)) (*ContainerSpec, error)
+	// Started is told that a container started: what the app holds in
+	// its own namespace by then may be dropped on the host.
+	Started(id string) error
+	// Unshare undoes Share. Idempotent.
+	Unshare(id string) error
+}
+
+// HostStatser is an optional interface of a Pod whose cost on the host is
+// not what its agent sees (a VM: memory the guest touched, qemu's own):
+// the pod's figures are HostStats, with the process count from the agent.
+type HostStatser interface {
+	HostStats() (*api.Stats, error)
 }
 
 // PodResizer is an optional interface of a Pod whose backend sizes the

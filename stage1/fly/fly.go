@@ -178,7 +178,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return stage1.WaitAgentReady(ctx, p.Info, p.st.Agent, AgentReadyTimeout, "the agent")
+	return stage1.WaitAgentReady(ctx, p.client.Info, p.st.Agent, AgentReadyTimeout, "the agent")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its agent
@@ -190,7 +190,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := stage1.CheckRecovered(ctx, st.Agent, "agent", pod.Info, stage1.ProbeTimeout); err != nil {
+	if err := stage1.CheckRecovered(ctx, st.Agent, "agent", pod.client.Info, stage1.ProbeTimeout); err != nil {
 		return nil, fmt.Errorf("fly: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
@@ -246,22 +246,29 @@ func (b *Backend) release(ctx context.Context, st *state, name string) error {
 
 // Pod is a running fly pod.
 type Pod struct {
-	stage1.AgentPod
-	id  string
-	st  *state
-	log *slog.Logger
+	// client reaches the agent while the pod starts or recovers; the
+	// broker has its own connection (Agent).
+	client *agent.Client
+	id     string
+	st     *state
+	log    *slog.Logger
 }
 
 var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
-	c := agent.NewClient(agent.UnixDialer(st.Socket))
 	return &Pod{
-		AgentPod: stage1.NewAgentPod(c, stage1.IdentityPaths),
-		id:       spec.ID,
-		st:       st,
-		log:      b.log.With("pod", spec.ID),
+		client: agent.NewClient(agent.UnixDialer(st.Socket)),
+		id:     spec.ID,
+		st:     st,
+		log:    b.log.With("pod", spec.ID),
 	}
+}
+
+// Agent implements stage1.Pod: the agent's unix socket; the agent runs on
+// the host's file system, so container paths need no mapping.
+func (p *Pod) Agent() stage1.AgentEndpoint {
+	return stage1.AgentEndpoint{Dial: agent.UnixDialer(p.st.Socket)}
 }
 
 // State implements stage1.Pod.
@@ -275,8 +282,8 @@ func (p *Pod) Details() map[string]string { return map[string]string{"stage1": N
 // timeout plus AgentExitGrace, or ctx), then kills whatever remains in the
 // pod cgroup. The cgroup itself stays until DestroyPod. Idempotent: a gone
 // agent is fine.
-func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
-	if err := stage1.StopHostPod(ctx, p.log, "the agent", p.st.Agent, []*cgroups.Cgroup{p.st.Cgroup}, p.Shutdown, timeout, AgentExitGrace); err != nil {
+func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
+	if err := stage1.StopHostPod(ctx, p.log, "the agent", p.st.Agent, []*cgroups.Cgroup{p.st.Cgroup}, shutdown, timeout, AgentExitGrace); err != nil {
 		return fmt.Errorf("fly: %w", err)
 	}
 	return nil

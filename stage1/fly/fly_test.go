@@ -18,6 +18,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -167,7 +168,7 @@ func TestPodNetNS(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	pod, err := b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil })
+	pod, err := agentconn.Opened(b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +233,7 @@ func TestAgentInPodCgroup(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	pod, err := b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil })
+	pod, err := agentconn.Opened(b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}

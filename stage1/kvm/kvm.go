@@ -466,13 +466,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	pod := b.newPod(spec, st)
 	// Each probe dials: a serial session whose handshake the guest
 	// answers once its agent serves the port.
-	if err := stage1.WaitAgentReady(ctx, pod.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
+	if err := stage1.WaitAgentReady(ctx, pod.client.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
 		return nil, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w",
 			vs.console, launch.LogPath, err)
 	}
 	ready := time.Now()
 	if tpl != nil {
-		if err := pod.Client.Setup(ctx, guest.Cmdline(), time.Now(), seed()); err != nil {
+		if err := pod.client.Setup(ctx, guest.Cmdline(), time.Now(), seed()); err != nil {
 			return nil, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", vs.console, err)
 		}
 	}
@@ -494,7 +494,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := stage1.CheckRecovered(ctx, st.Qemu, "qemu", pod.Info, recoverTimeout); err != nil {
+	if err := stage1.CheckRecovered(ctx, st.Qemu, "qemu", pod.client.Info, recoverTimeout); err != nil {
 		return nil, fmt.Errorf("kvm: pod %s: %w", spec.ID, err)
 	}
 	b.log.Debug("kvm pod recovered", "pod", spec.ID, "qemuPID", st.Qemu.PID)

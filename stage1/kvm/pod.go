@@ -19,21 +19,28 @@ import (
 // Pod is a running kvm pod: its VM and the agent inside it, reached over
 // the VM's serial session.
 type Pod struct {
-	stage1.SharedDirPod
-	id  string
-	st  *state
-	log *slog.Logger
-	b   *Backend
+	// client reaches the agent while the pod starts or recovers; the
+	// broker has its own connection (Agent), over the same serial
+	// session.
+	client *agent.Client
+	dial   agent.Dialer
+	id     string
+	st     *state
+	log    *slog.Logger
+	b      *Backend
 }
 
 var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	c := agent.NewClient(d.Dial)
-	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID), b: b}
-	p.SharedDirPod = stage1.NewSharedDirPod(c, st.shared())
-	return p
+	return &Pod{client: agent.NewClient(d.Dial), dial: d.Dial, id: spec.ID, st: st, log: b.log.With("pod", spec.ID), b: b}
+}
+
+// Agent implements stage1.Pod: streams over the VM's serial session, and
+// the pod's shared directory (the guest's 9p mount) for container paths.
+func (p *Pod) Agent() stage1.AgentEndpoint {
+	return stage1.AgentEndpoint{Dial: p.dial, Paths: p.st.shared()}
 }
 
 // State implements stage1.Pod.
@@ -94,10 +101,10 @@ func (p *Pod) Details() map[string]string {
 // exits with qemu). The
 // tap, mounts and cgroup stay until DestroyPod. Idempotent: a gone pod is
 // fine.
-func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
+func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
 	if p.st.Qemu.Alive() {
 		sctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
-		err := p.Shutdown(sctx, timeout)
+		err := shutdown(sctx, timeout)
 		cancel()
 		if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
 			p.log.Warn("kvm: agent shutdown", "err", err)
@@ -134,16 +141,14 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// Stats implements stage1.Pod. A container's figures come from its cgroup
-// inside the guest. The pod's (id "") are the VM's cost on the host: CPU
-// and memory of the host pod cgroup, which holds qemu (guest memory the
-// guest touched, its vCPU threads, its own overhead; an earlier version's
-// pods also virtiofsd); the
-// process count is the guest's.
-func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
-	guest, err := p.AgentPod.Stats(ctx, id)
-	if id != "" || p.st.Cgroup == nil {
-		return guest, err
+// HostStats implements stage1.HostStatser: the VM's cost on the host,
+// CPU and memory of the host pod cgroup, which holds qemu (guest memory
+// the guest touched, its vCPU threads, its own overhead; an earlier
+// version's pods also virtiofsd). Containers' figures come from their
+// cgroups inside the guest, through the agent.
+func (p *Pod) HostStats() (*api.Stats, error) {
+	if p.st.Cgroup == nil {
+		return nil, errdefs.FailedPrecondition("kvm: the pod has no host cgroup")
 	}
 	host, herr := p.st.Cgroup.Stats()
 	if herr == nil && p.st.FSCgroup != nil {
@@ -161,13 +166,9 @@ func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
 		}
 	}
 	if herr != nil {
-		if err != nil {
-			return nil, err
-		}
-		p.log.Debug("kvm: host pod cgroup stats", "err", herr)
-		return guest, nil
+		return nil, fmt.Errorf("kvm: the host pod cgroup: %w", herr)
 	}
-	s := &api.Stats{
+	return &api.Stats{
 		Timestamp:            time.Now(),
 		CPUUsageNanos:        host.CPUUsageNanos,
 		MemoryUsageBytes:     host.MemoryUsage,
@@ -175,9 +176,5 @@ func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
 		MemoryRSSBytes:       host.MemoryRSS,
 		MemoryPageFaults:     host.PageFaults,
 		MemoryMajorPageFault: host.MajorPageFaults,
-	}
-	if guest != nil {
-		s.Pids = guest.Pids
-	}
-	return s, nil
+	}, nil
 }

@@ -492,7 +492,7 @@ func findLeader(nspawnPID int) (*stage1.Process, error) {
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return stage1.WaitAgentReady(ctx, p.Info, p.st.NSpawn, AgentReadyTimeout, "systemd-nspawn")
+	return stage1.WaitAgentReady(ctx, p.client.Info, p.st.NSpawn, AgentReadyTimeout, "systemd-nspawn")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its
@@ -505,7 +505,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := stage1.CheckRecovered(ctx, st.NSpawn, "systemd-nspawn", pod.Info, stage1.ProbeTimeout); err != nil {
+	if err := stage1.CheckRecovered(ctx, st.NSpawn, "systemd-nspawn", pod.client.Info, stage1.ProbeTimeout); err != nil {
 		return nil, fmt.Errorf("nspawn: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
@@ -603,21 +603,29 @@ func (b *Backend) release(ctx context.Context, st *state, name string) error {
 
 // Pod is a running nspawn pod.
 type Pod struct {
-	stage1.SharedDirPod
-	id  string
-	st  *state
-	log *slog.Logger
+	// client reaches the agent while the pod starts or recovers; the
+	// broker has its own connection (Agent).
+	client *agent.Client
+	dir    stage1.SharedDir
+	id     string
+	st     *state
+	log    *slog.Logger
 }
 
 var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
-	c := agent.NewClient(agent.UnixDialer(st.socket()))
-	p := &Pod{id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
-	p.SharedDirPod = stage1.NewSharedDirPod(c, st.shared())
-	p.UnbindSourcesOnStart, p.SharedDirPod.Log = true, p.log
-	p.Dir.BindShared = p.bindShared
+	p := &Pod{client: agent.NewClient(agent.UnixDialer(st.socket())), id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
+	p.dir = st.shared()
+	p.dir.UnbindSourcesOnStart = true
+	p.dir.BindShared = p.bindShared
 	return p
+}
+
+// Agent implements stage1.Pod: the agent's unix socket (bound into the
+// container), and the pod's propagating directory for container paths.
+func (p *Pod) Agent() stage1.AgentEndpoint {
+	return stage1.AgentEndpoint{Dial: agent.UnixDialer(p.st.socket()), Paths: p.dir}
 }
 
 // State implements stage1.Pod.
@@ -635,9 +643,9 @@ func (p *Pod) Details() map[string]string {
 // its container running when it is killed itself, so the cgroup is what
 // ends it). Mounts, cgroups and the tree stay until DestroyPod.
 // Idempotent: a gone pod is fine.
-func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
+func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
 	cgs := []*cgroups.Cgroup{p.st.Cgroup, p.st.SystemdCgroup}
-	if err := stage1.StopHostPod(ctx, p.log, "systemd-nspawn", p.st.NSpawn, cgs, p.Shutdown, timeout, ExitGrace); err != nil {
+	if err := stage1.StopHostPod(ctx, p.log, "systemd-nspawn", p.st.NSpawn, cgs, shutdown, timeout, ExitGrace); err != nil {
 		return fmt.Errorf("nspawn: %w", err)
 	}
 	return nil

@@ -14,7 +14,7 @@ import (
 
 // shared is the pod's propagating directory: <RunDir>/mounts on the host,
 // bound at /mnt/stagelet in the container. Containers reach the pod
-// through it (stage1.SharedDirPod).
+// through it (stage1.SharedDir).
 func (st *state) shared() stage1.SharedDir {
 	return stage1.SharedDir{Host: st.Mounts, InPod: podMounts}
 }
@@ -27,7 +27,7 @@ func (st *state) shared() stage1.SharedDir {
 // namespace, from a thread of the daemon that joins it. Nothing of it is
 // mounted in the host's namespace.
 func (p *Pod) bindShared(src, host string) error {
-	inPod, err := p.Dir.Map(host)
+	inPod, err := p.dir.Map(host)
 	if err != nil {
 		return err
 	}

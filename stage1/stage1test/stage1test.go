@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // Env is what the suite needs from the backend's test.
@@ -47,6 +49,12 @@ type Env struct {
 	KillPod func(t *testing.T, state []byte)
 	// Timeout bounds each wait of the suite; zero means 30s.
 	Timeout time.Duration
+	// Procs lists the processes of a pod still running on the host;
+	// nil means every process beneath the pod's cgroup parent.
+	Procs func(t *testing.T, spec *stage1.PodSpec) []string
+	// Leftovers lists what a destroyed pod left on the host besides
+	// processes; nil means the cgroups beneath the pod's cgroup parent.
+	Leftovers func(t *testing.T, spec *stage1.PodSpec) []string
 }
 
 // Run runs the conformance suite against b.
@@ -75,10 +83,21 @@ var podSeq atomic.Int64
 type testPod struct {
 	spec *stage1.PodSpec
 	pod  stage1.Pod
-	cg   string // cgroup parent
+	conn *agentconn.Conn // the broker's side of the pod's agent
+	cg   string          // cgroup parent
 
 	mu    sync.Mutex
 	state []byte // last persisted
+}
+
+// set makes pod the test's pod, with a connection to its agent.
+func (p *testPod) set(pod stage1.Pod) {
+	p.pod, p.conn = pod, agentconn.Connect(pod, nil)
+}
+
+// stop stops the pod, its agent shut down through the connection.
+func (p *testPod) stop(ctx context.Context, timeout time.Duration) error {
+	return p.pod.Stop(ctx, timeout, p.conn.Shutdown)
 }
 
 func (p *testPod) lastState() []byte {
@@ -131,7 +150,7 @@ func (s *suite) startPod(t *testing.T) *testPod {
 	if err != nil {
 		t.Fatalf("StartPod: %v", err)
 	}
-	tp.pod = pod
+	tp.set(pod)
 	if st := pod.State(); len(st) > 0 {
 		persist(st)
 	}
@@ -151,14 +170,14 @@ func (s *suite) container(t *testing.T, tp *testPod, id string, args ...string) 
 		Env:     []string{"PATH=/bin"},
 		LogPath: logPath,
 	}}
-	st, err := tp.pod.CreateContainer(ctx, spec)
+	st, err := tp.conn.CreateContainer(ctx, spec)
 	if err != nil {
 		t.Fatalf("CreateContainer %s: %v", id, err)
 	}
 	if st.ID != id || st.State != api.StateCreated {
 		t.Fatalf("CreateContainer %s: status %+v, want created", id, st)
 	}
-	if _, err := tp.pod.StartContainer(ctx, id); err != nil {
+	if _, err := tp.conn.StartContainer(ctx, id); err != nil {
 		t.Fatalf("StartContainer %s: %v", id, err)
 	}
 	return logPath
@@ -186,7 +205,7 @@ func (s *suite) waitFor(t *testing.T, what string, cond func() (bool, error)) {
 	}
 }
 
-func (s *suite) waitState(t *testing.T, pod stage1.Pod, id, state string) *api.AppStatus {
+func (s *suite) waitState(t *testing.T, pod *agentconn.Conn, id, state string) *api.AppStatus {
 	t.Helper()
 	var st *api.AppStatus
 	s.waitFor(t, fmt.Sprintf("container %s %s", id, state), func() (bool, error) {
@@ -221,7 +240,7 @@ func (s *suite) testCapabilities(t *testing.T) {
 func (s *suite) testLifecycle(t *testing.T) {
 	tp := s.startPod(t)
 	ctx := s.ctx(t)
-	info, err := tp.pod.Info(ctx)
+	info, err := tp.conn.Info(ctx)
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}
@@ -233,7 +252,7 @@ func (s *suite) testLifecycle(t *testing.T) {
 	}
 
 	logPath := s.container(t, tp, "main", "/bin/sh", "-c", "echo hi; sleep 1000")
-	st := s.waitState(t, tp.pod, "main", api.StateRunning)
+	st := s.waitState(t, tp.conn, "main", api.StateRunning)
 	if st.StartedAt.IsZero() {
 		t.Errorf("running without StartedAt: %+v", st)
 	}
@@ -242,38 +261,38 @@ func (s *suite) testLifecycle(t *testing.T) {
 		return strings.Contains(string(b), " stdout F hi\n"), err
 	})
 
-	list, err := tp.pod.ListContainers(ctx)
+	list, err := tp.conn.ListContainers(ctx)
 	if err != nil || len(list) != 1 || list[0].ID != "main" {
 		t.Errorf("ListContainers = %v, %v", list, err)
 	}
-	res, err := tp.pod.ExecSync(ctx, "main", []string{"echo", "x"}, 10*time.Second)
+	res, err := tp.conn.ExecSync(ctx, "main", []string{"echo", "x"}, 10*time.Second)
 	if err != nil {
 		t.Fatalf("ExecSync: %v", err)
 	}
 	if string(res.Stdout) != "x\n" || res.ExitCode != 0 {
 		t.Errorf("ExecSync = %q exit %d (stderr %q), want \"x\\n\" 0", res.Stdout, res.ExitCode, res.Stderr)
 	}
-	if _, err := tp.pod.Stats(ctx, ""); err != nil {
+	if _, err := tp.conn.PodStats(ctx, tp.pod); err != nil {
 		t.Errorf("pod Stats: %v", err)
 	}
-	if _, err := tp.pod.Stats(ctx, "main"); err != nil {
+	if _, err := tp.conn.Stats(ctx, "main"); err != nil {
 		t.Errorf("container Stats: %v", err)
 	}
-	if err := tp.pod.ReopenLog(ctx, "main"); err != nil {
+	if err := tp.conn.ReopenLog(ctx, "main"); err != nil {
 		t.Errorf("ReopenLog: %v", err)
 	}
 
-	st, err = tp.pod.StopContainer(ctx, "main", 2*time.Second)
+	st, err = tp.conn.StopContainer(ctx, "main", 2*time.Second)
 	if err != nil {
 		t.Fatalf("StopContainer: %v", err)
 	}
 	if st.State != api.StateExited {
-		st = s.waitState(t, tp.pod, "main", api.StateExited)
+		st = s.waitState(t, tp.conn, "main", api.StateExited)
 	}
 	if st.ExitCode != 137 && st.ExitCode != 143 {
 		t.Errorf("stopped exit code %d, want 137 or 143", st.ExitCode)
 	}
-	st, err = tp.pod.ContainerStatus(ctx, "main")
+	st, err = tp.conn.ContainerStatus(ctx, "main")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,16 +300,16 @@ func (s *suite) testLifecycle(t *testing.T) {
 		t.Errorf("status after stop = %+v", st)
 	}
 
-	if err := tp.pod.RemoveContainer(ctx, "main"); err != nil {
+	if err := tp.conn.RemoveContainer(ctx, "main"); err != nil {
 		t.Fatalf("RemoveContainer: %v", err)
 	}
-	if _, err := tp.pod.ContainerStatus(ctx, "main"); !errdefs.IsNotFound(err) {
+	if _, err := tp.conn.ContainerStatus(ctx, "main"); !errdefs.IsNotFound(err) {
 		t.Errorf("status after remove: %v, want NotFound", err)
 	}
-	if _, err := tp.pod.StartContainer(ctx, "main"); !errdefs.IsNotFound(err) {
+	if _, err := tp.conn.StartContainer(ctx, "main"); !errdefs.IsNotFound(err) {
 		t.Errorf("start after remove: %v, want NotFound", err)
 	}
-	if err := tp.pod.Stop(ctx, 5*time.Second); err != nil {
+	if err := tp.stop(ctx, 5*time.Second); err != nil {
 		t.Errorf("pod Stop: %v", err)
 	}
 	if err := s.b.DestroyPod(ctx, tp.spec, tp.pod.State()); err != nil {
@@ -311,7 +330,7 @@ func (s *suite) testExitCodes(t *testing.T) {
 		{"true", []string{"/bin/true"}, 0, api.ReasonCompleted},
 	} {
 		s.container(t, tp, tt.id, tt.args...)
-		st := s.waitState(t, tp.pod, tt.id, api.StateExited)
+		st := s.waitState(t, tp.conn, tt.id, api.StateExited)
 		if st.ExitCode != tt.code || st.Reason != tt.reason {
 			t.Errorf("%s: exit %d reason %q, want %d %q", tt.id, st.ExitCode, st.Reason, tt.code, tt.reason)
 		}
@@ -325,9 +344,9 @@ func (s *suite) testIdempotent(t *testing.T) {
 	tp := s.startPod(t)
 	ctx := s.ctx(t)
 	s.container(t, tp, "c", "/bin/sleep", "1000")
-	s.waitState(t, tp.pod, "c", api.StateRunning)
+	s.waitState(t, tp.conn, "c", api.StateRunning)
 	for i := range 2 {
-		st, err := tp.pod.StopContainer(ctx, "c", time.Second)
+		st, err := tp.conn.StopContainer(ctx, "c", time.Second)
 		if err != nil {
 			t.Fatalf("StopContainer #%d: %v", i+1, err)
 		}
@@ -336,25 +355,25 @@ func (s *suite) testIdempotent(t *testing.T) {
 		}
 	}
 	for i := range 2 {
-		if err := tp.pod.RemoveContainer(ctx, "c"); err != nil {
+		if err := tp.conn.RemoveContainer(ctx, "c"); err != nil {
 			t.Fatalf("RemoveContainer #%d: %v", i+1, err)
 		}
 	}
-	if err := tp.pod.RemoveContainer(ctx, "never-created"); err != nil {
+	if err := tp.conn.RemoveContainer(ctx, "never-created"); err != nil {
 		t.Errorf("RemoveContainer of an unknown container: %v", err)
 	}
-	if _, err := tp.pod.ContainerStatus(ctx, "never-created"); !errdefs.IsNotFound(err) {
+	if _, err := tp.conn.ContainerStatus(ctx, "never-created"); !errdefs.IsNotFound(err) {
 		t.Errorf("status of an unknown container: %v, want NotFound", err)
 	}
 
 	s.container(t, tp, "d", "/bin/sleep", "1000")
-	s.waitState(t, tp.pod, "d", api.StateRunning)
+	s.waitState(t, tp.conn, "d", api.StateRunning)
 	for i := range 2 {
-		if err := tp.pod.Stop(ctx, time.Second); err != nil {
+		if err := tp.stop(ctx, time.Second); err != nil {
 			t.Fatalf("pod Stop #%d: %v", i+1, err)
 		}
 	}
-	if _, err := tp.pod.Info(ctx); err == nil {
+	if _, err := tp.conn.Info(ctx); err == nil {
 		t.Error("agent still answers after pod Stop")
 	}
 	if pids := s.procs(t, tp); len(pids) != 0 {
@@ -366,23 +385,23 @@ func (s *suite) testForgetAndRecover(t *testing.T) {
 	tp := s.startPod(t)
 	ctx := s.ctx(t)
 	s.container(t, tp, "long", "/bin/sleep", "1000")
-	before := s.waitState(t, tp.pod, "long", api.StateRunning)
+	before := s.waitState(t, tp.conn, "long", api.StateRunning)
 	state := tp.pod.State()
-	tp.pod = nil // forget
+	tp.pod, tp.conn = nil, nil // forget
 
 	pod, err := s.b.RecoverPod(ctx, tp.spec, state)
 	if err != nil {
 		t.Fatalf("RecoverPod: %v", err)
 	}
-	tp.pod = pod
-	st, err := pod.ContainerStatus(ctx, "long")
+	tp.set(pod)
+	st, err := tp.conn.ContainerStatus(ctx, "long")
 	if err != nil {
 		t.Fatalf("status after recovery: %v", err)
 	}
 	if st.State != api.StateRunning || st.PID != before.PID || !st.StartedAt.Equal(before.StartedAt) {
 		t.Errorf("after recovery %+v, before %+v", st, before)
 	}
-	res, err := pod.ExecSync(ctx, "long", []string{"echo", "x"}, 10*time.Second)
+	res, err := tp.conn.ExecSync(ctx, "long", []string{"echo", "x"}, 10*time.Second)
 	if err != nil || string(res.Stdout) != "x\n" {
 		t.Errorf("ExecSync after recovery = %+v, %v", res, err)
 	}
@@ -396,7 +415,7 @@ func (s *suite) testPodGone(t *testing.T) {
 	tp := s.startPod(t)
 	ctx := s.ctx(t)
 	s.container(t, tp, "orphan", "/bin/sh", "-c", "sleep 1000 & sleep 1000")
-	s.waitState(t, tp.pod, "orphan", api.StateRunning)
+	s.waitState(t, tp.conn, "orphan", api.StateRunning)
 	state := tp.pod.State()
 	s.env.KillPod(t, state)
 
@@ -414,7 +433,7 @@ func (s *suite) testDestroyTwice(t *testing.T) {
 	tp := s.startPod(t)
 	ctx := s.ctx(t)
 	s.container(t, tp, "c", "/bin/sleep", "1000")
-	s.waitState(t, tp.pod, "c", api.StateRunning)
+	s.waitState(t, tp.conn, "c", api.StateRunning)
 	state := tp.pod.State()
 	for i := range 2 {
 		if err := s.b.DestroyPod(ctx, tp.spec, state); err != nil {
@@ -426,14 +445,17 @@ func (s *suite) testDestroyTwice(t *testing.T) {
 		t.Errorf("RecoverPod after DestroyPod: %v, want ErrPodGone", err)
 	}
 	// Stop on the old value of a destroyed pod is still fine.
-	if err := tp.pod.Stop(ctx, time.Second); err != nil {
+	if err := tp.stop(ctx, time.Second); err != nil {
 		t.Errorf("Stop after DestroyPod: %v", err)
 	}
 }
 
-// procs lists every process beneath the pod's cgroup parent.
-func (s *suite) procs(t *testing.T, tp *testPod) []int {
+// procs lists the pod's processes still running (Env.Procs).
+func (s *suite) procs(t *testing.T, tp *testPod) []string {
 	t.Helper()
+	if s.env.Procs != nil {
+		return s.env.Procs(t, tp.spec)
+	}
 	cg, err := cgroups.Resolve(tp.cg)
 	if err != nil {
 		t.Fatal(err)
@@ -442,20 +464,25 @@ func (s *suite) procs(t *testing.T, tp *testPod) []int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pids
+	var out []string
+	for _, pid := range pids {
+		out = append(out, "pid "+strconv.Itoa(pid))
+	}
+	return out
 }
 
-// checkReleased asserts that no process and no cgroup is left beneath the
-// pod's cgroup parent.
-func (s *suite) checkReleased(t *testing.T, tp *testPod) {
+// leftovers lists what the destroyed pod left besides processes
+// (Env.Leftovers).
+func (s *suite) leftovers(t *testing.T, tp *testPod) []string {
 	t.Helper()
-	if pids := s.procs(t, tp); len(pids) != 0 {
-		t.Errorf("processes left after DestroyPod: %v", pids)
+	if s.env.Leftovers != nil {
+		return s.env.Leftovers(t, tp.spec)
 	}
 	cg, err := cgroups.Resolve(tp.cg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []string
 	for ctl, dir := range cg.Paths {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
@@ -463,9 +490,22 @@ func (s *suite) checkReleased(t *testing.T, tp *testPod) {
 		}
 		for _, e := range ents {
 			if e.IsDir() {
-				t.Errorf("cgroup left after DestroyPod (%s): %s", ctl, filepath.Join(dir, e.Name()))
+				out = append(out, fmt.Sprintf("cgroup (%s) %s", ctl, filepath.Join(dir, e.Name())))
 			}
 		}
+	}
+	return out
+}
+
+// checkReleased asserts that nothing of a destroyed pod is left: no
+// process, no cgroup beneath its cgroup parent.
+func (s *suite) checkReleased(t *testing.T, tp *testPod) {
+	t.Helper()
+	if procs := s.procs(t, tp); len(procs) != 0 {
+		t.Errorf("processes left after DestroyPod: %v", procs)
+	}
+	for _, l := range s.leftovers(t, tp) {
+		t.Errorf("left after DestroyPod: %s", l)
 	}
 }
 
