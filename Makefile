@@ -64,7 +64,7 @@ systemd-testbed: deps
 
 # The systemd launcher against a booted systemd (root).
 test-systemd: systemd-testbed
-	STAGELET_TEST_SYSTEMD_ROOT=$(TESTBED) $(GO) test -count=1 -v -run 'Systemd' ./stage1/ ./stage1/fly/
+	STAGELET_TEST_SYSTEMD_ROOT=$(TESTBED) $(GO) test -count=1 -v -run 'Systemd' ./stage1/host/ ./stage1/fly/
 
 # stagelet on a node as Kubernetes nodes run it: a Debian 12 VM with
 # systemd as PID 1 and pure cgroup v2, booted under qemu, running the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"path"
 	"path/filepath"
@@ -27,7 +28,7 @@ func (b *Broker) validatePodConfig(c *PodConfig) error {
 	if err := validatePodConfig(c); err != nil {
 		return err
 	}
-	slice := stage1.SliceOf(c.CgroupParent) != ""
+	slice := host.SliceOf(c.CgroupParent) != ""
 	switch {
 	case c.CgroupParent == "":
 	case b.opts.SystemdCgroup && !slice:

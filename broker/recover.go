@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"path/filepath"
 	"sync"
@@ -288,10 +289,10 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 // node cgroup parent, there is nothing of the daemon's own to search.
 func (b *Broker) collectCgroups(keep func(id string) bool) int {
 	parent := b.opts.CgroupParent
-	if parent == "" || b.opts.SystemdCgroup || stage1.SliceOf(parent) != "" {
+	if parent == "" || b.opts.SystemdCgroup || host.SliceOf(parent) != "" {
 		return 0
 	}
-	found, err := stage1.CollectPodCgroups(parent, keep)
+	found, err := host.CollectPodCgroups(parent, keep)
 	if err != nil {
 		b.log.Error("searching for pod cgroups no record names", "parent", parent, "err", err)
 	}
@@ -344,7 +345,7 @@ func (b *Broker) collectOrphans(aside map[string]bool) {
 				// detached (made private first, so nothing propagates
 				// to a volume's source), then removed without crossing
 				// a mount.
-				if err := stage1.RemoveUnmounted(d); err != nil {
+				if err := host.RemoveUnmounted(d); err != nil {
 					b.log.Error("removing an orphaned pod run directory: what is mounted in it stays", "dir", d, "err", err)
 				}
 			}

@@ -8,6 +8,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"io"
 	"net"
 	"net/netip"
@@ -128,7 +129,7 @@ func (c *Config) PodCgroupParent() string {
 	case c.CgroupParent != "":
 		return c.CgroupParent
 	case c.CgroupDriver == CgroupDriverSystemd:
-		return stage1.DefaultSlice
+		return host.DefaultSlice
 	}
 	return "stagelet"
 }
@@ -190,7 +191,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("cgroup_parent: %q must be a clean path, without a \"..\" element", c.CgroupParent))
 		}
 	case CgroupDriverSystemd:
-		if c.CgroupParent != "" && stage1.SliceOf(c.CgroupParent) == "" {
+		if c.CgroupParent != "" && host.SliceOf(c.CgroupParent) == "" {
 			errs = append(errs, fmt.Errorf("cgroup_parent: %q: with cgroup_driver systemd it must be a slice such as stagelet.slice", c.CgroupParent))
 		}
 	default:

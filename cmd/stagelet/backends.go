@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,7 +18,7 @@ import (
 // operator tools that reason about what the build offers). They start pod
 // processes with l; nil means the plain launcher. runDir is the daemon's
 // run directory, where kvm keeps its VM templates ("": none).
-func builtinBackends(log *slog.Logger, cfg *config.Config, l stage1.Launcher, anyAssets bool, runDir string) stage1.Registry {
+func builtinBackends(log *slog.Logger, cfg *config.Config, l host.Launcher, anyAssets bool, runDir string) stage1.Registry {
 	r := stage1.Registry{}
 	for _, be := range []stage1.Backend{
 		fly.NewWithLauncher(log.With("stage1", "fly"), l),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"net"
 	"os"
@@ -24,7 +25,6 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/staticbin"
 	"github.com/stagelet/stagelet/network"
-	"github.com/stagelet/stagelet/stage1"
 )
 
 const (
@@ -233,13 +233,13 @@ func systemdServiceRoot() string {
 // cgroup v2 forbids is reported at start, naming the cgroup and the rule;
 // a parent relative to the daemon's own cgroup first makes the daemon move
 // into its leaf (cgroups.EnterLeaf), as systemd's delegation asks.
-func placePods(log *slog.Logger, cfg *config.Config) (stage1.Launcher, string, error) {
+func placePods(log *slog.Logger, cfg *config.Config) (host.Launcher, string, error) {
 	parent := cfg.PodCgroupParent()
 	if cfg.CgroupDriver == config.CgroupDriverSystemd {
-		l, err := stage1.NewLauncher(log, true, stage1.SliceOf(parent))
+		l, err := host.NewLauncher(log, true, host.SliceOf(parent))
 		return l, parent, err
 	}
-	l, _ := stage1.NewLauncher(log, false, "")
+	l, _ := host.NewLauncher(log, false, "")
 	if svc := systemdServiceRoot(); svc != "" && !filepath.IsAbs(parent) {
 		// Pods beside a supervisor leaf in this cgroup would need
 		// controllers enabled in it, and then systemd could not place

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -48,7 +49,7 @@ var (
 // the state it persists, so one Backend serves every pod concurrently.
 type Backend struct {
 	log      *slog.Logger
-	launcher stage1.Launcher
+	launcher host.Launcher
 }
 
 var _ stage1.Backend = (*Backend)(nil)
@@ -61,8 +62,8 @@ func New(log *slog.Logger) *Backend {
 
 // NewWithLauncher returns the fly backend starting agents with l; nil
 // means the plain launcher (the cgroupfs driver).
-func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
-	log, l = stage1.BackendDefaults(log, l)
+func NewWithLauncher(log *slog.Logger, l host.Launcher) *Backend {
+	log, l = host.BackendDefaults(log, l)
 	return &Backend{log: log, launcher: l}
 }
 
@@ -87,7 +88,7 @@ type state struct {
 	Version int             `json:"version"`
 	Cgroup  *cgroups.Cgroup `json:"cgroup,omitempty"`
 	Socket  string          `json:"socket,omitempty"`
-	Agent   *stage1.Process `json:"agent,omitempty"`
+	Agent   *host.Process   `json:"agent,omitempty"`
 }
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
@@ -103,12 +104,12 @@ func parseState(b []byte) (*state, error) {
 func socketPath(spec *stage1.PodSpec) string { return filepath.Join(spec.RunDir, "agent.sock") }
 
 // launchName names a pod's agent to the launcher (and its systemd unit).
-func launchName(id string) string { return stage1.LaunchName(id) }
+func launchName(id string) string { return host.LaunchName(id) }
 
 // StartPod implements stage1.Backend. It records the pod cgroup and creates
 // it, launches the agent in it, records the agent, and waits until the
 // agent answers Info (at most AgentReadyTimeout, or ctx). Under a
-// stage1.UnitLauncher (systemd) the pod cgroup is the agent's unit's,
+// host.UnitLauncher (systemd) the pod cgroup is the agent's unit's,
 // recorded once the agent runs; the unit is named after the pod, so a crash
 // before that record is undone by DestroyPod all the same. On failure it
 // kills what it started and removes the cgroup.
@@ -120,11 +121,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if spec.HostNetwork && spec.NetNSPath != "" {
 		return nil, errdefs.InvalidArgument("fly: a pod in the host network has no network namespace (got %s)", spec.NetNSPath)
 	}
-	cg, err := stage1.PodCgroup(spec)
+	cg, err := host.PodCgroup(spec)
 	if err != nil {
 		return nil, fmt.Errorf("fly: pod cgroup: %w", err)
 	}
-	_, unitLaunch := b.launcher.(stage1.UnitLauncher)
+	_, unitLaunch := b.launcher.(host.UnitLauncher)
 	st := &state{Version: stateVersion, Cgroup: cg, Socket: socketPath(spec)}
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("fly: persist: %w", err)
@@ -149,13 +150,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	// The agent's PID is known only once it runs; it starts inside the
 	// recorded cgroup, so a crash before the next persist leaves it where
 	// DestroyPod's cgroup kill finds it.
-	proc, err := b.launcher.Launch(ctx, stage1.LaunchSpec{
+	proc, err := b.launcher.Launch(ctx, host.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    spec.AgentBinary,
 		Args:    agentArgs(st.Socket, agentDir, spec.NetNSPath, spec.HostIPC),
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
 		Cgroup:  cg,
-		Slice:   stage1.PodSlice(spec),
+		Slice:   host.PodSlice(spec),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fly: %w", err)
@@ -178,7 +179,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return stage1.WaitAgentReady(ctx, p.client.Info, p.st.Agent, AgentReadyTimeout, "the agent")
+	return host.WaitAgentReady(ctx, p.client.Info, p.st.Agent, AgentReadyTimeout, "the agent")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its agent
@@ -190,7 +191,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := stage1.CheckRecovered(ctx, st.Agent, "agent", pod.client.Info, stage1.ProbeTimeout); err != nil {
+	if err := host.CheckRecovered(ctx, st.Agent, "agent", pod.client.Info, host.ProbeTimeout); err != nil {
 		return nil, fmt.Errorf("fly: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
@@ -202,12 +203,12 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // the agent socket. Idempotent. With no cgroup in the state (a crash before
 // the first persist completed) it derives the cgroup from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := stage1.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
+	st, err := host.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
 	if err != nil {
 		return err
 	}
 	if st.Cgroup == nil && spec.ID != "" {
-		if cg, err := stage1.PodCgroup(spec); err == nil {
+		if cg, err := host.PodCgroup(spec); err == nil {
 			st.Cgroup = cg
 		}
 	}
@@ -222,23 +223,23 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 }
 
 // release kills and removes everything named in st, and the launcher's
-// record of the agent launched under name ("": none), in stage1.Release's
+// record of the agent launched under name ("": none), in host.Release's
 // order.
 func (b *Backend) release(ctx context.Context, st *state, name string) error {
-	r := stage1.HostResources{
-		Processes: []*stage1.Process{st.Agent},
+	r := host.HostResources{
+		Processes: []*host.Process{st.Agent},
 		Launched:  []string{name},
 		Cgroups:   []*cgroups.Cgroup{st.Cgroup},
 	}
 	if sock := st.Socket; sock != "" {
-		r.Then = append(r.Then, stage1.ReleaseStep{What: "agent socket", Do: func() error {
+		r.Then = append(r.Then, host.ReleaseStep{What: "agent socket", Do: func() error {
 			if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
 			return nil
 		}})
 	}
-	if err := stage1.Release(ctx, b.launcher, AgentExitGrace, r); err != nil {
+	if err := host.Release(ctx, b.launcher, AgentExitGrace, r); err != nil {
 		return fmt.Errorf("fly: %w", err)
 	}
 	return nil
@@ -283,7 +284,7 @@ func (p *Pod) Details() map[string]string { return map[string]string{"stage1": N
 // pod cgroup. The cgroup itself stays until DestroyPod. Idempotent: a gone
 // agent is fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
-	if err := stage1.StopHostPod(ctx, p.log, "the agent", p.st.Agent, []*cgroups.Cgroup{p.st.Cgroup}, shutdown, timeout, AgentExitGrace); err != nil {
+	if err := host.StopHostPod(ctx, p.log, "the agent", p.st.Agent, []*cgroups.Cgroup{p.st.Cgroup}, shutdown, timeout, AgentExitGrace); err != nil {
 		return fmt.Errorf("fly: %w", err)
 	}
 	return nil

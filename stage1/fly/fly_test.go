@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -119,7 +120,7 @@ func TestParseState(t *testing.T) {
 	if _, err := parseState([]byte(`{`)); err == nil {
 		t.Error("garbage accepted")
 	}
-	in := &state{Version: stateVersion, Socket: "/run/x/agent.sock", Agent: &stage1.Process{PID: 42, StartTime: 7}}
+	in := &state{Version: stateVersion, Socket: "/run/x/agent.sock", Agent: &host.Process{PID: 42, StartTime: 7}}
 	out, err := parseState(in.marshal())
 	if err != nil || out.Socket != in.Socket || out.Agent.PID != 42 || out.Agent.StartTime != 7 {
 		t.Errorf("round trip = %+v, %v", out, err)
@@ -146,7 +147,7 @@ func TestPodNetNS(t *testing.T) {
 	}
 	// The netns directory is a shared bind of itself while pods may use
 	// it (as /run/netns is); the test owns it and releases it.
-	t.Cleanup(func() { stage1.UnmountAll(filepath.Join(netRun, "netns")) })
+	t.Cleanup(func() { host.UnmountAll(filepath.Join(netRun, "netns")) })
 	nsPath, err := nets.NewNetNS("flyns")
 	if err != nil {
 		t.Fatal(err)

@@ -43,6 +43,7 @@ package kvm
 import (
 	"context"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -122,10 +123,10 @@ type Config struct {
 	// ProbeTimeout bounds the KVM probe boot; default 10s.
 	ProbeTimeout time.Duration
 	// Launcher starts qemu; nil means the plain launcher (the cgroupfs
-	// driver). Under a stage1.UnitLauncher (the systemd driver) qemu runs
+	// driver). Under a host.UnitLauncher (the systemd driver) qemu runs
 	// as a transient unit in the pod's slice, in the pod's network
 	// namespace, opening the tap by name.
-	Launcher stage1.Launcher
+	Launcher host.Launcher
 }
 
 // Backend is the kvm stage1. Everything about a pod is in the state it
@@ -135,7 +136,7 @@ type Config struct {
 type Backend struct {
 	log      *slog.Logger
 	cfg      Config
-	launcher stage1.Launcher
+	launcher host.Launcher
 
 	accelOnce sync.Once
 	accel     string
@@ -154,7 +155,7 @@ var _ stage1.Backend = (*Backend)(nil)
 // the guest assets are present is checked by StartPod
 // (FailedPrecondition), not here.
 func New(log *slog.Logger, cfg Config) *Backend {
-	log, l := stage1.BackendDefaults(log, cfg.Launcher)
+	log, l := host.BackendDefaults(log, cfg.Launcher)
 	if cfg.AssetsDir == "" {
 		cfg.AssetsDir = DefaultAssetsDir
 	}
@@ -216,10 +217,10 @@ type state struct {
 	FSCgroup *cgroups.Cgroup `json:"fsCgroup,omitempty"`
 	// NetNS and Tap name the tap device (and the tc filters on eth0) in
 	// the pod's network namespace; empty without a pod network.
-	NetNS     string          `json:"netns,omitempty"`
-	Tap       string          `json:"tap,omitempty"`
-	Virtiofsd *stage1.Process `json:"virtiofsd,omitempty"`
-	Qemu      *stage1.Process `json:"qemu,omitempty"`
+	NetNS     string        `json:"netns,omitempty"`
+	Tap       string        `json:"tap,omitempty"`
+	Virtiofsd *host.Process `json:"virtiofsd,omitempty"`
+	Qemu      *host.Process `json:"qemu,omitempty"`
 	// VM is what the VM was started with, for Details.
 	VM vmInfo `json:"vm"`
 }
@@ -278,7 +279,7 @@ func layout(spec *stage1.PodSpec) *state {
 		Dir:     filepath.Join(spec.RunDir, "vm"),
 		Mounts:  filepath.Join(spec.RunDir, "mounts"),
 	}
-	if cg, err := stage1.PodCgroup(spec); err == nil {
+	if cg, err := host.PodCgroup(spec); err == nil {
 		st.Cgroup = cg
 	}
 	return st
@@ -328,7 +329,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
-	cg, err := stage1.PodCgroup(spec)
+	cg, err := host.PodCgroup(spec)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
 	}
@@ -338,7 +339,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		vm.TBSizeMiB = b.cfg.TBSizeMiB
 	}
 
-	_, unitLaunch := b.launcher.(stage1.UnitLauncher)
+	_, unitLaunch := b.launcher.(host.UnitLauncher)
 	st := layout(spec)
 	st.Cgroup = cg
 	if unitLaunch {
@@ -424,7 +425,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := persist(st.marshal()); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
-	launch := stage1.LaunchSpec{
+	launch := host.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    res.qemu,
 		Args:    qemuArgs(res, vs),
@@ -432,7 +433,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Dir:     st.sockDir(),
 		LogPath: filepath.Join(st.Dir, "qemu.log"),
 		Cgroup:  cg,
-		Slice:   stage1.PodSlice(spec),
+		Slice:   host.PodSlice(spec),
 	}
 	if tapFile != nil {
 		launch.ExtraFiles = []*os.File{tapFile}
@@ -466,7 +467,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	pod := b.newPod(spec, st)
 	// Each probe dials: a serial session whose handshake the guest
 	// answers once its agent serves the port.
-	if err := stage1.WaitAgentReady(ctx, pod.client.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
+	if err := host.WaitAgentReady(ctx, pod.client.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
 		return nil, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w",
 			vs.console, launch.LogPath, err)
 	}
@@ -494,7 +495,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := stage1.CheckRecovered(ctx, st.Qemu, "qemu", pod.client.Info, recoverTimeout); err != nil {
+	if err := host.CheckRecovered(ctx, st.Qemu, "qemu", pod.client.Info, recoverTimeout); err != nil {
 		return nil, fmt.Errorf("kvm: pod %s: %w", spec.ID, err)
 	}
 	b.log.Debug("kvm pod recovered", "pod", spec.ID, "qemuPID", st.Qemu.PID)
@@ -509,7 +510,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // What the state lacks (a crash before the first persist) is derived from
 // spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := stage1.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
+	st, err := host.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
 	if err != nil {
 		return err
 	}
@@ -521,7 +522,7 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		if st.Mounts == "" {
 			st.Mounts = def.Mounts
 		}
-		_, unitLaunch := b.launcher.(stage1.UnitLauncher)
+		_, unitLaunch := b.launcher.(host.UnitLauncher)
 		if st.Cgroup == nil && !unitLaunch {
 			st.Cgroup = def.Cgroup
 		}
@@ -531,34 +532,34 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 
 // launchName and fsLaunchName name a pod's qemu and (pods of earlier
 // versions) virtiofsd to the launcher (and their systemd units).
-func launchName(id string) string   { return stage1.LaunchName(id) }
-func fsLaunchName(id string) string { return stage1.LaunchName(id) + "-virtiofsd" }
+func launchName(id string) string   { return host.LaunchName(id) }
+func fsLaunchName(id string) string { return host.LaunchName(id) + "-virtiofsd" }
 
 // release kills and removes everything named in st, and the launcher's
 // records of the processes launched for pod id ("": none), in
-// stage1.Release's order; then the tap, the shared directory and the VM
+// host.Release's order; then the tap, the shared directory and the VM
 // directory.
 func (b *Backend) release(ctx context.Context, st *state, id string) error {
 	if st.Dir != "" {
 		b.dropDialer(st.ctlSocket())
 	}
-	r := stage1.HostResources{
-		Processes: []*stage1.Process{st.Qemu, st.Virtiofsd},
+	r := host.HostResources{
+		Processes: []*host.Process{st.Qemu, st.Virtiofsd},
 		Cgroups:   []*cgroups.Cgroup{st.Cgroup, st.FSCgroup},
 	}
 	if id != "" {
 		r.Launched = []string{launchName(id), fsLaunchName(id)}
 	}
 	if st.NetNS != "" && st.Tap != "" {
-		r.Then = append(r.Then, stage1.ReleaseStep{What: "pod network", Do: func() error { return teardownTap(st.NetNS, st.Tap) }})
+		r.Then = append(r.Then, host.ReleaseStep{What: "pod network", Do: func() error { return teardownTap(st.NetNS, st.Tap) }})
 	}
 	if st.Mounts != "" {
-		r.Then = append(r.Then, stage1.ReleaseStep{What: "shared directory", Do: st.shared().Release})
+		r.Then = append(r.Then, host.ReleaseStep{What: "shared directory", Do: st.shared().Release})
 	}
 	if dir := st.Dir; dir != "" {
-		r.Then = append(r.Then, stage1.ReleaseStep{What: "VM directory", Do: func() error { return os.RemoveAll(dir) }})
+		r.Then = append(r.Then, host.ReleaseStep{What: "VM directory", Do: func() error { return os.RemoveAll(dir) }})
 	}
-	if err := stage1.Release(ctx, b.launcher, ExitGrace, r); err != nil {
+	if err := host.Release(ctx, b.launcher, ExitGrace, r); err != nil {
 		return fmt.Errorf("kvm: %w", err)
 	}
 	return nil

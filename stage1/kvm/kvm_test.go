@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"io"
 	"log/slog"
 	"os"
@@ -550,7 +551,7 @@ func TestParseState(t *testing.T) {
 	if _, err := parseState([]byte(`{"version":99}`)); err == nil {
 		t.Error("unknown version accepted")
 	}
-	in := &state{Version: stateVersion, Dir: "/r/vm", Tap: "tap0", NetNS: "/n", Qemu: &stage1.Process{PID: 4, StartTime: 2}, VM: vmInfo{Accelerator: "tcg"}}
+	in := &state{Version: stateVersion, Dir: "/r/vm", Tap: "tap0", NetNS: "/n", Qemu: &host.Process{PID: 4, StartTime: 2}, VM: vmInfo{Accelerator: "tcg"}}
 	out, err := parseState(in.marshal())
 	if err != nil || out.ctlSocket() != "/r/vm/ctl.sock" || out.Qemu.PID != 4 || out.VM.Accelerator != "tcg" || out.Tap != "tap0" {
 		t.Errorf("round trip = %+v, %v", out, err)
@@ -599,7 +600,7 @@ func TestStopAndTeardown(t *testing.T) {
 			t.Errorf("%s left after DestroyPod (%v)", p, err)
 		}
 	}
-	if ms, err := stage1.MountsUnder(vp.spec.RunDir); err != nil || len(ms) != 0 {
+	if ms, err := host.MountsUnder(vp.spec.RunDir); err != nil || len(ms) != 0 {
 		t.Errorf("mounts left beneath the run dir: %v, %v", ms, err)
 	}
 	if err := st.Cgroup.Delete(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"strconv"
 	"syscall"
@@ -114,7 +115,7 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 		cancel()
 		if err != nil {
 			p.log.Warn("kvm: qemu did not exit after the guest's shutdown; killing it", "pid", p.st.Qemu.PID)
-			if err := p.st.Qemu.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, stage1.ErrProcessGone) {
+			if err := p.st.Qemu.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, host.ErrProcessGone) {
 				return fmt.Errorf("kvm: kill qemu: %w", err)
 			}
 		}
@@ -130,7 +131,7 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
 	defer cancel()
-	for _, proc := range []*stage1.Process{p.st.Qemu, p.st.Virtiofsd} {
+	for _, proc := range []*host.Process{p.st.Qemu, p.st.Virtiofsd} {
 		if proc == nil {
 			continue
 		}

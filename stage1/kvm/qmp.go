@@ -5,12 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"net"
 	"time"
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
 )
 
 // qmp is a connection to qemu's machine protocol (QMP): JSON commands, one
@@ -51,7 +51,7 @@ func dialQMP(ctx context.Context, path string, alive func() bool) (*qmp, error) 
 	}
 }
 
-func processAlive(p *stage1.Process) func() bool { return p.Alive }
+func processAlive(p *host.Process) func() bool { return p.Alive }
 
 func (q *qmp) greet(ctx context.Context) error {
 	q.deadline(ctx)

@@ -2,12 +2,12 @@ package kvm
 
 import (
 	"github.com/stagelet/stagelet/agent"
-	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/host"
 )
 
 // shared is the pod's propagating directory: <RunDir>/mounts on the host,
 // exported by qemu over virtio-9p and mounted in the guest at
 // agent.GuestMounts.
-func (st *state) shared() stage1.SharedDir {
-	return stage1.SharedDir{Host: st.Mounts, InPod: agent.GuestMounts}
+func (st *state) shared() host.SharedDir {
+	return host.SharedDir{Host: st.Mounts, InPod: agent.GuestMounts}
 }

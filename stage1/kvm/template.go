@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +42,6 @@ import (
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
 )
 
 // Files of a template directory.
@@ -184,7 +184,7 @@ func (b *Backend) removeStaleTemplates(assets string) {
 		} else if info, err := readTemplateInfo(dir); err == nil && info.Assets == assets {
 			continue
 		}
-		if err := stage1.RemoveUnmounted(dir); err != nil {
+		if err := host.RemoveUnmounted(dir); err != nil {
 			b.log.Warn("kvm: removing a stale VM template", "dir", dir, "err", err)
 		} else {
 			b.log.Info("kvm: removed a stale VM template", "dir", dir)
@@ -212,7 +212,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	}
 	defer func() {
 		if retErr != nil {
-			if err := stage1.RemoveUnmounted(tmp); err != nil {
+			if err := host.RemoveUnmounted(tmp); err != nil {
 				b.log.Warn("kvm: removing a failed template build", "dir", tmp, "err", err)
 			}
 		}
@@ -309,7 +309,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	if err := os.Rename(tmp, dir); err != nil {
 		// A directory of this key that is no complete template (template
 		// found none): replaced.
-		if rerr := stage1.RemoveUnmounted(dir); rerr != nil {
+		if rerr := host.RemoveUnmounted(dir); rerr != nil {
 			return nil, fmt.Errorf("kvm: template: %w (removing the incomplete %s: %v)", err, dir, rerr)
 		}
 		if err := os.Rename(tmp, dir); err != nil {
@@ -326,7 +326,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 func (b *Backend) discardTemplate(tpl *template, cause error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := stage1.RemoveUnmounted(tpl.dir); err != nil {
+	if err := host.RemoveUnmounted(tpl.dir); err != nil {
 		b.log.Warn("kvm: removing a VM template no VM could be restored from", "dir", tpl.dir, "err", err)
 		return
 	}
@@ -356,7 +356,7 @@ func waitConsole(ctx context.Context, path, want string, alive func() bool) erro
 
 // restore loads the template's saved state into the pod's qemu, started
 // with -incoming defer, and lets it run.
-func restore(ctx context.Context, qmpPath string, qemu *stage1.Process, tpl *template) error {
+func restore(ctx context.Context, qmpPath string, qemu *host.Process, tpl *template) error {
 	ctx, cancel := context.WithTimeout(ctx, AgentReadyTimeout)
 	defer cancel()
 	q, err := dialQMP(ctx, qmpPath, processAlive(qemu))

@@ -2,6 +2,7 @@ package nspawn
 
 import (
 	"errors"
+	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,14 +73,14 @@ func systemdCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 		if !ok {
 			continue
 		}
-		root := stage1.UnescapeMountPath(f[3])
+		root := host.UnescapeMountPath(f[3])
 		rel := path
 		if root != "/" {
 			if r, ok := strings.CutPrefix(path, root); ok && (r == "" || r[0] == '/') {
 				rel = r
 			}
 		}
-		point := stage1.UnescapeMountPath(f[4])
+		point := host.UnescapeMountPath(f[4])
 		cg.Paths[key] = filepath.Join(point, filepath.Clean("/"+rel), "stagelet-pod-"+spec.ID)
 	}
 	if len(cg.Paths) == 0 {

@@ -20,7 +20,7 @@
 // hierarchies, which the cgroups package does not manage: the pod gets its
 // own cgroup there too, joined by a /bin/sh shim that then execs nspawn
 // (same PID), so nothing is created in the daemon's cgroups. Where systemd
-// is PID 1 (a stage1.UnitLauncher) nspawn is the main process of the
+// is PID 1 (a host.UnitLauncher) nspawn is the main process of the
 // pod's transient unit, which systemd supervises: --keep-unit makes nspawn
 // use that unit and its cgroup (delegated), which is the pod cgroup in
 // every hierarchy, so no shim and no cgroup of the backend's own are
@@ -40,6 +40,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -88,7 +89,7 @@ var (
 // in the state it persists, so one Backend serves every pod concurrently.
 type Backend struct {
 	log      *slog.Logger
-	launcher stage1.Launcher
+	launcher host.Launcher
 }
 
 var _ stage1.Backend = (*Backend)(nil)
@@ -102,14 +103,14 @@ func New(log *slog.Logger) *Backend {
 
 // NewWithLauncher returns the nspawn backend starting systemd-nspawn with
 // l; nil means the plain launcher (the cgroupfs driver).
-func NewWithLauncher(log *slog.Logger, l stage1.Launcher) *Backend {
-	log, l = stage1.BackendDefaults(log, l)
+func NewWithLauncher(log *slog.Logger, l host.Launcher) *Backend {
+	log, l = host.BackendDefaults(log, l)
 	return &Backend{log: log, launcher: l}
 }
 
 // launchName names a pod's systemd-nspawn to the launcher (and its systemd
 // unit).
-func launchName(id string) string { return stage1.LaunchName(id) }
+func launchName(id string) string { return host.LaunchName(id) }
 
 // Name implements stage1.Backend.
 func (b *Backend) Name() string { return Name }
@@ -147,9 +148,9 @@ type state struct {
 	// itself uses on a v1 or hybrid host (name=systemd, the hybrid
 	// cgroup2); nspawn splits it into payload/ and supervisor/.
 	SystemdCgroup *cgroups.Cgroup `json:"systemdCgroup,omitempty"`
-	NSpawn        *stage1.Process `json:"nspawn,omitempty"`
+	NSpawn        *host.Process   `json:"nspawn,omitempty"`
 	// Leader is the container's PID 1 (the agent) as the host sees it.
-	Leader *stage1.Process `json:"leader,omitempty"`
+	Leader *host.Process `json:"leader,omitempty"`
 	// Network is "host", "netns" or "private", for Details.
 	Network string `json:"network,omitempty"`
 }
@@ -180,7 +181,7 @@ func layout(spec *stage1.PodSpec) *state {
 		Mounts:   filepath.Join(spec.RunDir, "mounts"),
 		AgentDir: filepath.Join(spec.RunDir, "agent"),
 	}
-	if cg, err := stage1.PodCgroup(spec); err == nil {
+	if cg, err := host.PodCgroup(spec); err == nil {
 		st.Cgroup = cg
 	}
 	if cg, err := systemdCgroup(spec); err == nil {
@@ -327,7 +328,7 @@ func makeTree(st *state) error {
 // agent answers Info (at most AgentReadyTimeout, or ctx). Errors:
 // InvalidArgument (a spec this backend cannot run), FailedPrecondition
 // (systemd-nspawn missing), Unavailable or DeadlineExceeded (the agent did
-// not come up; the nspawn log is named). Under a stage1.UnitLauncher the
+// not come up; the nspawn log is named). Under a host.UnitLauncher the
 // pod cgroup is nspawn's unit's, recorded once nspawn runs (the unit is
 // named after the pod, so DestroyPod finds it after any crash). On failure
 // it releases what it took.
@@ -340,11 +341,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("nspawn: systemd-nspawn is not installed: %v", err)
 	}
-	cg, err := stage1.PodCgroup(spec)
+	cg, err := host.PodCgroup(spec)
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: pod cgroup: %w", err)
 	}
-	_, unitLaunch := b.launcher.(stage1.UnitLauncher)
+	_, unitLaunch := b.launcher.(host.UnitLauncher)
 	st := layout(spec)
 	st.Cgroup = cg
 	st.Network = networkMode(spec)
@@ -382,14 +383,14 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
 
-	launch := stage1.LaunchSpec{
+	launch := host.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    nspawnPath,
 		Args:    nspawnArgs(spec, st),
 		Env:     nspawnEnv(cgroups.PureV2()),
 		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
 		Cgroup:  cg,
-		Slice:   stage1.PodSlice(spec),
+		Slice:   host.PodSlice(spec),
 	}
 	if st.SystemdCgroup != nil {
 		launch = joinFirst(launch, st.SystemdCgroup)
@@ -456,7 +457,7 @@ func keepLog(log *slog.Logger, err error, logPath string, spec *stage1.PodSpec) 
 // joinFirst wraps a launch so that the process first joins the cgroups of
 // extra (hierarchies the cgroups package does not manage) and then execs
 // the real command: same PID, so the recorded process stays valid.
-func joinFirst(l stage1.LaunchSpec, extra *cgroups.Cgroup) stage1.LaunchSpec {
+func joinFirst(l host.LaunchSpec, extra *cgroups.Cgroup) host.LaunchSpec {
 	const script = `while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"`
 	args := []string{"-c", script, "sh"}
 	seen := map[string]bool{}
@@ -473,7 +474,7 @@ func joinFirst(l stage1.LaunchSpec, extra *cgroups.Cgroup) stage1.LaunchSpec {
 }
 
 // findLeader returns the container's init: the child of systemd-nspawn.
-func findLeader(nspawnPID int) (*stage1.Process, error) {
+func findLeader(nspawnPID int) (*host.Process, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", nspawnPID, nspawnPID))
 	if err != nil {
 		return nil, err
@@ -486,13 +487,13 @@ func findLeader(nspawnPID int) (*stage1.Process, error) {
 	if _, err := fmt.Sscan(f[0], &pid); err != nil {
 		return nil, err
 	}
-	return stage1.NewProcess(pid)
+	return host.NewProcess(pid)
 }
 
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return stage1.WaitAgentReady(ctx, p.client.Info, p.st.NSpawn, AgentReadyTimeout, "systemd-nspawn")
+	return host.WaitAgentReady(ctx, p.client.Info, p.st.NSpawn, AgentReadyTimeout, "systemd-nspawn")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its
@@ -505,7 +506,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := stage1.CheckRecovered(ctx, st.NSpawn, "systemd-nspawn", pod.client.Info, stage1.ProbeTimeout); err != nil {
+	if err := host.CheckRecovered(ctx, st.NSpawn, "systemd-nspawn", pod.client.Info, host.ProbeTimeout); err != nil {
 		return nil, fmt.Errorf("nspawn: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
@@ -520,7 +521,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // Idempotent. What the state lacks (a crash before the first persist) is
 // derived from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := stage1.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
+	st, err := host.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
 	if err != nil {
 		return err
 	}
@@ -553,16 +554,16 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 }
 
 // release kills and removes everything named in st, and the launcher's
-// record of the nspawn launched under name ("": none), in stage1.Release's
+// record of the nspawn launched under name ("": none), in host.Release's
 // order; then nspawn's own leftovers.
 func (b *Backend) release(ctx context.Context, st *state, name string) error {
-	r := stage1.HostResources{
-		Processes: []*stage1.Process{st.Leader, st.NSpawn},
+	r := host.HostResources{
+		Processes: []*host.Process{st.Leader, st.NSpawn},
 		Launched:  []string{name},
 		Cgroups:   []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup},
 	}
 	if tree := st.Tree; tree != "" {
-		r.Then = append(r.Then, stage1.ReleaseStep{What: "nspawn's lock", Do: func() error {
+		r.Then = append(r.Then, host.ReleaseStep{What: "nspawn's lock", Do: func() error {
 			// nspawn's lock of the tree, left behind when it was
 			// killed: named by the device and inode of the directory
 			// it ran.
@@ -578,14 +579,14 @@ func (b *Backend) release(ctx context.Context, st *state, name string) error {
 	}
 	for _, dir := range []string{st.Mounts, st.Tree} {
 		if dir != "" {
-			r.Then = append(r.Then, stage1.ReleaseStep{What: dir, Do: func() error { return stage1.RemoveUnmounted(dir) }})
+			r.Then = append(r.Then, host.ReleaseStep{What: dir, Do: func() error { return host.RemoveUnmounted(dir) }})
 		}
 	}
 	if dir := st.AgentDir; dir != "" {
-		r.Then = append(r.Then, stage1.ReleaseStep{What: "agent directory", Do: func() error { return os.RemoveAll(dir) }})
+		r.Then = append(r.Then, host.ReleaseStep{What: "agent directory", Do: func() error { return os.RemoveAll(dir) }})
 	}
 	if m := st.Machine; m != "" && !strings.ContainsRune(m, '/') {
-		r.Then = append(r.Then, stage1.ReleaseStep{What: "nspawn's propagation directory", Do: func() error {
+		r.Then = append(r.Then, host.ReleaseStep{What: "nspawn's propagation directory", Do: func() error {
 			// Left behind when nspawn was killed; nspawn made it for
 			// the machine name, which is this pod's.
 			d := filepath.Join("/run/systemd/nspawn/propagate", m)
@@ -595,7 +596,7 @@ func (b *Backend) release(ctx context.Context, st *state, name string) error {
 			return nil
 		}})
 	}
-	if err := stage1.Release(ctx, b.launcher, ExitGrace, r); err != nil {
+	if err := host.Release(ctx, b.launcher, ExitGrace, r); err != nil {
 		return fmt.Errorf("nspawn: %w", err)
 	}
 	return nil
@@ -606,7 +607,7 @@ type Pod struct {
 	// client reaches the agent while the pod starts or recovers; the
 	// broker has its own connection (Agent).
 	client *agent.Client
-	dir    stage1.SharedDir
+	dir    host.SharedDir
 	id     string
 	st     *state
 	log    *slog.Logger
@@ -645,7 +646,7 @@ func (p *Pod) Details() map[string]string {
 // Idempotent: a gone pod is fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
 	cgs := []*cgroups.Cgroup{p.st.Cgroup, p.st.SystemdCgroup}
-	if err := stage1.StopHostPod(ctx, p.log, "systemd-nspawn", p.st.NSpawn, cgs, shutdown, timeout, ExitGrace); err != nil {
+	if err := host.StopHostPod(ctx, p.log, "systemd-nspawn", p.st.NSpawn, cgs, shutdown, timeout, ExitGrace); err != nil {
 		return fmt.Errorf("nspawn: %w", err)
 	}
 	return nil

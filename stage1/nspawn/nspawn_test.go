@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -136,7 +137,7 @@ func TestParseState(t *testing.T) {
 	if _, err := parseState([]byte(`{`)); err == nil {
 		t.Error("garbage accepted")
 	}
-	in := &state{Version: stateVersion, Machine: "m", AgentDir: "/run/x/agent", NSpawn: &stage1.Process{PID: 42, StartTime: 7}}
+	in := &state{Version: stateVersion, Machine: "m", AgentDir: "/run/x/agent", NSpawn: &host.Process{PID: 42, StartTime: 7}}
 	out, err := parseState(in.marshal())
 	if err != nil || out.socket() != "/run/x/agent/agent.sock" || out.NSpawn.PID != 42 || out.NSpawn.StartTime != 7 || out.Machine != "m" {
 		t.Errorf("round trip = %+v, %v", out, err)
@@ -561,7 +562,7 @@ func TestLateMounts(t *testing.T) {
 	// app holds its own mounts of the sources.
 	st, _ := parseState(p.pod.State())
 	dir := filepath.Join(st.Mounts, "late")
-	if ms, _ := stage1.MountsUnder(dir); len(ms) != 1 || ms[0] != filepath.Join(dir, "rootfs") {
+	if ms, _ := host.MountsUnder(dir); len(ms) != 1 || ms[0] != filepath.Join(dir, "rootfs") {
 		t.Errorf("host mounts of the running container: %v, want the rootfs only", ms)
 	}
 	if _, err := p.pod.StopContainer(ctx, "late", time.Second); err != nil {
@@ -570,7 +571,7 @@ func TestLateMounts(t *testing.T) {
 	if err := p.pod.RemoveContainer(ctx, "late"); err != nil {
 		t.Fatal(err)
 	}
-	if ms, _ := stage1.MountsUnder(dir); len(ms) != 0 {
+	if ms, _ := host.MountsUnder(dir); len(ms) != 0 {
 		t.Errorf("mounts left after RemoveContainer: %v", ms)
 	}
 	if _, err := os.Stat(filepath.Join(src, "hello")); err != nil {
@@ -596,7 +597,7 @@ func TestCreateContainerErrors(t *testing.T) {
 		t.Fatal("create with a missing mount source succeeded")
 	}
 	st, _ := parseState(p.pod.State())
-	if ms, _ := stage1.MountsUnder(filepath.Join(st.Mounts, "bad")); len(ms) != 0 {
+	if ms, _ := host.MountsUnder(filepath.Join(st.Mounts, "bad")); len(ms) != 0 {
 		t.Errorf("binds left after a failed create: %v", ms)
 	}
 	p.run("dup", rootfs, nil, "/bin/sleep", "1000")
@@ -650,7 +651,7 @@ func TestStopReleases(t *testing.T) {
 	if err := b.DestroyPod(ctx, p.spec, p.pod.State()); err != nil {
 		t.Fatalf("DestroyPod: %v", err)
 	}
-	if ms, _ := stage1.MountsUnder(p.spec.RunDir); len(ms) != 0 {
+	if ms, _ := host.MountsUnder(p.spec.RunDir); len(ms) != 0 {
 		t.Errorf("mounts left under the run dir: %v", ms)
 	}
 	for _, c := range []map[string]string{st.Cgroup.Paths, sysPaths(st)} {
@@ -708,7 +709,7 @@ func TestStartPodNSpawnFails(t *testing.T) {
 			t.Errorf("pod cgroup %s left behind: %v", d, err)
 		}
 	}
-	if ms, _ := stage1.MountsUnder(spec.RunDir); len(ms) != 0 {
+	if ms, _ := host.MountsUnder(spec.RunDir); len(ms) != 0 {
 		t.Errorf("mounts left: %v", ms)
 	}
 }
@@ -902,7 +903,7 @@ func sharedSource(t *testing.T) string {
 
 func hostMounted(t *testing.T, path string) bool {
 	t.Helper()
-	ms, err := stage1.MountsUnder(path)
+	ms, err := host.MountsUnder(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package nspawn
 
 import (
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"strconv"
 
@@ -9,17 +10,16 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/osthread"
-	"github.com/stagelet/stagelet/stage1"
 )
 
 // shared is the pod's propagating directory: <RunDir>/mounts on the host,
 // bound at /mnt/stagelet in the container. Containers reach the pod
-// through it (stage1.SharedDir).
-func (st *state) shared() stage1.SharedDir {
-	return stage1.SharedDir{Host: st.Mounts, InPod: podMounts}
+// through it (host.SharedDir).
+func (st *state) shared() host.SharedDir {
+	return host.SharedDir{Host: st.Mounts, InPod: podMounts}
 }
 
-// bindShared is the pod's stage1.SharedDir.BindShared. systemd-nspawn makes
+// bindShared is the pod's host.SharedDir.BindShared. systemd-nspawn makes
 // every mount of its container a slave of the host's, so a bind beneath
 // the propagating directory reaches the container as a slave. Instead, a
 // recursive clone of src (open_tree: a peer of src's mount, when that is

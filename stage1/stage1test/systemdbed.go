@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -19,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
-	"github.com/stagelet/stagelet/stage1"
 )
 
 // DefaultSystemdTestbed is where scripts/systemd-testbed.sh builds the
@@ -289,13 +289,13 @@ func (b *SystemdBed) systemState() (string, error) {
 // Conn opens a go-systemd connection to the container's systemd; the
 // caller closes it.
 func (b *SystemdBed) Conn() (*sddbus.Conn, error) {
-	return sddbus.NewConnection(stage1.DialBus(b.Bus))
+	return sddbus.NewConnection(host.DialBus(b.Bus))
 }
 
 // Launcher returns a SystemdLauncher talking to the container's systemd,
 // with PIDs mapped to the host's.
-func (b *SystemdBed) Launcher(log *slog.Logger) *stage1.SystemdLauncher {
-	return &stage1.SystemdLauncher{Log: log, Dial: stage1.DialBus(b.Bus), HostPID: b.HostPID}
+func (b *SystemdBed) Launcher(log *slog.Logger) *host.SystemdLauncher {
+	return &host.SystemdLauncher{Log: log, Dial: host.DialBus(b.Bus), HostPID: b.HostPID}
 }
 
 // HostPID maps a PID of the container's PID namespace to the host's: the
@@ -318,7 +318,7 @@ func (b *SystemdBed) HostPID(pid int) (int, error) {
 			return hp, nil
 		}
 	}
-	return 0, fmt.Errorf("pid %d of the container: no such process: %w", pid, stage1.ErrProcessGone)
+	return 0, fmt.Errorf("pid %d of the container: no such process: %w", pid, host.ErrProcessGone)
 }
 
 // nsPIDs is the NSpid line of /proc/PID/status.

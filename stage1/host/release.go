@@ -1,9 +1,10 @@
-package stage1
+package host
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1"
 	"log/slog"
 	"syscall"
 	"time"
@@ -112,7 +113,7 @@ func Release(ctx context.Context, launcher Launcher, grace time.Duration, r Host
 // naming convention (a crash before the first persist leaves none).
 func StateForRelease[S any](log *slog.Logger, backend, podID string, b []byte, parse func([]byte) (*S, error)) (*S, error) {
 	st, err := parse(b)
-	if errors.Is(err, ErrNewerState) {
+	if errors.Is(err, stage1.ErrNewerState) {
 		return nil, err
 	}
 	if err != nil {

@@ -1,4 +1,4 @@
-package stage1_test
+package host_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/host"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -71,7 +71,7 @@ func waitGone(t *testing.T, c *sddbus.Conn, unit string) {
 	}
 }
 
-func waitExit(t *testing.T, p *stage1.Process) {
+func waitExit(t *testing.T, p *host.Process) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -104,10 +104,10 @@ func TestSystemdLauncher(t *testing.T) {
 	}
 
 	const name = "stagelet-test-sleep"
-	unit := stage1.UnitName(name)
+	unit := host.UnitName(name)
 	logPath := filepath.Join(bed.Shared, "logs", "sleep.log")
 	start := time.Now()
-	p, err := l.Launch(ctx, stage1.LaunchSpec{
+	p, err := l.Launch(ctx, host.LaunchSpec{
 		Name:    name,
 		Path:    "/bin/sh",
 		Args:    []string{"-c", `echo "hello $GREETING from $(pwd)"; echo oops >&2; exec /bin/sleep 1000`},
@@ -145,12 +145,12 @@ func TestSystemdLauncher(t *testing.T) {
 	for k, want := range map[string]any{
 		"ActiveState":  "active",
 		"SubState":     "running",
-		"Slice":        stage1.DefaultSlice,
+		"Slice":        host.DefaultSlice,
 		"Delegate":     true,
 		"KillMode":     "mixed",
 		"CollectMode":  "inactive-or-failed",
 		"Type":         "exec",
-		"ControlGroup": "/" + stage1.DefaultSlice + "/" + unit,
+		"ControlGroup": "/" + host.DefaultSlice + "/" + unit,
 	} {
 		if got := props[k]; got != want {
 			t.Errorf("%s = %v, want %v", k, got, want)
@@ -186,7 +186,7 @@ func TestSystemdLauncher(t *testing.T) {
 	}
 
 	// A unit name is taken once.
-	if _, err := l.Launch(ctx, stage1.LaunchSpec{Name: name, Path: "/bin/true", LogPath: logPath}); !errors.Is(err, errdefs.ErrAlreadyExists) {
+	if _, err := l.Launch(ctx, host.LaunchSpec{Name: name, Path: "/bin/true", LogPath: logPath}); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("second launch of %s: %v, want AlreadyExists", name, err)
 	}
 
@@ -227,7 +227,7 @@ func TestSystemdLauncherStopAndFailures(t *testing.T) {
 	defer l.Close()
 	logPath := filepath.Join(bed.Shared, "stop.log")
 
-	p, err := l.Launch(ctx, stage1.LaunchSpec{Name: "stagelet-test-stop", Path: "/bin/sleep", Args: []string{"1000"}, LogPath: logPath})
+	p, err := l.Launch(ctx, host.LaunchSpec{Name: "stagelet-test-stop", Path: "/bin/sleep", Args: []string{"1000"}, LogPath: logPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestSystemdLauncherStopAndFailures(t *testing.T) {
 	}
 
 	// A process that dies on its own: the unit is collected too.
-	p, err = l.Launch(ctx, stage1.LaunchSpec{Name: "stagelet-test-crash", Path: "/bin/sleep", Args: []string{"1000"}, LogPath: logPath})
+	p, err = l.Launch(ctx, host.LaunchSpec{Name: "stagelet-test-crash", Path: "/bin/sleep", Args: []string{"1000"}, LogPath: logPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,17 +258,17 @@ func TestSystemdLauncherStopAndFailures(t *testing.T) {
 	waitExit(t, p)
 	waitGone(t, c, "stagelet-test-crash.service")
 
-	_, err = l.Launch(ctx, stage1.LaunchSpec{Name: "stagelet-test-missing", Path: "/nonexistent", LogPath: logPath})
+	_, err = l.Launch(ctx, host.LaunchSpec{Name: "stagelet-test-missing", Path: "/nonexistent", LogPath: logPath})
 	if err == nil {
 		t.Fatal("launch of a missing binary succeeded")
 	}
 	t.Logf("missing binary: %v", err)
 	waitGone(t, c, "stagelet-test-missing.service")
 
-	if _, err := l.Launch(ctx, stage1.LaunchSpec{Name: "bad/name", Path: "/bin/true", LogPath: logPath}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := l.Launch(ctx, host.LaunchSpec{Name: "bad/name", Path: "/bin/true", LogPath: logPath}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("bad name: %v, want InvalidArgument", err)
 	}
-	if _, err := l.Launch(ctx, stage1.LaunchSpec{Name: "stagelet-test-files", Path: "/bin/true", LogPath: logPath, ExtraFiles: []*os.File{os.Stdin}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := l.Launch(ctx, host.LaunchSpec{Name: "stagelet-test-files", Path: "/bin/true", LogPath: logPath, ExtraFiles: []*os.File{os.Stdin}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("extra files: %v, want InvalidArgument", err)
 	}
 }

@@ -1,7 +1,8 @@
-package stage1
+package host
 
 import (
 	"context"
+	"github.com/stagelet/stagelet/stage1"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,7 +51,7 @@ func TestUnbindKeepsTheHostsMounts(t *testing.T) {
 	t.Cleanup(func() { d.Release() })
 	notKnown := func(context.Context, string) (bool, error) { return false, nil }
 	for _, id := range []string{"a", "b"} {
-		spec := &ContainerSpec{AppSpec: api.AppSpec{ID: id, Rootfs: rootfs, Mounts: []api.Mount{{Source: vol, Destination: "/v"}}}}
+		spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: id, Rootfs: rootfs, Mounts: []api.Mount{{Source: vol, Destination: "/v"}}}}
 		in, err := d.BindContainer(context.Background(), spec, notKnown)
 		if err != nil {
 			t.Fatal(err)

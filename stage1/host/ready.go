@@ -1,9 +1,10 @@
-package stage1
+package host
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1"
 	"log/slog"
 	"time"
 
@@ -57,18 +58,18 @@ func WaitAgentReady(ctx context.Context, info func(context.Context) (*api.Info, 
 // CheckRecovered tells whether a pod found in its persisted state still
 // runs after a daemon restart: its host process proc (what names it) must
 // be alive with its recorded start time, and its agent must answer within
-// timeout. Otherwise the error wraps ErrPodGone.
+// timeout. Otherwise the error wraps stage1.ErrPodGone.
 func CheckRecovered(ctx context.Context, proc *Process, what string, info func(context.Context) (*api.Info, error), timeout time.Duration) error {
 	if proc == nil {
-		return fmt.Errorf("no %s recorded: %w", what, ErrPodGone)
+		return fmt.Errorf("no %s recorded: %w", what, stage1.ErrPodGone)
 	}
 	if !proc.Alive() {
-		return fmt.Errorf("%s pid %d: %w", what, proc.PID, ErrPodGone)
+		return fmt.Errorf("%s pid %d: %w", what, proc.PID, stage1.ErrPodGone)
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if _, err := info(pctx); err != nil {
-		return fmt.Errorf("agent does not answer: %v: %w", err, ErrPodGone)
+		return fmt.Errorf("agent does not answer: %v: %w", err, stage1.ErrPodGone)
 	}
 	return nil
 }

@@ -1,10 +1,11 @@
-package stage1
+package host
 
 import (
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1"
 	"os"
 	"path/filepath"
 	"slices"
@@ -44,7 +45,7 @@ type SharedDir struct {
 	UnbindSourcesOnStart bool
 }
 
-var _ ContainerPaths = SharedDir{}
+var _ stage1.ContainerPaths = SharedDir{}
 
 // Prepare creates the directory and makes it a shared mount point (a bind
 // of itself), so that mounts made beneath it later propagate into the pod.
@@ -97,7 +98,7 @@ func (d SharedDir) containerDir(id string) (string, error) {
 // a create that did not finish is released and made again. Errors:
 // InvalidArgument (bad id or paths), AlreadyExists, FailedPrecondition (a
 // mount source that does not exist). On failure nothing stays bound.
-func (d SharedDir) BindContainer(ctx context.Context, spec *ContainerSpec, exists func(context.Context, string) (bool, error)) (_ *ContainerSpec, retErr error) {
+func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec, exists func(context.Context, string) (bool, error)) (_ *stage1.ContainerSpec, retErr error) {
 	if spec == nil || spec.Rootfs == "" {
 		return nil, errdefs.InvalidArgument("create container: no rootfs")
 	}
@@ -317,14 +318,14 @@ func makeTarget(src, dst string) error {
 	return f.Close()
 }
 
-// Share implements ContainerPaths: BindContainer, then the spec's paths
+// Share implements stage1.ContainerPaths: BindContainer, then the spec's paths
 // as the pod sees them.
-func (d SharedDir) Share(ctx context.Context, spec *ContainerSpec, known func(context.Context, string) (bool, error)) (*ContainerSpec, error) {
+func (d SharedDir) Share(ctx context.Context, spec *stage1.ContainerSpec, known func(context.Context, string) (bool, error)) (*stage1.ContainerSpec, error) {
 	bound, err := d.BindContainer(ctx, spec, known)
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*ContainerSpec, error) {
+	fail := func(err error) (*stage1.ContainerSpec, error) {
 		if uerr := d.UnbindContainer(spec.ID); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("undoing the binds: %w", uerr))
 		}
@@ -346,7 +347,7 @@ func (d SharedDir) Share(ctx context.Context, spec *ContainerSpec, known func(co
 	return bound, nil
 }
 
-// Started implements ContainerPaths: with UnbindSourcesOnStart, the
+// Started implements stage1.ContainerPaths: with UnbindSourcesOnStart, the
 // host-side binds of the container's mount sources are undone.
 func (d SharedDir) Started(id string) error {
 	if !d.UnbindSourcesOnStart {
@@ -355,7 +356,7 @@ func (d SharedDir) Started(id string) error {
 	return d.UnbindSources(id)
 }
 
-// Unshare implements ContainerPaths: UnbindContainer.
+// Unshare implements stage1.ContainerPaths: UnbindContainer.
 func (d SharedDir) Unshare(id string) error { return d.UnbindContainer(id) }
 
 // UnbindSources unmounts the binds of a container's mount sources

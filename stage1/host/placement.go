@@ -1,7 +1,8 @@
-package stage1
+package host
 
 import (
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // PodCgroup is the cgroup a pod's host processes run in under the plain
@@ -9,7 +10,7 @@ import (
 // spec.CgroupParent, an absolute cgroup path or one relative to the
 // daemon's own (delegated) cgroup; see cgroups.Resolve. Under a
 // UnitLauncher the pod's processes run in their units' cgroups instead.
-func PodCgroup(spec *PodSpec) (*cgroups.Cgroup, error) {
+func PodCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 	parent := spec.CgroupParent
 	if parent == "" || SliceOf(parent) != "" {
 		parent = "."
@@ -25,6 +26,6 @@ func PodCgroup(spec *PodSpec) (*cgroups.Cgroup, error) {
 // pod's cgroup parent when it is a slice (the kubelet's systemd driver
 // names "kubepods-burstable-pod<uid>.slice", as that slice's cgroup path;
 // see SliceOf), else "": the launcher's own.
-func PodSlice(spec *PodSpec) string {
+func PodSlice(spec *stage1.PodSpec) string {
 	return SliceOf(spec.CgroupParent)
 }

@@ -1,9 +1,10 @@
-package stage1
+package host
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -93,7 +94,7 @@ func TestStateForRelease(t *testing.T) {
 	}
 	parse := func(b []byte) (*st, error) {
 		var s st
-		if err := ParseState("test", b, 1, &s); err != nil {
+		if err := stage1.ParseState("test", b, 1, &s); err != nil {
 			return nil, err
 		}
 		return &s, nil
@@ -105,7 +106,7 @@ func TestStateForRelease(t *testing.T) {
 	if s, err := StateForRelease(log, "test", "p", []byte(`{"version":1,"un`), parse); err != nil || *s != (st{}) {
 		t.Errorf("a torn state: %+v, %v; want the zero state", s, err)
 	}
-	if _, err := StateForRelease(log, "test", "p", []byte(`{"version":9}`), parse); !errors.Is(err, ErrNewerState) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("a newer state: %v, want ErrNewerState", err)
+	if _, err := StateForRelease(log, "test", "p", []byte(`{"version":9}`), parse); !errors.Is(err, stage1.ErrNewerState) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a newer state: %v, want stage1.ErrNewerState", err)
 	}
 }

@@ -1,6 +1,7 @@
-package stage1
+package host
 
 import (
+	"github.com/stagelet/stagelet/stage1"
 	"testing"
 )
 
@@ -130,10 +131,10 @@ func TestSliceOf(t *testing.T) {
 }
 
 func TestPodSlice(t *testing.T) {
-	if got := PodSlice(&PodSpec{CgroupParent: "kubepods-besteffort-podx.slice"}); got != "kubepods-besteffort-podx.slice" {
+	if got := PodSlice(&stage1.PodSpec{CgroupParent: "kubepods-besteffort-podx.slice"}); got != "kubepods-besteffort-podx.slice" {
 		t.Errorf("PodSlice = %q", got)
 	}
-	if got := PodSlice(&PodSpec{CgroupParent: "/kubepods/besteffort/podx"}); got != "" {
+	if got := PodSlice(&stage1.PodSpec{CgroupParent: "/kubepods/besteffort/podx"}); got != "" {
 		t.Errorf("PodSlice of a cgroupfs path = %q, want the launcher's own", got)
 	}
 }
