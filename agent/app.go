@@ -208,6 +208,8 @@ func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
 		CPUPeriod:   r.CPUPeriod,
 		MemoryLimit: r.MemoryLimit,
 		PidsLimit:   r.PidsLimit,
+		CpusetCpus:  r.CpusetCpus,
+		CpusetMems:  r.CpusetMems,
 	}); err != nil {
 		return nil, errdefs.FailedPrecondition("update %s: %v", id, err)
 	}
@@ -219,7 +221,7 @@ func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
 func (a *Agent) setupCgroup(ap *app) error {
 	r := ap.spec.Resources
 	if ap.cg == nil {
-		if r.CPUShares != 0 || r.CPUQuota != 0 || r.MemoryLimit != 0 || r.PidsLimit != 0 {
+		if r.CPUShares != 0 || r.CPUQuota != 0 || r.MemoryLimit != 0 || r.PidsLimit != 0 || r.CpusetCpus != "" || r.CpusetMems != "" {
 			a.log.Warn("cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
 		}
 		return nil
@@ -233,6 +235,8 @@ func (a *Agent) setupCgroup(ap *app) error {
 		CPUPeriod:   r.CPUPeriod,
 		MemoryLimit: r.MemoryLimit,
 		PidsLimit:   r.PidsLimit,
+		CpusetCpus:  r.CpusetCpus,
+		CpusetMems:  r.CpusetMems,
 	}); err != nil {
 		return errdefs.InvalidArgument("app %s: resources: %v", ap.spec.ID, err)
 	}

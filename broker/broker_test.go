@@ -924,6 +924,24 @@ func TestUpdateContainerResources(t *testing.T) {
 		t.Errorf("record after the update: %+v, want %+v", rec.Config.Resources, want)
 	}
 	wantClass(t, b.UpdateContainerResources(ctx, cid, Resources{OOMScoreAdj: 500}), errdefs.ErrInvalidArgument)
+	// A cpuset reaches the agent and the record; a bad list is refused
+	// before it does.
+	if err := b.UpdateContainerResources(ctx, cid, Resources{CpusetCpus: "0-1,3", CpusetMems: "0"}); err != nil {
+		t.Fatal(err)
+	}
+	if sent := e.be.Pod(pid).Updated(cid); sent.CpusetCpus != "0-1,3" || sent.CpusetMems != "0" {
+		t.Errorf("the agent got %+v", sent)
+	}
+	if rec, _ := b.ContainerStatus(ctx, cid); rec.Config.Resources.CpusetCpus != "0-1,3" || rec.Config.Resources.MemoryLimit != 128<<20 {
+		t.Errorf("record after the cpuset update: %+v", rec.Config.Resources)
+	}
+	for _, bad := range []string{"1-0", "a", "0,,1", "-1", "01", "9000"} {
+		err := b.UpdateContainerResources(ctx, cid, Resources{CpusetCpus: bad})
+		wantClass(t, err, errdefs.ErrInvalidArgument)
+		if !strings.Contains(err.Error(), "linux.cpuset_cpus") {
+			t.Errorf("%q: %v does not name the field", bad, err)
+		}
+	}
 	if err := b.StopContainer(ctx, cid, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -957,6 +975,22 @@ func TestUpdatePodResources(t *testing.T) {
 		t.Errorf("the plain pod's record: %+v", st.Record.Config.Resources)
 	}
 	wantClass(t, b.UpdatePodResources(ctx, vmPod, big), errdefs.ErrFailedPrecondition)
+	// A cpuset is a container's: a pod's is refused, and a VM's container
+	// cannot have one (its vCPUs are not the host's CPUs).
+	wantClass(t, b.UpdatePodResources(ctx, plain, Resources{CpusetCpus: "0"}), errdefs.ErrInvalidArgument)
+	pinned := podNet("pinned")
+	pinned.Resources = &Resources{CpusetCpus: "0"}
+	_, err = b.RunPod(ctx, pinned)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	vmCtr := ctrCfg("c")
+	vmCtr.Resources.CpusetCpus = "0"
+	_, err = b.CreateContainer(ctx, vmPod, vmCtr)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	vmCid, err := b.CreateContainer(ctx, vmPod, ctrCfg("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClass(t, b.UpdateContainerResources(ctx, vmCid, Resources{CpusetCpus: "0"}), errdefs.ErrInvalidArgument)
 	if st, _ := b.PodStatus(ctx, vmPod, false); st.Record.Config.Resources != nil {
 		t.Errorf("a refused resize changed the VM pod's record: %+v", st.Record.Config.Resources)
 	}

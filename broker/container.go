@@ -100,6 +100,9 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 	if err := b.checkPrivileged(p, cfg); err != nil {
 		return "", err
 	}
+	if err := b.checkCpuset(p, &cfg.Resources, "config.linux.resources"); err != nil {
+		return "", err
+	}
 	key := ctrNameKey(podID, cfg.Metadata)
 	hash := hashOf(cfg)
 
@@ -189,6 +192,21 @@ func (b *Broker) checkPrivileged(p *pod, cfg *ContainerConfig) error {
 		return errdefs.New(errdefs.ErrPermissionDenied,
 			"privileged container %q: the policy puts privileged pods on stage1 %q, but this pod runs on %q (chosen for an unprivileged sandbox); mark the pod sandbox privileged",
 			cfg.Metadata.Name, d.Stage1, stage1)
+	}
+	return nil
+}
+
+// checkCpuset refuses a cpuset for a container of a pod in a VM: a
+// cpuset names host CPUs and memory nodes, which its guest does not see.
+func (b *Broker) checkCpuset(p *pod, r *Resources, field string) error {
+	if r.CpusetCpus == "" && r.CpusetMems == "" {
+		return nil
+	}
+	b.mu.Lock()
+	stage1 := p.rec.Stage1
+	b.mu.Unlock()
+	if b.caps[stage1].KernelIsolated {
+		return errdefs.InvalidArgument("%s.cpuset_cpus, cpuset_mems: the pod runs in a VM (stage1 %s), whose vCPUs and memory are not the host's CPUs and memory nodes: a cpuset would need the VM's vCPUs pinned to host CPUs, which this stage1 does not do", field, stage1)
 	}
 	return nil
 }
@@ -396,6 +414,9 @@ func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Reso
 	if r.OOMScoreAdj != 0 && r.OOMScoreAdj != oom {
 		return errdefs.InvalidArgument("linux.oom_score_adj: %d cannot change to %d in a container that exists", oom, r.OOMScoreAdj)
 	}
+	if err := b.checkCpuset(p, &r, "linux"); err != nil {
+		return err
+	}
 	h, err := b.podHandle(p)
 	if err != nil {
 		return err
@@ -404,6 +425,7 @@ func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Reso
 	defer cancel()
 	err = h.UpdateContainerResources(actx, c.rec.ID, api.Resources{
 		CPUShares: r.CPUShares, CPUQuota: r.CPUQuota, CPUPeriod: r.CPUPeriod, MemoryLimit: r.MemoryLimit,
+		CpusetCpus: r.CpusetCpus, CpusetMems: r.CpusetMems,
 	})
 	if err != nil {
 		b.refreshOnRefusal(ctx, p, c, err)
@@ -417,6 +439,12 @@ func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Reso
 		if *f.src != 0 {
 			*f.dst = *f.src
 		}
+	}
+	if r.CpusetCpus != "" {
+		cur.CpusetCpus = r.CpusetCpus
+	}
+	if r.CpusetMems != "" {
+		cur.CpusetMems = r.CpusetMems
 	}
 	cp := *c.rec
 	b.mu.Unlock()

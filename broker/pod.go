@@ -629,6 +629,9 @@ func (b *Broker) UpdatePodResources(ctx context.Context, id string, r Resources)
 	if err := checkResources("resources", &r); err != nil {
 		return err
 	}
+	if r.CpusetCpus != "" || r.CpusetMems != "" {
+		return errdefs.InvalidArgument("resources.cpuset_cpus, cpuset_mems: a cpuset is a container's, not a pod's")
+	}
 	p, err := b.lookupPod(id)
 	if err != nil {
 		return err

@@ -236,6 +236,8 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 			CPUPeriod:   r.CPUPeriod,
 			MemoryLimit: r.MemoryLimit,
 			OOMScoreAdj: int(r.OOMScoreAdj),
+			CpusetCpus:  r.CpusetCpus,
+			CpusetMems:  r.CpusetMems,
 		},
 		PIDNamespace:        pidns,
 		PIDTarget:           sec.PIDTarget,

@@ -76,6 +76,10 @@ type Resources struct {
 	CPUShares   int64 `json:"cpuShares,omitempty"`
 	MemoryLimit int64 `json:"memoryLimit,omitempty"`
 	OOMScoreAdj int64 `json:"oomScoreAdj,omitempty"`
+	// CpusetCpus and CpusetMems are cpuset lists ("0-3,6"): the CPUs and
+	// memory nodes a container may use (a container's only).
+	CpusetCpus string `json:"cpusetCpus,omitempty"`
+	CpusetMems string `json:"cpusetMems,omitempty"`
 }
 
 // Types of a SecurityProfile, as the CRI names them.

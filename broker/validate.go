@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -143,6 +144,41 @@ func checkResources(field string, r *Resources) error {
 	if a := r.OOMScoreAdj; a < -1000 || a > 1000 {
 		return errdefs.InvalidArgument("%s.oom_score_adj: %d is outside -1000–1000", field, a)
 	}
+	for _, f := range []struct{ name, v string }{{"cpuset_cpus", r.CpusetCpus}, {"cpuset_mems", r.CpusetMems}} {
+		if err := checkCPUList(f.v); err != nil {
+			return errdefs.InvalidArgument("%s.%s: %q: %v", field, f.name, f.v, err)
+		}
+	}
+	return nil
+}
+
+// maxCPUListID bounds a CPU or memory node number in a cpuset list (the
+// kernel's own limit, NR_CPUS, is at most 8192).
+const maxCPUListID = 8192
+
+// checkCPUList checks a cpuset list as the kernel reads it: numbers and
+// ascending ranges separated by commas ("0-3,6"); empty means none given.
+func checkCPUList(s string) error {
+	if s == "" {
+		return nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 || a >= maxCPUListID || lo != strconv.Itoa(a) {
+			return fmt.Errorf("%q is not a CPU number", lo)
+		}
+		if !isRange {
+			continue
+		}
+		z, err := strconv.Atoi(hi)
+		if err != nil || z < 0 || z >= maxCPUListID || hi != strconv.Itoa(z) {
+			return fmt.Errorf("%q is not a CPU number", hi)
+		}
+		if z < a {
+			return fmt.Errorf("range %s is descending", part)
+		}
+	}
 	return nil
 }
 
@@ -163,6 +199,9 @@ func checkPodInput(c *PodConfig) error {
 	}
 	if len(c.Hostname) > maxHostname {
 		return errdefs.InvalidArgument("config.hostname: %d characters, more than the kernel's %d", len(c.Hostname), maxHostname)
+	}
+	if c.Resources != nil && (c.Resources.CpusetCpus != "" || c.Resources.CpusetMems != "") {
+		return errdefs.InvalidArgument("config.linux.resources.cpuset_cpus, cpuset_mems: a cpuset is a container's, not a pod's")
 	}
 	return checkResources("config.linux.resources", c.Resources)
 }

@@ -6,8 +6,8 @@
 // Two modes are supported. When /sys/fs/cgroup is a cgroup2 file system
 // (pure v2) a Cgroup has one path, under the key "unified". Otherwise (v1 or
 // hybrid) a Cgroup has one directory per controller among cpu, cpuacct,
-// memory, pids and freezer; the name=systemd and hybrid unified mounts, and
-// the cpuset, devices and blkio controllers, are not used. Co-mounted
+// cpuset, memory, pids and freezer; the name=systemd and hybrid unified
+// mounts, and the devices and blkio controllers, are not used. Co-mounted
 // controllers ("cpu,cpuacct") share a directory; every operation visits a
 // directory once.
 //
@@ -37,7 +37,7 @@ import (
 const Unified = "unified"
 
 // v1Controllers are the v1 controllers stagelet manages.
-var v1Controllers = []string{"cpu", "cpuacct", "memory", "pids", "freezer"}
+var v1Controllers = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "freezer"}
 
 // Cgroup is one cgroup, named by its directory in each hierarchy.
 type Cgroup struct {
@@ -54,6 +54,9 @@ type Resources struct {
 	CPUPeriod   int64 // microseconds
 	MemoryLimit int64 // bytes
 	PidsLimit   int64
+	// CpusetCpus and CpusetMems are cpuset lists ("0-3,6"): the CPUs and
+	// memory nodes the cgroup's processes may use.
+	CpusetCpus, CpusetMems string
 }
 
 // Stats are usage figures of a cgroup, descendants included.
@@ -423,6 +426,51 @@ func (c *Cgroup) Create() error {
 	if p, ok := c.Paths[Unified]; ok {
 		return delegateV2(v2RootOf(p), p)
 	}
+	if p, ok := c.Paths["cpuset"]; ok {
+		return initCpusetV1(p)
+	}
+	return nil
+}
+
+// initCpusetV1 gives dir, and each ancestor up to the first one that has
+// them, the CPUs and memory nodes of its parent: a v1 cpuset cgroup starts
+// with none, and no process can join it until it has some.
+func initCpusetV1(dir string) error {
+	var chain []string // dir and its ancestors without cpus or mems, deepest first
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		cpus, err := readFile(d, "cpuset.cpus")
+		if err != nil {
+			return fmt.Errorf("cgroups: cpuset: %w", err)
+		}
+		mems, err := readFile(d, "cpuset.mems")
+		if err != nil {
+			return fmt.Errorf("cgroups: cpuset: %w", err)
+		}
+		if cpus != "" && mems != "" {
+			break
+		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(d), "cpuset.cpus")); d == "/" || err != nil {
+			return fmt.Errorf("cgroups: cpuset: %s has no CPUs or memory nodes, nor a parent to take them from", d)
+		}
+		chain = append(chain, d)
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		d := chain[i]
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if v, err := readFile(d, f); err != nil {
+				return fmt.Errorf("cgroups: cpuset: %w", err)
+			} else if v != "" {
+				continue
+			}
+			v, err := readFile(filepath.Dir(d), f)
+			if err != nil {
+				return fmt.Errorf("cgroups: cpuset: %w", err)
+			}
+			if err := writeFile(d, f, v); err != nil {
+				return fmt.Errorf("cgroups: cpuset: %s=%s in %s: %w", f, v, d, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -491,6 +539,12 @@ func (c *Cgroup) Set(r Resources) error {
 		}
 		w = append(w, kv{"pids", "pids.max", v})
 	}
+	if r.CpusetCpus != "" {
+		w = append(w, kv{"cpuset", "cpuset.cpus", r.CpusetCpus})
+	}
+	if r.CpusetMems != "" {
+		w = append(w, kv{"cpuset", "cpuset.mems", r.CpusetMems})
+	}
 	for _, x := range w {
 		d, ok := c.Paths[x.ctl]
 		if !ok {
@@ -533,6 +587,12 @@ func setV2(d string, r Resources) error {
 			v = strconv.FormatInt(r.PidsLimit, 10)
 		}
 		w = append(w, kv{"pids.max", v})
+	}
+	if r.CpusetCpus != "" {
+		w = append(w, kv{"cpuset.cpus", r.CpusetCpus})
+	}
+	if r.CpusetMems != "" {
+		w = append(w, kv{"cpuset.mems", r.CpusetMems})
 	}
 	for _, x := range w {
 		if err := writeFile(d, x.file, x.val); err != nil {

@@ -93,6 +93,24 @@ func TestLifecycle(t *testing.T) {
 		check("memory", "memory.limit_in_bytes", fmt.Sprint(256<<20))
 		check("pids", "pids.max", "100")
 	}
+	// A cpuset: the CPUs and memory nodes the parent has, narrowed to the
+	// first of each; read back where the hierarchy keeps it.
+	cpusetDir := c.Paths["cpuset"]
+	if c.IsV2() {
+		cpusetDir = c.Paths[Unified]
+	}
+	if _, err := os.Stat(filepath.Join(cpusetDir, "cpuset.cpus")); err != nil {
+		t.Logf("no cpuset controller here (%v): cpuset not checked", err)
+	} else {
+		if err := c.Set(Resources{CpusetCpus: "0", CpusetMems: "0"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if got, err := readFile(cpusetDir, f); err != nil || got != "0" {
+				t.Errorf("%s = %q, %v, want 0", f, got, err)
+			}
+		}
+	}
 
 	// A process in a child cgroup, forking more: Procs sees all of them.
 	child := c.Child("app")

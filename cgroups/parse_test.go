@@ -77,6 +77,7 @@ func TestSelfAndResolve(t *testing.T) {
 			wantSelf: map[string]string{
 				"cpu":     "/sys/fs/cgroup/cpu",
 				"cpuacct": "/sys/fs/cgroup/cpuacct",
+				"cpuset":  "/sys/fs/cgroup/cpuset",
 				"memory":  "/sys/fs/cgroup/memory/process_api/96fe",
 				"pids":    "/sys/fs/cgroup/pids",
 				"freezer": "/sys/fs/cgroup/freezer",
@@ -85,6 +86,7 @@ func TestSelfAndResolve(t *testing.T) {
 			wantResolve: map[string]string{
 				"cpu":     "/sys/fs/cgroup/cpu/stagelet",
 				"cpuacct": "/sys/fs/cgroup/cpuacct/stagelet",
+				"cpuset":  "/sys/fs/cgroup/cpuset/stagelet",
 				"memory":  "/sys/fs/cgroup/memory/process_api/96fe/stagelet",
 				"pids":    "/sys/fs/cgroup/pids/stagelet",
 				"freezer": "/sys/fs/cgroup/freezer/stagelet",
@@ -97,6 +99,7 @@ func TestSelfAndResolve(t *testing.T) {
 			wantResolve: map[string]string{
 				"cpu":     "/sys/fs/cgroup/cpu/stagelet/pods",
 				"cpuacct": "/sys/fs/cgroup/cpuacct/stagelet/pods",
+				"cpuset":  "/sys/fs/cgroup/cpuset/stagelet/pods",
 				"memory":  "/sys/fs/cgroup/memory/stagelet/pods",
 				"pids":    "/sys/fs/cgroup/pids/stagelet/pods",
 				"freezer": "/sys/fs/cgroup/freezer/stagelet/pods",

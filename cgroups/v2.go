@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,13 @@ import (
 // v2Controllers are the cgroup2 controllers stagelet enables for the cgroups
 // it creates, where the hierarchy offers them.
 var v2Controllers = []string{"cpu", "memory", "pids"}
+
+// v2Optional are controllers enabled where the layout allows: their
+// absence only matters to a cgroup that is asked for their limits (Set
+// then reports the missing file).
+var v2Optional = []string{"cpuset"}
+
+func isRequired(c string) bool { return slices.Contains(v2Controllers, c) }
 
 // ErrLayout says the cgroup layout stagelet was given cannot work under
 // cgroup v2's rules: a cgroup that must delegate controllers holds
@@ -42,7 +50,7 @@ func delegateV2(root, dir string) error {
 		return fmt.Errorf("cgroups: %w", err)
 	}
 	var want []string
-	for _, c := range v2Controllers {
+	for _, c := range slices.Concat(v2Controllers, v2Optional) {
 		if contains(avail, c) {
 			want = append(want, c)
 		}
@@ -84,6 +92,12 @@ func delegateV2(root, dir string) error {
 			pids, err := readList(d, "cgroup.procs")
 			if err != nil {
 				return fmt.Errorf("cgroups: %w", err)
+			}
+			if len(pids) > 0 && !slices.ContainsFunc(missing, isRequired) {
+				// Only optional controllers are missing: the cgroups
+				// beneath go without them.
+				want = slices.DeleteFunc(want, func(c string) bool { return !isRequired(c) })
+				continue
 			}
 			if len(pids) > 0 {
 				return fmt.Errorf("%w: cannot enable %s for the cgroups beneath %s: it holds processes (%s), and cgroup v2's no-internal-process rule lets only a cgroup without processes hand controllers to its children; point cgroup_parent at a cgroup that holds no process, or run stagelet as a service with Delegate=yes (it then moves itself into a leaf of its own cgroup)",

@@ -71,14 +71,29 @@ func TestDelegateV2(t *testing.T) {
 		if err := delegateV2(f.root, filepath.Join(b, "pod")); err != nil {
 			t.Fatal(err)
 		}
-		if got := read(t, f.root, "cgroup.subtree_control"); got != "+cpu +memory +pids" {
+		if got := read(t, f.root, "cgroup.subtree_control"); got != "+cpu +memory +pids +cpuset" {
 			t.Errorf("root subtree_control = %q", got)
 		}
+		if got := read(t, a, "cgroup.subtree_control"); got != "+cpuset" {
+			t.Errorf("a, which had all but cpuset, was written %q, want only +cpuset", got)
+		}
+		if got := read(t, b, "cgroup.subtree_control"); got != "+cpu +memory +pids +cpuset" {
+			t.Errorf("b subtree_control = %q", got)
+		}
+	})
+	t.Run("goes without cpuset where a parent holds processes", func(t *testing.T) {
+		f := newFakeV2(t, "cpuset cpu memory pids")
+		a := f.cgroup(t, "a", "4242", "")
+		write(t, a, "cgroup.subtree_control", "cpu memory pids")
+		b := f.cgroup(t, "a/b", "", "")
+		if err := delegateV2(f.root, filepath.Join(b, "pod")); err != nil {
+			t.Fatalf("only cpuset missing above processes: %v", err)
+		}
 		if got := read(t, a, "cgroup.subtree_control"); got != "cpu memory pids" {
-			t.Errorf("a, which had them, was rewritten: %q", got)
+			t.Errorf("a cgroup holding processes was written: %q", got)
 		}
 		if got := read(t, b, "cgroup.subtree_control"); got != "+cpu +memory +pids" {
-			t.Errorf("b subtree_control = %q", got)
+			t.Errorf("b subtree_control = %q, want the required controllers only", got)
 		}
 	})
 	t.Run("refuses a parent holding processes", func(t *testing.T) {

@@ -329,6 +329,7 @@ func containerStatus(rec *broker.ContainerRecord) *runtimeapi.ContainerStatus {
 		st.Resources = &runtimeapi.ContainerResources{Linux: &runtimeapi.LinuxContainerResources{
 			CpuPeriod: res.CPUPeriod, CpuQuota: res.CPUQuota, CpuShares: res.CPUShares,
 			MemoryLimitInBytes: res.MemoryLimit, OomScoreAdj: res.OOMScoreAdj,
+			CpusetCpus: res.CpusetCpus, CpusetMems: res.CpusetMems,
 		}}
 	}
 	return st

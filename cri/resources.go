@@ -15,7 +15,7 @@ import (
 
 // containerResources reads a container's limits, as CreateContainer and
 // UpdateContainerResources receive them (field names the request's path),
-// refusing what the stage1s cannot apply rather than ignoring it: cpusets,
+// refusing what the stage1s cannot apply rather than ignoring it:
 // hugepage limits, a swap limit on a node that has swap, and any other
 // unified (cgroup v2) setting. A "no swap" request (the kubelet sends one
 // for every container on a cgroup v2 node, memory.swap.max=0) holds as it
@@ -23,9 +23,6 @@ import (
 func containerResources(r *runtimeapi.LinuxContainerResources, field string) (broker.Resources, error) {
 	if r == nil {
 		return broker.Resources{}, nil
-	}
-	if r.GetCpusetCpus() != "" || r.GetCpusetMems() != "" {
-		return broker.Resources{}, errdefs.InvalidArgument("%s.cpuset_cpus, cpuset_mems: cpusets are not supported", field)
 	}
 	for _, h := range r.GetHugepageLimits() {
 		if h.GetLimit() != 0 {
@@ -50,6 +47,8 @@ func containerResources(r *runtimeapi.LinuxContainerResources, field string) (br
 		CPUShares:   r.GetCpuShares(),
 		MemoryLimit: r.GetMemoryLimitInBytes(),
 		OOMScoreAdj: r.GetOomScoreAdj(),
+		CpusetCpus:  r.GetCpusetCpus(),
+		CpusetMems:  r.GetCpusetMems(),
 	}, nil
 }
 
@@ -107,8 +106,10 @@ func (s *Server) UpdatePodSandboxResources(ctx context.Context, r *runtimeapi.Up
 	if r.GetResources() == nil {
 		return nil, badRequest("resources")
 	}
-	if _, err := containerResources(r.GetOverhead(), "overhead"); err != nil {
+	if o, err := containerResources(r.GetOverhead(), "overhead"); err != nil {
 		return nil, err
+	} else if o.CpusetCpus != "" || o.CpusetMems != "" {
+		return nil, errdefs.InvalidArgument("overhead.cpuset_cpus, cpuset_mems: a cpuset is a container's, not a pod's")
 	}
 	res, err := containerResources(r.GetResources(), "resources")
 	if err != nil {

@@ -17,8 +17,9 @@ func TestContainerResources(t *testing.T) {
 	got, err := containerResources(&runtimeapi.LinuxContainerResources{
 		CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 64 << 20, OomScoreAdj: 7,
 		HugepageLimits: []*runtimeapi.HugepageLimit{{PageSize: "2MB", Limit: 0}},
+		CpusetCpus:     "0-1", CpusetMems: "0",
 	}, "linux")
-	want := broker.Resources{CPUPeriod: 100000, CPUQuota: 50000, CPUShares: 512, MemoryLimit: 64 << 20, OOMScoreAdj: 7}
+	want := broker.Resources{CPUPeriod: 100000, CPUQuota: 50000, CPUShares: 512, MemoryLimit: 64 << 20, OOMScoreAdj: 7, CpusetCpus: "0-1", CpusetMems: "0"}
 	if err != nil || got != want {
 		t.Fatalf("got %+v %v, want %+v", got, err, want)
 	}
@@ -26,8 +27,6 @@ func TestContainerResources(t *testing.T) {
 		t.Errorf("nil resources: %+v %v", r, err)
 	}
 	for name, r := range map[string]*runtimeapi.LinuxContainerResources{
-		"cpuset_cpus":    {CpusetCpus: "0-1"},
-		"cpuset_mems":    {CpusetMems: "0"},
 		"hugepage":       {HugepageLimits: []*runtimeapi.HugepageLimit{{PageSize: "2MB", Limit: 2 << 20}}},
 		"unified":        {Unified: map[string]string{"memory.high": "1000000"}},
 		"swap":           {MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 128 << 20},

@@ -49,6 +49,9 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 				CPUQuota:    r.GetCpuQuota(),
 				CPUShares:   r.GetCpuShares(),
 				MemoryLimit: r.GetMemoryLimitInBytes(),
+				// Taken to be refused: a cpuset is a container's.
+				CpusetCpus: r.GetCpusetCpus(),
+				CpusetMems: r.GetCpusetMems(),
 			}
 		}
 		if sc := l.GetSecurityContext(); sc != nil {

@@ -206,6 +206,9 @@ type Resources struct {
 	MemoryLimit int64 `json:"memoryLimit,omitempty"`
 	PidsLimit   int64 `json:"pidsLimit,omitempty"`
 	OOMScoreAdj int   `json:"oomScoreAdj,omitempty"`
+	// CpusetCpus and CpusetMems are cpuset lists ("0-3,6").
+	CpusetCpus string `json:"cpusetCpus,omitempty"`
+	CpusetMems string `json:"cpusetMems,omitempty"`
 }
 
 // AppSpec is everything the agent needs to create and start one container.

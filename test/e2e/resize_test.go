@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,13 +20,20 @@ import (
 // its memory limit.
 func (e *env) appMemoryLimit(id string) string {
 	e.t.Helper()
+	return e.appCgroupFile(id, "memory", "memory.limit_in_bytes", "memory.max")
+}
+
+// appCgroupFile reads a file of container id's cgroup on the host: v1File
+// in the v1 hierarchy of controller ctl, or v2File in cgroup v2.
+func (e *env) appCgroupFile(id, ctl, v1File, v2File string) string {
+	e.t.Helper()
 	cg, err := cgroups.OfProcess(e.d.PID())
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	root, file := cg.Paths["memory"], "memory.limit_in_bytes"
+	root, file := cg.Paths[ctl], v1File
 	if root == "" {
-		root, file = filepath.Dir(cg.Paths[cgroups.Unified]), "memory.max"
+		root, file = filepath.Dir(cg.Paths[cgroups.Unified]), v2File
 	}
 	var found string
 	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -50,7 +58,27 @@ func (e *env) appMemoryLimit(id string) string {
 // reads them back, and what cannot be honoured is refused.
 func TestResizeInPlace(t *testing.T) {
 	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
-		checkResize(t, e, s, false, e.appMemoryLimit)
+		id := checkResize(t, e, s, false, e.appMemoryLimit)
+		// A cpuset: the last CPU alone, in the app's cgroup and in what
+		// the kernel lets a process of the container run on.
+		last := strconv.Itoa(runtime.NumCPU() - 1)
+		if _, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
+			Linux: &runtimeapi.LinuxContainerResources{CpusetCpus: last, CpusetMems: "0"}}); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.appCgroupFile(id, "cpuset", "cpuset.cpus", "cpuset.cpus"); got != last {
+			t.Errorf("cpuset.cpus after the update: %q, want %s", got, last)
+		}
+		if out := e.execOK(id, "grep", "Cpus_allowed_list", "/proc/self/status"); !strings.HasSuffix(strings.TrimSpace(out), "\t"+last) {
+			t.Errorf("an exec in the container may run on %q, want CPU %s alone", out, last)
+		}
+		if got := e.containerStatus(id).GetResources().GetLinux().GetCpusetCpus(); got != last {
+			t.Errorf("ContainerStatus cpuset_cpus: %q, want %s", got, last)
+		}
+		_, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
+			Linux: &runtimeapi.LinuxContainerResources{CpusetCpus: "0-"}})
+		requireCode(t, err, codes.InvalidArgument, "UpdateContainerResources with a bad cpuset")
+		stopAndCheckExited(t, e, id)
 	})
 }
 
@@ -60,14 +88,20 @@ func TestResizeInPlace(t *testing.T) {
 // cgroup hierarchies.
 func TestResizeInPlaceKVM(t *testing.T) {
 	e := newKVMEnv(t)
-	checkResize(t, e, kvmStage1, true, func(id string) string {
+	id := checkResize(t, e, kvmStage1, true, func(id string) string {
 		return strings.TrimSpace(e.execOK(id, "cat", "/proc/1/root/sys/fs/cgroup/memory/pod/app-"+id+"/memory.limit_in_bytes"))
 	})
+	// A cpuset names host CPUs, which a guest does not see: refused.
+	_, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
+		Linux: &runtimeapi.LinuxContainerResources{CpusetCpus: "0"}})
+	requireCode(t, err, codes.InvalidArgument, "UpdateContainerResources with a cpuset in a VM")
+	stopAndCheckExited(t, e, id)
 }
 
 // checkResize resizes a container of a pod on s, reading its memory limit
-// where the stage1 puts its cgroup with memoryLimit.
-func checkResize(t *testing.T, e *env, s podStage1, privileged bool, memoryLimit func(id string) string) {
+// where the stage1 puts its cgroup with memoryLimit, and returns the
+// container, still running.
+func checkResize(t *testing.T, e *env, s podStage1, privileged bool, memoryLimit func(id string) string) string {
 	cfg := e.netPodConfig("resize", s)
 	cfg.Linux.SecurityContext.Privileged = privileged
 	podID := e.runStage1Pod(cfg, s)
@@ -95,9 +129,15 @@ func checkResize(t *testing.T, e *env, s podStage1, privileged bool, memoryLimit
 	if got := memoryLimit(id); got != strconv.Itoa(128<<20) {
 		t.Errorf("a refused update changed the memory limit to %s", got)
 	}
+	return id
+}
+
+// stopAndCheckExited stops container id: its limits then cannot change.
+func stopAndCheckExited(t *testing.T, e *env, id string) {
 	if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: want})
+	_, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
+		Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 128 << 20}})
 	requireCode(t, err, codes.FailedPrecondition, "UpdateContainerResources of an exited container")
 }
