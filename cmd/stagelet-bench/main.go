@@ -50,6 +50,8 @@ func main() {
 	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls ListContainers and ListPodSandbox and 3 kill -9 restarts at each, then -n container exits to their GetContainerEvents event")
 	calls := flag.Int("calls", 200, "list calls timed at each -scale level")
 	noTemplate := flag.Bool("notemplate", false, "kvm: pods' VMs boot their kernel instead of being restored from a template")
+	endpoint := flag.String("endpoint", "", "with -scale: time the list calls of another CRI runtime listening on this unix socket (containerd's, say) instead, on host-network pods of -image run with its default handler; no restarts, no events")
+	img := flag.String("image", "", "with -endpoint: the image of the pods' containers (one the runtime can pull; it needs sleep)")
 	flag.Parse()
 	var levels []int
 	if *scale != "" {
@@ -74,6 +76,17 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *endpoint != "" {
+		if levels == nil || *img == "" {
+			fmt.Fprintln(os.Stderr, "stagelet-bench: -endpoint needs -scale and -image")
+			os.Exit(2)
+		}
+		if err := runExternal(ctx, *endpoint, *img, levels, *calls); err != nil {
+			fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, *n, *bin, *stage1, *podNet, *noTemplate, levels, *calls, log); err != nil {
 		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 		os.Exit(1)
@@ -265,8 +278,13 @@ type benchPod struct {
 // startPod runs a pod named name with one container sleeping, started and
 // RUNNING.
 func startPod(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, name string) (*benchPod, error) {
-	rt := d.Runtime()
-	logDir := d.LogsDir + "/" + name
+	return startPodOn(ctx, d.Runtime(), d.LogsDir, ref, stage1, podNet, name)
+}
+
+// startPodOn is startPod on any CRI runtime rt, its pods' logs beneath
+// logsDir.
+func startPodOn(ctx context.Context, rt runtimeapi.RuntimeServiceClient, logsDir, ref, stage1 string, podNet bool, name string) (*benchPod, error) {
+	logDir := logsDir + "/" + name
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return nil, err
 	}

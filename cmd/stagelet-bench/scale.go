@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -58,26 +62,9 @@ func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, po
 			}
 			pods = append(pods, bp)
 		}
-		row := scaleRow{pods: level}
-		for range calls {
-			began := time.Now()
-			lc, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
-			if err != nil {
-				return nil, nil, err
-			}
-			row.listContainers = append(row.listContainers, time.Since(began))
-			if len(lc.Containers) != level {
-				return nil, nil, fmt.Errorf("ListContainers at %d pods listed %d containers", level, len(lc.Containers))
-			}
-			began = time.Now()
-			lp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-			if err != nil {
-				return nil, nil, err
-			}
-			row.listPods = append(row.listPods, time.Since(began))
-			if len(lp.Items) != level {
-				return nil, nil, fmt.Errorf("ListPodSandbox at %d pods listed %d pods", level, len(lp.Items))
-			}
+		row, err := timeLists(ctx, rt, level, calls)
+		if err != nil {
+			return nil, nil, err
 		}
 		for range restartRuns {
 			took, err := timeRestart(ctx, d, level)
@@ -91,6 +78,101 @@ func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, po
 	}
 	lat, err := exitToEvent(ctx, rt, pods[0], n)
 	return rows, lat, err
+}
+
+// timeLists times calls ListContainers and calls ListPodSandbox on rt,
+// which runs level pods of one container each.
+func timeLists(ctx context.Context, rt runtimeapi.RuntimeServiceClient, level, calls int) (scaleRow, error) {
+	row := scaleRow{pods: level}
+	for range calls {
+		began := time.Now()
+		lc, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		if err != nil {
+			return row, err
+		}
+		row.listContainers = append(row.listContainers, time.Since(began))
+		if len(lc.Containers) != level {
+			return row, fmt.Errorf("ListContainers at %d pods listed %d containers", level, len(lc.Containers))
+		}
+		began = time.Now()
+		lp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		if err != nil {
+			return row, err
+		}
+		row.listPods = append(row.listPods, time.Since(began))
+		if len(lp.Items) != level {
+			return row, fmt.Errorf("ListPodSandbox at %d pods listed %d pods", level, len(lp.Items))
+		}
+	}
+	return row, nil
+}
+
+// runExternal times the list calls of another CRI runtime (containerd,
+// CRI-O) at endpoint the way measureScale times stagelet's, on
+// host-network pods of image run with the runtime's default handler,
+// which must be the only pods it runs. Every pod it started is removed
+// at the end.
+func runExternal(ctx context.Context, endpoint, image string, levels []int, calls int) (err error) {
+	conn, err := grpc.NewClient("unix://"+strings.TrimPrefix(endpoint, "unix://"),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	rt, is := runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)
+	v, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
+	if err != nil {
+		return fmt.Errorf("%s: %w", endpoint, err)
+	}
+	if lp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{}); err != nil {
+		return err
+	} else if len(lp.Items) != 0 {
+		return fmt.Errorf("%s runs %d pods already: the list figures need it to run only the bench's", endpoint, len(lp.Items))
+	}
+	if _, err := is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
+		return fmt.Errorf("pull %s: %w", image, err)
+	}
+	logs, err := os.MkdirTemp("/var/tmp", "stagelet-bench-logs-")
+	if err != nil {
+		return err
+	}
+	var pods []*benchPod
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		for _, bp := range pods {
+			if _, cerr := rt.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: bp.podID}); cerr != nil {
+				err = errors.Join(err, cerr)
+			} else if _, cerr := rt.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: bp.podID}); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+		}
+		err = errors.Join(err, os.RemoveAll(logs))
+	}()
+	var rows []scaleRow
+	for _, level := range levels {
+		for len(pods) < level {
+			bp, err := startPodOn(ctx, rt, logs, image, "", false, fmt.Sprintf("scale-%d", len(pods)))
+			if err != nil {
+				return fmt.Errorf("pod %d: %w", len(pods), err)
+			}
+			pods = append(pods, bp)
+		}
+		row, err := timeLists(ctx, rt, level, calls)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, row)
+	}
+	fmt.Printf("stagelet-bench: %s %s at %s, host-network pods, list calls at the gRPC level, %d calls each\n\n", v.RuntimeName, v.RuntimeVersion, endpoint, calls)
+	const line = "%-72s %10s %10s\n"
+	fmt.Printf(line, "measure", "median", "p90")
+	for _, r := range rows {
+		fmt.Printf(line, fmt.Sprintf("ListContainers, %d pods running", r.pods), ms(median(r.listContainers)), ms(percentile(r.listContainers, 90)))
+		fmt.Printf(line, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), ms(median(r.listPods)), ms(percentile(r.listPods, 90)))
+	}
+	return nil
 }
 
 // timeRestart kills the daemon with SIGKILL, as a crash would, starts it
