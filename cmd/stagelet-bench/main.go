@@ -307,6 +307,11 @@ func startPodOn(ctx context.Context, rt runtimeapi.RuntimeServiceClient, logsDir
 			SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: hostNS},
 		},
 	}
+	if stage1 == "" && !podNet {
+		// Another runtime's runc: a host-network pod shares the node's
+		// UTS namespace, and runc refuses to set a hostname in it.
+		podCfg.Hostname = ""
+	}
 	ctrCfg := &runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: "sleeper"},
 		Image:    &runtimeapi.ImageSpec{Image: ref},
