@@ -6,14 +6,14 @@
 // pod is a cgroup holding the agent and its apps; the agent is launched
 // detached so that pods outlive the daemon.
 //
-// Every host resource a pod takes (its cgroup, the agent process) is
-// recorded in the state handed to Persist before it is taken, so DestroyPod
-// can release it after any crash.
+// Every host resource a pod takes (its cgroup, the agent's unit and
+// process, its socket) is recorded in the pod's ledger (host.Ledger), in
+// the state handed to Persist, before it is taken, so that DestroyPod
+// releases it after any crash.
 package fly
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
@@ -33,7 +33,25 @@ const Name = "fly"
 // stateVersion is the version of the persisted state. Every version ever
 // written stays readable: raising it means passing parseState's
 // stage1.ParseState a stage1.Migration from the version before.
-const stateVersion = 1
+// Version 2 keeps the resources in a ledger; version 1 had a field each.
+const stateVersion = 2
+
+// The roles of a pod's resources in its ledger.
+const (
+	rolePodCgroup = "pod cgroup"
+	roleSocket    = "agent socket"
+	roleUnit      = "agent unit"
+	roleAgent     = "agent"
+)
+
+// migrations bring an older state up to stateVersion.
+var migrations = map[int]stage1.Migration{
+	1: stage1.Migration(host.ToLedger(
+		host.LegacyField{Field: "cgroup", Kind: host.KindCgroup, Role: rolePodCgroup},
+		host.LegacyField{Field: "socket", Kind: host.KindFile, Role: roleSocket},
+		host.LegacyField{Field: "agent", Kind: host.KindProcess, Role: roleAgent},
+	)),
+}
 
 // Timeouts; variables so tests may shorten them.
 var (
@@ -85,17 +103,19 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 
 // state is what fly persists for a pod.
 type state struct {
-	Version int             `json:"version"`
-	Cgroup  *cgroups.Cgroup `json:"cgroup,omitempty"`
-	Socket  string          `json:"socket,omitempty"`
-	Agent   *host.Process   `json:"agent,omitempty"`
+	Version int `json:"version"`
+	host.Ledger
 }
+
+func (s *state) cgroup() *cgroups.Cgroup { return s.Cgroup(rolePodCgroup) }
+func (s *state) socket() string          { return s.Path(roleSocket) }
+func (s *state) agent() *host.Process    { return s.Process(roleAgent) }
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
 func parseState(b []byte) (*state, error) {
 	var s state
-	if err := stage1.ParseState(Name, b, stateVersion, &s); err != nil {
+	if err := stage1.ParseState(Name, b, stateVersion, &s, migrations); err != nil {
 		return nil, err
 	}
 	return &s, nil
@@ -126,15 +146,18 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("fly: pod cgroup: %w", err)
 	}
 	_, unitLaunch := b.launcher.(host.UnitLauncher)
-	st := &state{Version: stateVersion, Cgroup: cg, Socket: socketPath(spec)}
-	if err := persist(st.marshal()); err != nil {
+	st := &state{Version: stateVersion}
+	save := func() error { return persist(st.marshal()) }
+	st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
+	st.Record(host.Resource{Kind: host.KindFile, Role: roleSocket, Path: socketPath(spec)})
+	if err := save(); err != nil {
 		return nil, fmt.Errorf("fly: persist: %w", err)
 	}
 	defer func() {
 		if retErr == nil {
 			return
 		}
-		if err := b.release(context.WithoutCancel(ctx), st, launchName(spec.ID)); err != nil {
+		if err := b.release(context.WithoutCancel(ctx), st); err != nil {
 			log.Warn("fly: releasing a failed pod", "err", err)
 		}
 	}()
@@ -148,12 +171,15 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("fly: %w", err)
 	}
 	// The agent's PID is known only once it runs; it starts inside the
-	// recorded cgroup, so a crash before the next persist leaves it where
-	// DestroyPod's cgroup kill finds it.
+	// recorded cgroup (or unit), so a crash before the next persist leaves
+	// it where DestroyPod finds it.
+	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
+		return nil, fmt.Errorf("fly: persist: %w", err)
+	}
 	proc, err := b.launcher.Launch(ctx, host.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    spec.AgentBinary,
-		Args:    agentArgs(st.Socket, agentDir, spec.NetNSPath, spec.HostIPC),
+		Args:    agentArgs(st.socket(), agentDir, spec.NetNSPath, spec.HostIPC),
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
 		Cgroup:  cg,
 		Slice:   host.PodSlice(spec),
@@ -161,25 +187,25 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, fmt.Errorf("fly: %w", err)
 	}
-	st.Agent = proc
+	st.Record(host.Resource{Kind: host.KindProcess, Role: roleAgent, Process: proc})
 	if unitLaunch {
-		st.Cgroup = proc.Cgroup
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: proc.Cgroup})
 	}
-	if err := persist(st.marshal()); err != nil {
+	if err := save(); err != nil {
 		return nil, fmt.Errorf("fly: persist: %w", err)
 	}
 	pod := b.newPod(spec, st)
 	if err := waitReady(ctx, pod); err != nil {
 		return nil, fmt.Errorf("fly: agent (log %s): %w", filepath.Join(spec.RunDir, "agent.log"), err)
 	}
-	log.Debug("fly pod started", "agentPID", proc.PID, "unit", proc.Unit, "cgroup", st.Cgroup.String())
+	log.Debug("fly pod started", "agentPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String())
 	return pod, nil
 }
 
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return host.WaitAgentReady(ctx, p.client.Info, p.st.Agent, AgentReadyTimeout, "the agent")
+	return host.WaitAgentReady(ctx, p.client.Info, p.st.agent(), AgentReadyTimeout, "the agent")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its agent
@@ -191,55 +217,37 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := host.CheckRecovered(ctx, st.Agent, "agent", pod.client.Info, host.ProbeTimeout); err != nil {
+	if err := host.CheckRecovered(ctx, st.agent(), "agent", pod.client.Info, host.ProbeTimeout); err != nil {
 		return nil, fmt.Errorf("fly: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
 }
 
-// DestroyPod implements stage1.Backend: it kills the agent (if the recorded
-// PID still names it), releases its systemd unit (under a UnitLauncher),
-// kills every process left in the pod cgroup, and removes the cgroup and
-// the agent socket. Idempotent. With no cgroup in the state (a crash before
-// the first persist completed) it derives the cgroup from spec.
+// DestroyPod implements stage1.Backend: it releases every resource of
+// the pod's ledger (host.Ledger.Release: the agent killed when its
+// record still names it, its unit released, the pod cgroup emptied and
+// removed, the socket removed). Idempotent. What the state lacks (a crash
+// before the first persist, an unreadable record) is derived from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
 	st, err := host.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
 	if err != nil {
 		return err
 	}
-	if st.Cgroup == nil && spec.ID != "" {
-		if cg, err := host.PodCgroup(spec); err == nil {
-			st.Cgroup = cg
-		}
-	}
-	if st.Socket == "" && spec.RunDir != "" {
-		st.Socket = socketPath(spec)
-	}
-	name := ""
 	if spec.ID != "" {
-		name = launchName(spec.ID)
+		if cg, err := host.PodCgroup(spec); err == nil {
+			st.Default(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
+		}
+		st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
 	}
-	return b.release(ctx, st, name)
+	if spec.RunDir != "" {
+		st.Default(host.Resource{Kind: host.KindFile, Role: roleSocket, Path: socketPath(spec)})
+	}
+	return b.release(ctx, st)
 }
 
-// release kills and removes everything named in st, and the launcher's
-// record of the agent launched under name ("": none), in host.Release's
-// order.
-func (b *Backend) release(ctx context.Context, st *state, name string) error {
-	r := host.HostResources{
-		Processes: []*host.Process{st.Agent},
-		Launched:  []string{name},
-		Cgroups:   []*cgroups.Cgroup{st.Cgroup},
-	}
-	if sock := st.Socket; sock != "" {
-		r.Then = append(r.Then, host.ReleaseStep{What: "agent socket", Do: func() error {
-			if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
-			}
-			return nil
-		}})
-	}
-	if err := host.Release(ctx, b.launcher, AgentExitGrace, r); err != nil {
+// release releases everything st's ledger names.
+func (b *Backend) release(ctx context.Context, st *state) error {
+	if err := st.Release(ctx, host.Releaser{Launcher: b.launcher, Grace: AgentExitGrace}); err != nil {
 		return fmt.Errorf("fly: %w", err)
 	}
 	return nil
@@ -259,7 +267,7 @@ var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	return &Pod{
-		client: agent.NewClient(agent.UnixDialer(st.Socket)),
+		client: agent.NewClient(agent.UnixDialer(st.socket())),
 		id:     spec.ID,
 		st:     st,
 		log:    b.log.With("pod", spec.ID),
@@ -269,7 +277,7 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 // Agent implements stage1.Pod: the agent's unix socket; the agent runs on
 // the host's file system, so container paths need no mapping.
 func (p *Pod) Agent() stage1.AgentEndpoint {
-	return stage1.AgentEndpoint{Dial: agent.UnixDialer(p.st.Socket)}
+	return stage1.AgentEndpoint{Dial: agent.UnixDialer(p.st.socket())}
 }
 
 // State implements stage1.Pod.
@@ -284,7 +292,7 @@ func (p *Pod) Details() map[string]string { return map[string]string{"stage1": N
 // pod cgroup. The cgroup itself stays until DestroyPod. Idempotent: a gone
 // agent is fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
-	if err := host.StopHostPod(ctx, p.log, "the agent", p.st.Agent, []*cgroups.Cgroup{p.st.Cgroup}, shutdown, timeout, AgentExitGrace); err != nil {
+	if err := host.StopHostPod(ctx, p.log, "the agent", p.st.agent(), []*cgroups.Cgroup{p.st.cgroup()}, shutdown, timeout, AgentExitGrace); err != nil {
 		return fmt.Errorf("fly: %w", err)
 	}
 	return nil

@@ -89,15 +89,15 @@ func killAgent(t *testing.T, b []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Agent == nil {
+	if st.agent() == nil {
 		t.Fatal("no agent in state")
 	}
-	if err := st.Agent.Signal(syscall.SIGKILL); err != nil {
+	if err := st.agent().Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := st.Agent.Wait(ctx); err != nil {
+	if err := st.agent().Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -111,7 +111,7 @@ func TestCapabilities(t *testing.T) {
 }
 
 func TestParseState(t *testing.T) {
-	if st, err := parseState(nil); err != nil || st.Agent != nil || st.Cgroup != nil {
+	if st, err := parseState(nil); err != nil || st.agent() != nil || st.cgroup() != nil {
 		t.Errorf("empty state = %+v, %v", st, err)
 	}
 	if _, err := parseState([]byte(`{"version":99}`)); err == nil {
@@ -120,10 +120,27 @@ func TestParseState(t *testing.T) {
 	if _, err := parseState([]byte(`{`)); err == nil {
 		t.Error("garbage accepted")
 	}
-	in := &state{Version: stateVersion, Socket: "/run/x/agent.sock", Agent: &host.Process{PID: 42, StartTime: 7}}
+	in := &state{Version: stateVersion}
+	in.Record(host.Resource{Kind: host.KindFile, Role: roleSocket, Path: "/run/x/agent.sock"})
+	in.Record(host.Resource{Kind: host.KindProcess, Role: roleAgent, Process: &host.Process{PID: 42, StartTime: 7}})
 	out, err := parseState(in.marshal())
-	if err != nil || out.Socket != in.Socket || out.Agent.PID != 42 || out.Agent.StartTime != 7 {
+	if err != nil || out.socket() != in.socket() || out.agent().PID != 42 || out.agent().StartTime != 7 {
 		t.Errorf("round trip = %+v, %v", out, err)
+	}
+	// A version 1 state (a field each) is read into the ledger, in the
+	// order its resources were taken.
+	v1 := `{"version":1,"cgroup":{"paths":{"memory":"/sys/fs/cgroup/memory/p"}},"socket":"/run/x/agent.sock","agent":{"pid":42,"startTime":7}}`
+	out, err = parseState([]byte(v1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roles []string
+	for _, r := range out.Resources {
+		roles = append(roles, r.Role)
+	}
+	if strings.Join(roles, ",") != rolePodCgroup+","+roleSocket+","+roleAgent ||
+		out.cgroup().Paths["memory"] != "/sys/fs/cgroup/memory/p" || out.socket() != "/run/x/agent.sock" || out.agent().PID != 42 {
+		t.Errorf("version 1 state read as %+v (roles %v)", out, roles)
 	}
 }
 
@@ -209,10 +226,10 @@ func TestStartPodAgentFails(t *testing.T) {
 		t.Fatal("StartPod with a failing agent succeeded")
 	}
 	st, perr := parseState(last)
-	if perr != nil || st.Cgroup == nil || st.Agent == nil {
+	if perr != nil || st.cgroup() == nil || st.agent() == nil {
 		t.Fatalf("persisted state %s (%v) does not record cgroup and agent", last, perr)
 	}
-	for _, d := range st.Cgroup.Paths {
+	for _, d := range st.cgroup().Paths {
 		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("pod cgroup %s left behind: %v", d, err)
 		}
@@ -242,15 +259,15 @@ func TestAgentInPodCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pids, err := st.Cgroup.Procs()
+	pids, err := st.cgroup().Procs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(pids) != 1 || pids[0] != st.Agent.PID {
-		t.Errorf("pod cgroup holds %v, want the agent %d alone", pids, st.Agent.PID)
+	if len(pids) != 1 || pids[0] != st.agent().PID {
+		t.Errorf("pod cgroup holds %v, want the agent %d alone", pids, st.agent().PID)
 	}
 	info, err := pod.Info(context.Background())
-	if err != nil || info.PID != st.Agent.PID {
-		t.Errorf("Info = %+v, %v; agent pid %d", info, err, st.Agent.PID)
+	if err != nil || info.PID != st.agent().PID {
+		t.Errorf("Info = %+v, %v; agent pid %d", info, err, st.agent().PID)
 	}
 }

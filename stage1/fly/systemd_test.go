@@ -93,8 +93,8 @@ func TestPodUnderSystemd(t *testing.T) {
 		t.Fatal(err)
 	}
 	const unit = "stagelet-pod-sd1.service"
-	if st.Agent.Unit != unit {
-		t.Fatalf("agent unit %q, want %q", st.Agent.Unit, unit)
+	if st.agent().Unit != unit {
+		t.Fatalf("agent unit %q, want %q", st.agent().Unit, unit)
 	}
 	props, err := c.GetUnitPropertiesContext(ctx, unit)
 	if err != nil {
@@ -107,8 +107,8 @@ func TestPodUnderSystemd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hp, err := bed.HostPID(int(mainPID.Value.Value().(uint32))); err != nil || hp != st.Agent.PID {
-		t.Errorf("unit main pid maps to %d (%v), want the agent %d", hp, err, st.Agent.PID)
+	if hp, err := bed.HostPID(int(mainPID.Value.Value().(uint32))); err != nil || hp != st.agent().PID {
+		t.Errorf("unit main pid maps to %d (%v), want the agent %d", hp, err, st.agent().PID)
 	}
 
 	if _, err := pod.Info(ctx); err != nil {

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"github.com/stagelet/stagelet/stage1"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,9 +17,10 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 )
 
-// Release frees a pod's processes and cgroups before the backend's own
-// steps run, goes on past a failed step, and is idempotent.
-func TestRelease(t *testing.T) {
+// A ledger's Release first ends the pod's processes (those its records
+// name and those only its cgroup holds), then releases the rest in the
+// reverse order of taking, goes on past a failure, and is idempotent.
+func TestLedgerRelease(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups")
 	}
@@ -30,6 +33,10 @@ func TestRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cg.Kill(); _ = cg.Delete() })
+	dir := filepath.Join(t.TempDir(), "pod")
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	l := &PlainLauncher{}
 	p, err := l.Launch(context.Background(), LaunchSpec{
 		Name: "t", Path: "/bin/sleep", Args: []string{"1000"},
@@ -47,43 +54,99 @@ func TestRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	var order []string
-	r := HostResources{
-		Processes: []*Process{p, nil},
-		Launched:  []string{"", "t"},
-		Cgroups:   []*cgroups.Cgroup{cg, nil},
-		Then: []ReleaseStep{
-			{What: "first", Do: func() error {
-				order = append(order, "first")
-				if err := p.Signal(0); !errors.Is(err, ErrProcessGone) {
-					return fmt.Errorf("the pod's process is still there: %v", err)
+	var ledger Ledger
+	ledger.Record(Resource{Kind: "check", Role: "first taken"})
+	ledger.Record(Resource{Kind: KindCgroup, Role: "pod cgroup", Cgroup: cg})
+	ledger.Record(Resource{Kind: KindDir, Role: "dir", Path: dir})
+	ledger.Record(Resource{Kind: "fail", Role: "failing"})
+	ledger.Record(Resource{Kind: KindUnit, Role: "unit", Name: "t"})
+	ledger.Record(Resource{Kind: KindProcess, Role: "process", Process: p})
+	rel := Releaser{Launcher: l, Grace: 5 * time.Second, Custom: map[Kind]func(context.Context, Resource) error{
+		"check": func(context.Context, Resource) error {
+			order = append(order, "check")
+			if err := p.Signal(0); !errors.Is(err, ErrProcessGone) {
+				return fmt.Errorf("the pod's process is still there: %v", err)
+			}
+			for _, d := range append(slices.Collect(maps.Values(cg.Paths)), dir) {
+				if _, err := os.Stat(d); !os.IsNotExist(err) {
+					return fmt.Errorf("%s, taken later, is still there: %v", d, err)
 				}
-				for _, d := range cg.Paths {
-					if _, err := os.Stat(d); !os.IsNotExist(err) {
-						return fmt.Errorf("its cgroup %s is still there: %v", d, err)
-					}
-				}
-				return nil
-			}},
-			{What: "failing", Do: func() error { order = append(order, "failing"); return errors.New("boom") }},
-			{What: "last", Do: func() error { order = append(order, "last"); return nil }},
+			}
+			return nil
 		},
-	}
+		"fail": func(context.Context, Resource) error { order = append(order, "failing"); return errors.New("boom") },
+	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = Release(ctx, l, 5*time.Second, r)
+	err = ledger.Release(ctx, rel)
 	if err == nil || err.Error() != "failing: boom" {
-		t.Errorf("Release: %v, want only the failing step's error", err)
+		t.Errorf("Release: %v, want only the failing resource's error", err)
 	}
-	if fmt.Sprint(order) != "[first failing last]" {
-		t.Errorf("steps ran %v", order)
+	if fmt.Sprint(order) != "[failing check]" {
+		t.Errorf("released %v, want the reverse order of taking", order)
 	}
 	if err := stray.Wait(ctx); err != nil {
 		t.Errorf("the process no record named: %v", err)
 	}
 	// Again: everything is gone, and that is fine.
-	r.Then = nil
-	if err := Release(ctx, l, 5*time.Second, r); err != nil {
+	ledger.Resources = slices.DeleteFunc(ledger.Resources, func(r Resource) bool { return r.Kind == "fail" })
+	if err := ledger.Release(ctx, rel); err != nil {
 		t.Errorf("a second Release: %v", err)
+	}
+}
+
+// Taking a role again replaces its resource in place; Default adds only
+// what the ledger lacks; a kind nothing releases is an error, not skipped.
+func TestLedger(t *testing.T) {
+	var l Ledger
+	saved := 0
+	save := func() error { saved++; return nil }
+	if err := l.Take(Resource{Kind: KindDir, Role: "a", Path: "/a"}, save); err != nil {
+		t.Fatal(err)
+	}
+	l.Record(Resource{Kind: KindFile, Role: "b", Path: "/b"})
+	if err := l.Take(Resource{Kind: KindDir, Role: "a", Path: "/a2"}, save); err != nil {
+		t.Fatal(err)
+	}
+	l.Default(Resource{Kind: KindFile, Role: "b", Path: "/other"})
+	l.Default(Resource{Kind: KindFile, Role: "c", Path: "/c"})
+	l.Default(Resource{Kind: KindFile, Role: "d"}) // nothing to release: not recorded
+	var got []string
+	for _, r := range l.Resources {
+		got = append(got, r.Role+"="+r.Path)
+	}
+	if fmt.Sprint(got) != "[a=/a2 b=/b c=/c]" || saved != 2 || l.Path("a") != "/a2" || l.Process("a") != nil {
+		t.Errorf("ledger %v (saved %d times)", got, saved)
+	}
+	l = Ledger{Resources: []Resource{{Kind: "unknown", Role: "x"}}}
+	if err := l.Release(context.Background(), Releaser{}); err == nil {
+		t.Error("a kind with no releaser was skipped")
+	}
+}
+
+// ToLedger moves a state's fields into its ledger in the order given.
+func TestToLedger(t *testing.T) {
+	m := map[string]any{"version": 1.0, "dir": "/d", "empty": "", "proc": map[string]any{"pid": 1.0}, "cg": nil, "keep": "k"}
+	err := ToLedger(
+		LegacyField{Field: "proc", Kind: KindProcess, Role: "p"},
+		LegacyField{Field: "cg", Kind: KindCgroup, Role: "c"},
+		LegacyField{Field: "dir", Kind: KindDir, Role: "d"},
+		LegacyField{Field: "empty", Kind: KindFile, Role: "e"},
+	)(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := m["resources"].([]any)
+	if len(res) != 2 || res[0].(map[string]any)["role"] != "p" || res[1].(map[string]any)["path"] != "/d" || m["keep"] != "k" {
+		t.Errorf("migrated %v", m)
+	}
+	for _, f := range []string{"dir", "proc", "cg", "empty"} {
+		if _, ok := m[f]; ok {
+			t.Errorf("field %s left beside the ledger", f)
+		}
+	}
+	if err := ToLedger(LegacyField{Field: "dir", Kind: KindDir, Role: "d"})(map[string]any{"dir": 3.0}); err == nil {
+		t.Error("a number taken for a path")
 	}
 }
 

@@ -279,10 +279,10 @@ func footprint(b *testing.B, be *Backend) {
 	for b.Loop() {
 		// One measurement; the loop only satisfies the framework.
 	}
-	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "VmRSS"))/1024, "qemu-RSS-MiB")
-	b.ReportMetric(float64(rollupKiB(st.Qemu.PID, "Pss"))/1024, "qemu-PSS-MiB")
-	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssAnon"))/1024, "qemu-anon-MiB")
-	b.ReportMetric(float64(statusKiB(st.Qemu.PID, "RssFile")+statusKiB(st.Qemu.PID, "RssShmem"))/1024, "qemu-file-MiB")
+	b.ReportMetric(float64(statusKiB(st.qemu().PID, "VmRSS"))/1024, "qemu-RSS-MiB")
+	b.ReportMetric(float64(rollupKiB(st.qemu().PID, "Pss"))/1024, "qemu-PSS-MiB")
+	b.ReportMetric(float64(statusKiB(st.qemu().PID, "RssAnon"))/1024, "qemu-anon-MiB")
+	b.ReportMetric(float64(statusKiB(st.qemu().PID, "RssFile")+statusKiB(st.qemu().PID, "RssShmem"))/1024, "qemu-file-MiB")
 }
 
 // statusKiB is a kB field of /proc/PID/status.

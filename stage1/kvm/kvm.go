@@ -64,7 +64,54 @@ const Name = "kvm"
 // stateVersion is the version of the persisted state. Every version ever
 // written stays readable: raising it means passing parseState's
 // stage1.ParseState a stage1.Migration from the version before.
-const stateVersion = 1
+// Version 2 keeps the resources in a ledger; version 1 had a field each.
+const stateVersion = 2
+
+// The roles of a pod's resources in its ledger, in the order StartPod
+// takes them. Pods of earlier versions also have a virtiofsd, its unit
+// and (under systemd) its cgroup.
+const (
+	rolePodCgroup       = "pod cgroup"
+	roleVirtiofsdCgroup = "virtiofsd cgroup"
+	roleDir             = "VM directory"
+	roleMounts          = "shared mounts"
+	roleTap             = "tap"
+	roleUnit            = "qemu unit"
+	roleVirtiofsdUnit   = "virtiofsd unit"
+	roleQemu            = "qemu"
+	roleVirtiofsd       = "virtiofsd"
+)
+
+// kindTap is a tap device (Name) and the tc filters mirroring the pod's
+// eth0 to it, in the network namespace NetNS.
+const kindTap host.Kind = "tap"
+
+// migrations bring an older state up to stateVersion.
+var migrations = map[int]stage1.Migration{
+	1: func(m map[string]any) error {
+		// The tap was two fields; the rest one each.
+		tap, _ := m["tap"].(string)
+		netns, _ := m["netns"].(string)
+		delete(m, "tap")
+		delete(m, "netns")
+		err := host.ToLedger(
+			host.LegacyField{Field: "cgroup", Kind: host.KindCgroup, Role: rolePodCgroup},
+			host.LegacyField{Field: "fsCgroup", Kind: host.KindCgroup, Role: roleVirtiofsdCgroup},
+			host.LegacyField{Field: "dir", Kind: host.KindDir, Role: roleDir},
+			host.LegacyField{Field: "mounts", Kind: host.KindDir, Role: roleMounts},
+		)(m)
+		if err != nil {
+			return err
+		}
+		if tap != "" && netns != "" {
+			m["resources"] = append(m["resources"].([]any), map[string]any{"kind": string(kindTap), "role": roleTap, "name": tap, "netns": netns})
+		}
+		return host.ToLedger(
+			host.LegacyField{Field: "virtiofsd", Kind: host.KindProcess, Role: roleVirtiofsd},
+			host.LegacyField{Field: "qemu", Kind: host.KindProcess, Role: roleQemu},
+		)(m)
+	},
+}
 
 // Defaults of Config.
 const (
@@ -205,24 +252,25 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 // state is what kvm persists for a pod.
 type state struct {
 	Version int `json:"version"`
-	// Dir holds the sockets and logs of the VM (<RunDir>/vm).
-	Dir string `json:"dir,omitempty"`
-	// Mounts is the shared mount point exported to the guest; every mount
-	// beneath it is the backend's.
-	Mounts string `json:"mounts,omitempty"`
-	// Cgroup holds qemu (the pod cgroup) under the plain launcher; under a
-	// UnitLauncher it is qemu's unit's. FSCgroup and Virtiofsd are those
-	// of the virtiofsd of pods started by earlier versions.
-	Cgroup   *cgroups.Cgroup `json:"cgroup,omitempty"`
-	FSCgroup *cgroups.Cgroup `json:"fsCgroup,omitempty"`
-	// NetNS and Tap name the tap device (and the tc filters on eth0) in
-	// the pod's network namespace; empty without a pod network.
-	NetNS     string        `json:"netns,omitempty"`
-	Tap       string        `json:"tap,omitempty"`
-	Virtiofsd *host.Process `json:"virtiofsd,omitempty"`
-	Qemu      *host.Process `json:"qemu,omitempty"`
 	// VM is what the VM was started with, for Details.
 	VM vmInfo `json:"vm"`
+	host.Ledger
+}
+
+// The VM directory holds the sockets and logs of the VM (<RunDir>/vm);
+// the shared mounts directory is exported to the guest, and every mount
+// beneath it is the backend's. The pod cgroup holds qemu under the plain
+// launcher; under a UnitLauncher it is qemu's unit's.
+func (s *state) dir() string             { return s.Path(roleDir) }
+func (s *state) mounts() string          { return s.Path(roleMounts) }
+func (s *state) cgroup() *cgroups.Cgroup { return s.Cgroup(rolePodCgroup) }
+func (s *state) qemu() *host.Process     { return s.Process(roleQemu) }
+
+// tap is the tap device's name and network namespace; empty without a
+// pod network.
+func (s *state) tap() (name, netns string) {
+	r, _ := s.Get(roleTap)
+	return r.Name, r.NetNS
 }
 
 // vmInfo describes a started VM.
@@ -248,8 +296,8 @@ const (
 	qmpSocketName = "qmp.sock"
 )
 
-func (s *state) ctlSocket() string { return filepath.Join(s.Dir, ctlSocketName) }
-func (s *state) qmpSocket() string { return filepath.Join(s.Dir, qmpSocketName) }
+func (s *state) ctlSocket() string { return filepath.Join(s.dir(), ctlSocketName) }
+func (s *state) qmpSocket() string { return filepath.Join(s.dir(), qmpSocketName) }
 
 // sockDir is qemu's working directory: two levels above the VM directory
 // (the run directory's pods directory). It is given its sockets as paths
@@ -258,30 +306,30 @@ func (s *state) qmpSocket() string { return filepath.Join(s.Dir, qmpSocketName) 
 // maxSocketName is the room for a path in a unix socket address.
 const maxSocketName = 107
 
-func (s *state) sockDir() string { return filepath.Dir(filepath.Dir(s.Dir)) }
+func (s *state) sockDir() string { return filepath.Dir(filepath.Dir(s.dir())) }
 
 func (s *state) sockName(name string) string {
-	return filepath.Join(filepath.Base(filepath.Dir(s.Dir)), filepath.Base(s.Dir), name)
+	return filepath.Join(filepath.Base(filepath.Dir(s.dir())), filepath.Base(s.dir()), name)
 }
 
 func parseState(b []byte) (*state, error) {
 	var s state
-	if err := stage1.ParseState(Name, b, stateVersion, &s); err != nil {
+	if err := stage1.ParseState(Name, b, stateVersion, &s, migrations); err != nil {
 		return nil, err
 	}
 	return &s, nil
 }
 
-// layout fills the paths of a pod's state that follow from spec.
-func layout(spec *stage1.PodSpec) *state {
-	st := &state{
-		Version: stateVersion,
-		Dir:     filepath.Join(spec.RunDir, "vm"),
-		Mounts:  filepath.Join(spec.RunDir, "mounts"),
+// layout is a pod's state with what follows from spec: its cgroup (under
+// the plain launcher) and directories, recorded in the order StartPod
+// takes them.
+func layout(spec *stage1.PodSpec, unitLaunch bool) *state {
+	st := &state{Version: stateVersion}
+	if cg, err := host.PodCgroup(spec); err == nil && !unitLaunch {
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
-	if cg, err := host.PodCgroup(spec); err == nil {
-		st.Cgroup = cg
-	}
+	st.Record(host.Resource{Kind: host.KindDir, Role: roleDir, Path: filepath.Join(spec.RunDir, "vm")})
+	st.Record(host.Resource{Kind: host.KindDir, Role: roleMounts, Path: filepath.Join(spec.RunDir, "mounts")})
 	return st
 }
 
@@ -296,7 +344,7 @@ func validate(spec *stage1.PodSpec) error {
 	if !filepath.IsAbs(spec.RunDir) {
 		return errdefs.InvalidArgument("kvm: run dir %q is not absolute", spec.RunDir)
 	}
-	if n := len(layout(spec).sockName(ctlSocketName)); n > maxSocketName {
+	if n := len(layout(spec, false).sockName(ctlSocketName)); n > maxSocketName {
 		return errdefs.InvalidArgument("kvm: pod id %q too long for a socket name (%d > %d)", spec.ID, n, maxSocketName)
 	}
 	if strings.ContainsAny(spec.RunDir, ",=") {
@@ -340,20 +388,22 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 
 	_, unitLaunch := b.launcher.(host.UnitLauncher)
-	st := layout(spec)
-	st.Cgroup = cg
-	if unitLaunch {
-		st.Cgroup = nil // the units' cgroups, recorded once they run
+	// Under a UnitLauncher the pod cgroup is the unit's, recorded once
+	// qemu runs.
+	st := layout(spec, unitLaunch)
+	save := func() error { return persist(st.marshal()) }
+	if !unitLaunch {
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
 	st.VM = vm
-	if err := persist(st.marshal()); err != nil {
+	if err := save(); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
 	defer func() {
 		if retErr == nil {
 			return
 		}
-		if err := b.release(context.WithoutCancel(ctx), st, spec.ID); err != nil {
+		if err := b.release(context.WithoutCancel(ctx), st); err != nil {
 			log.Warn("kvm: releasing a failed pod", "err", err)
 		}
 	}()
@@ -362,7 +412,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			return nil, fmt.Errorf("kvm: %w", err)
 		}
 	}
-	if err := os.MkdirAll(st.Dir, 0o700); err != nil {
+	if err := os.MkdirAll(st.dir(), 0o700); err != nil {
 		return nil, fmt.Errorf("kvm: %w", err)
 	}
 	if err := st.shared().Prepare(); err != nil {
@@ -378,8 +428,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	var tapFile *os.File
 	tapMode := ""
 	if spec.NetNSPath != "" {
-		st.NetNS, st.Tap = spec.NetNSPath, tapName
-		if err := persist(st.marshal()); err != nil {
+		if err := st.Take(host.Resource{Kind: kindTap, Role: roleTap, Name: tapName, NetNS: spec.NetNSPath}, save); err != nil {
 			return nil, fmt.Errorf("kvm: persist: %w", err)
 		}
 		nc, tap, err := setupTap(spec.NetNSPath, tapName, unitLaunch)
@@ -408,12 +457,12 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		name:    "stagelet-" + spec.ID,
 		vm:      st.VM,
 		port:    guest.Port,
-		console: filepath.Join(st.Dir, "console.log"),
+		console: filepath.Join(st.dir(), "console.log"),
 		ctl:     st.sockName(ctlSocketName),
 		qmp:     st.sockName(qmpSocketName),
-		share:   st.Mounts,
+		share:   st.mounts(),
 		tap:     tapMode,
-		tapName: st.Tap,
+		tapName: tapName,
 		mac:     st.VM.MAC,
 	}
 	if tpl != nil {
@@ -422,7 +471,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	} else {
 		vs.cmdline = guest.Cmdline()
 	}
-	if err := persist(st.marshal()); err != nil {
+	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
 	launch := host.LaunchSpec{
@@ -431,7 +480,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Args:    qemuArgs(res, vs),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		Dir:     st.sockDir(),
-		LogPath: filepath.Join(st.Dir, "qemu.log"),
+		LogPath: filepath.Join(st.dir(), "qemu.log"),
 		Cgroup:  cg,
 		Slice:   host.PodSlice(spec),
 	}
@@ -446,11 +495,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, fmt.Errorf("kvm: qemu: %w", err)
 	}
-	st.Qemu = qemu
+	st.Record(host.Resource{Kind: host.KindProcess, Role: roleQemu, Process: qemu})
 	if unitLaunch {
-		st.Cgroup = qemu.Cgroup
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: qemu.Cgroup})
 	}
-	if err := persist(st.marshal()); err != nil {
+	if err := save(); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
 	if tpl != nil {
@@ -495,10 +544,10 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := host.CheckRecovered(ctx, st.Qemu, "qemu", pod.client.Info, recoverTimeout); err != nil {
+	if err := host.CheckRecovered(ctx, st.qemu(), "qemu", pod.client.Info, recoverTimeout); err != nil {
 		return nil, fmt.Errorf("kvm: pod %s: %w", spec.ID, err)
 	}
-	b.log.Debug("kvm pod recovered", "pod", spec.ID, "qemuPID", st.Qemu.PID)
+	b.log.Debug("kvm pod recovered", "pod", spec.ID, "qemuPID", st.qemu().PID)
 	return pod, nil
 }
 
@@ -515,19 +564,16 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return err
 	}
 	if spec.ID != "" && spec.RunDir != "" {
-		def := layout(spec)
-		if st.Dir == "" {
-			st.Dir = def.Dir
-		}
-		if st.Mounts == "" {
-			st.Mounts = def.Mounts
-		}
 		_, unitLaunch := b.launcher.(host.UnitLauncher)
-		if st.Cgroup == nil && !unitLaunch {
-			st.Cgroup = def.Cgroup
+		for _, r := range layout(spec, unitLaunch).Resources {
+			st.Default(r)
+		}
+		st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
+		if _, ok := st.Get(roleVirtiofsd); ok {
+			st.Default(host.Resource{Kind: host.KindUnit, Role: roleVirtiofsdUnit, Name: fsLaunchName(spec.ID)})
 		}
 	}
-	return b.release(ctx, st, spec.ID)
+	return b.release(ctx, st)
 }
 
 // launchName and fsLaunchName name a pod's qemu and (pods of earlier
@@ -535,31 +581,17 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 func launchName(id string) string   { return host.LaunchName(id) }
 func fsLaunchName(id string) string { return host.LaunchName(id) + "-virtiofsd" }
 
-// release kills and removes everything named in st, and the launcher's
-// records of the processes launched for pod id ("": none), in
-// host.Release's order; then the tap, the shared directory and the VM
-// directory.
-func (b *Backend) release(ctx context.Context, st *state, id string) error {
-	if st.Dir != "" {
+// release ends the VM's serial session and releases everything st's
+// ledger names (host.Ledger.Release), the tap with its tc filters in the
+// pod's network namespace.
+func (b *Backend) release(ctx context.Context, st *state) error {
+	if st.dir() != "" {
 		b.dropDialer(st.ctlSocket())
 	}
-	r := host.HostResources{
-		Processes: []*host.Process{st.Qemu, st.Virtiofsd},
-		Cgroups:   []*cgroups.Cgroup{st.Cgroup, st.FSCgroup},
-	}
-	if id != "" {
-		r.Launched = []string{launchName(id), fsLaunchName(id)}
-	}
-	if st.NetNS != "" && st.Tap != "" {
-		r.Then = append(r.Then, host.ReleaseStep{What: "pod network", Do: func() error { return teardownTap(st.NetNS, st.Tap) }})
-	}
-	if st.Mounts != "" {
-		r.Then = append(r.Then, host.ReleaseStep{What: "shared directory", Do: st.shared().Release})
-	}
-	if dir := st.Dir; dir != "" {
-		r.Then = append(r.Then, host.ReleaseStep{What: "VM directory", Do: func() error { return os.RemoveAll(dir) }})
-	}
-	if err := host.Release(ctx, b.launcher, ExitGrace, r); err != nil {
+	rel := host.Releaser{Launcher: b.launcher, Grace: ExitGrace, Custom: map[host.Kind]func(context.Context, host.Resource) error{
+		kindTap: func(_ context.Context, r host.Resource) error { return teardownTap(r.NetNS, r.Name) },
+	}}
+	if err := st.Release(ctx, rel); err != nil {
 		return fmt.Errorf("kvm: %w", err)
 	}
 	return nil

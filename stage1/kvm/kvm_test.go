@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -171,15 +172,15 @@ func killQemu(t *testing.T, b []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Qemu == nil {
+	if st.qemu() == nil {
 		t.Fatal("no qemu in state")
 	}
-	if err := st.Qemu.Signal(syscall.SIGKILL); err != nil {
+	if err := st.qemu().Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := st.Qemu.Wait(ctx); err != nil {
+	if err := st.qemu().Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -484,7 +485,7 @@ func TestValidate(t *testing.T) {
 	}
 	// The names are relative to the pods directory and carry the pod's
 	// ID.
-	st := layout(&long)
+	st := layout(&long, false)
 	if st.sockDir() != "/"+strings.Repeat("x", 200)+"/pods" || st.sockName(qmpSocketName) != "p/vm/qmp.sock" {
 		t.Errorf("socket dir %q name %q", st.sockDir(), st.sockName(qmpSocketName))
 	}
@@ -545,16 +546,35 @@ func TestVMConfig(t *testing.T) {
 }
 
 func TestParseState(t *testing.T) {
-	if st, err := parseState(nil); err != nil || st.Qemu != nil {
+	if st, err := parseState(nil); err != nil || st.qemu() != nil {
 		t.Errorf("empty state = %+v, %v", st, err)
 	}
 	if _, err := parseState([]byte(`{"version":99}`)); err == nil {
 		t.Error("unknown version accepted")
 	}
-	in := &state{Version: stateVersion, Dir: "/r/vm", Tap: "tap0", NetNS: "/n", Qemu: &host.Process{PID: 4, StartTime: 2}, VM: vmInfo{Accelerator: "tcg"}}
+	in := &state{Version: stateVersion, VM: vmInfo{Accelerator: "tcg"}}
+	in.Record(host.Resource{Kind: host.KindDir, Role: roleDir, Path: "/r/vm"})
+	in.Record(host.Resource{Kind: kindTap, Role: roleTap, Name: "tap0", NetNS: "/n"})
+	in.Record(host.Resource{Kind: host.KindProcess, Role: roleQemu, Process: &host.Process{PID: 4, StartTime: 2}})
 	out, err := parseState(in.marshal())
-	if err != nil || out.ctlSocket() != "/r/vm/ctl.sock" || out.Qemu.PID != 4 || out.VM.Accelerator != "tcg" || out.Tap != "tap0" {
+	if tap, netns := out.tap(); err != nil || out.ctlSocket() != "/r/vm/ctl.sock" || out.qemu().PID != 4 || out.VM.Accelerator != "tcg" || tap != "tap0" || netns != "/n" {
 		t.Errorf("round trip = %+v, %v", out, err)
+	}
+	// A version 1 state (a field each; the tap in two) is read into the
+	// ledger in the order its resources were taken.
+	v1 := `{"version":1,"dir":"/r/vm","mounts":"/r/mounts","cgroup":{"paths":{"pids":"/sys/fs/cgroup/pids/p"}},"netns":"/n","tap":"tap0","virtiofsd":{"pid":3,"startTime":1},"qemu":{"pid":4,"startTime":2},"vm":{"accelerator":"tcg"}}`
+	out, err = parseState([]byte(v1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roles []string
+	for _, r := range out.Resources {
+		roles = append(roles, r.Role)
+	}
+	want := []string{rolePodCgroup, roleDir, roleMounts, roleTap, roleVirtiofsd, roleQemu}
+	if tap, netns := out.tap(); !slices.Equal(roles, want) || tap != "tap0" || netns != "/n" || out.qemu().PID != 4 ||
+		out.Process(roleVirtiofsd).PID != 3 || out.dir() != "/r/vm" || out.mounts() != "/r/mounts" || out.VM.Accelerator != "tcg" {
+		t.Errorf("version 1 state read as %+v (roles %v, want %v)", out, roles, want)
 	}
 }
 
@@ -581,10 +601,10 @@ func TestStopAndTeardown(t *testing.T) {
 		t.Fatalf("Stop: %v", err)
 	}
 	took := time.Since(start)
-	if st.Qemu.Alive() {
+	if st.qemu().Alive() {
 		t.Fatal("qemu still runs after Stop")
 	}
-	console, _ := os.ReadFile(filepath.Join(st.Dir, "console.log"))
+	console, _ := os.ReadFile(filepath.Join(st.dir(), "console.log"))
 	if !strings.Contains(string(console), "powering off") {
 		t.Errorf("the guest did not power itself off; console:\n%s", console)
 	}
@@ -595,7 +615,7 @@ func TestStopAndTeardown(t *testing.T) {
 	if err := b.DestroyPod(ctx, vp.spec, vp.pod.State()); err != nil {
 		t.Fatalf("DestroyPod: %v", err)
 	}
-	for _, p := range []string{st.Dir, st.Mounts} {
+	for _, p := range []string{st.dir(), st.mounts()} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left after DestroyPod (%v)", p, err)
 		}
@@ -603,10 +623,10 @@ func TestStopAndTeardown(t *testing.T) {
 	if ms, err := host.MountsUnder(vp.spec.RunDir); err != nil || len(ms) != 0 {
 		t.Errorf("mounts left beneath the run dir: %v, %v", ms, err)
 	}
-	if err := st.Cgroup.Delete(); err != nil {
+	if err := st.cgroup().Delete(); err != nil {
 		t.Errorf("pod cgroup: %v", err)
 	}
-	for _, d := range st.Cgroup.Paths {
+	for _, d := range st.cgroup().Paths {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("pod cgroup %s left", d)
 		}

@@ -85,12 +85,12 @@ func (p *Pod) Details() map[string]string {
 	if p.st.VM.Template != "" {
 		d["template"] = p.st.VM.Template
 	}
-	if p.st.Tap != "" {
-		d["network"] = "tap " + p.st.Tap + " mirrored to " + podIf
+	if tap, _ := p.st.tap(); tap != "" {
+		d["network"] = "tap " + tap + " mirrored to " + podIf
 		d["mac"] = p.st.VM.MAC
 	}
-	if p.st.Qemu != nil {
-		d["qemuPID"] = strconv.Itoa(p.st.Qemu.PID)
+	if p.st.qemu() != nil {
+		d["qemuPID"] = strconv.Itoa(p.st.qemu().PID)
 	}
 	return d
 }
@@ -103,7 +103,7 @@ func (p *Pod) Details() map[string]string {
 // tap, mounts and cgroup stay until DestroyPod. Idempotent: a gone pod is
 // fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
-	if p.st.Qemu.Alive() {
+	if p.st.qemu().Alive() {
 		sctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
 		err := shutdown(sctx, timeout)
 		cancel()
@@ -111,17 +111,17 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 			p.log.Warn("kvm: agent shutdown", "err", err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, ExitGrace)
-		err = p.st.Qemu.Wait(wctx)
+		err = p.st.qemu().Wait(wctx)
 		cancel()
 		if err != nil {
-			p.log.Warn("kvm: qemu did not exit after the guest's shutdown; killing it", "pid", p.st.Qemu.PID)
-			if err := p.st.Qemu.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, host.ErrProcessGone) {
+			p.log.Warn("kvm: qemu did not exit after the guest's shutdown; killing it", "pid", p.st.qemu().PID)
+			if err := p.st.qemu().Signal(syscall.SIGKILL); err != nil && !errors.Is(err, host.ErrProcessGone) {
 				return fmt.Errorf("kvm: kill qemu: %w", err)
 			}
 		}
 	}
 	p.b.dropDialer(p.st.ctlSocket())
-	for _, cg := range []*cgroups.Cgroup{p.st.Cgroup, p.st.FSCgroup} {
+	for _, cg := range []*cgroups.Cgroup{p.st.cgroup(), p.st.Cgroup(roleVirtiofsdCgroup)} {
 		if cg == nil {
 			continue
 		}
@@ -131,7 +131,7 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), ExitGrace)
 	defer cancel()
-	for _, proc := range []*host.Process{p.st.Qemu, p.st.Virtiofsd} {
+	for _, proc := range []*host.Process{p.st.qemu(), p.st.Process(roleVirtiofsd)} {
 		if proc == nil {
 			continue
 		}
@@ -148,13 +148,13 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 // version's pods also virtiofsd). Containers' figures come from their
 // cgroups inside the guest, through the agent.
 func (p *Pod) HostStats() (*api.Stats, error) {
-	if p.st.Cgroup == nil {
+	if p.st.cgroup() == nil {
 		return nil, errdefs.FailedPrecondition("kvm: the pod has no host cgroup")
 	}
-	host, herr := p.st.Cgroup.Stats()
-	if herr == nil && p.st.FSCgroup != nil {
+	host, herr := p.st.cgroup().Stats()
+	if herr == nil && p.st.Cgroup(roleVirtiofsdCgroup) != nil {
 		// Under systemd, virtiofsd has a unit (and cgroup) of its own.
-		fs, err := p.st.FSCgroup.Stats()
+		fs, err := p.st.Cgroup(roleVirtiofsdCgroup).Stats()
 		if err != nil {
 			herr = err
 		} else {

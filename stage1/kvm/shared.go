@@ -9,5 +9,5 @@ import (
 // exported by qemu over virtio-9p and mounted in the guest at
 // agent.GuestMounts.
 func (st *state) shared() host.SharedDir {
-	return host.SharedDir{Host: st.Mounts, InPod: agent.GuestMounts}
+	return host.SharedDir{Host: st.mounts(), InPod: agent.GuestMounts}
 }

@@ -38,13 +38,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,7 +62,36 @@ const Name = "nspawn"
 // stateVersion is the version of the persisted state. Every version ever
 // written stays readable: raising it means passing parseState's
 // stage1.ParseState a stage1.Migration from the version before.
-const stateVersion = 1
+// Version 2 keeps the resources in a ledger; version 1 had a field each.
+const stateVersion = 2
+
+// The roles of a pod's resources in its ledger, in the order StartPod
+// takes them.
+const (
+	rolePodCgroup     = "pod cgroup"
+	roleSystemdCgroup = "systemd cgroup"
+	roleTree          = "stage1 tree"
+	roleAgentDir      = "agent directory"
+	roleMounts        = "shared mounts"
+	roleLock          = "nspawn lock"
+	rolePropagate     = "nspawn propagation directory"
+	roleUnit          = "nspawn unit"
+	roleNSpawn        = "systemd-nspawn"
+	roleLeader        = "container init"
+)
+
+// migrations bring an older state up to stateVersion.
+var migrations = map[int]stage1.Migration{
+	1: stage1.Migration(host.ToLedger(
+		host.LegacyField{Field: "cgroup", Kind: host.KindCgroup, Role: rolePodCgroup},
+		host.LegacyField{Field: "systemdCgroup", Kind: host.KindCgroup, Role: roleSystemdCgroup},
+		host.LegacyField{Field: "tree", Kind: host.KindDir, Role: roleTree},
+		host.LegacyField{Field: "agentDir", Kind: host.KindDir, Role: roleAgentDir},
+		host.LegacyField{Field: "mounts", Kind: host.KindDir, Role: roleMounts},
+		host.LegacyField{Field: "nspawn", Kind: host.KindProcess, Role: roleNSpawn},
+		host.LegacyField{Field: "leader", Kind: host.KindProcess, Role: roleLeader},
+	)),
+}
 
 // Paths inside the pod.
 const (
@@ -131,63 +160,77 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 	}
 }
 
-// state is what nspawn persists for a pod.
+// state is what nspawn persists for a pod: its host resources in a
+// ledger, and what Details says.
 type state struct {
 	Version int    `json:"version"`
 	Machine string `json:"machine,omitempty"`
-	// Tree is the directory holding the stage1 root (Tree/rootfs) and
-	// nspawn's lock file; removed by DestroyPod.
-	Tree string `json:"tree,omitempty"`
-	// Mounts is the shared mount point bound into the pod; every mount
-	// beneath it is the backend's.
-	Mounts string `json:"mounts,omitempty"`
-	// AgentDir holds the agent's socket and records.
-	AgentDir string          `json:"agentDir,omitempty"`
-	Cgroup   *cgroups.Cgroup `json:"cgroup,omitempty"`
-	// SystemdCgroup is the pod's cgroup in the hierarchies systemd-nspawn
-	// itself uses on a v1 or hybrid host (name=systemd, the hybrid
-	// cgroup2); nspawn splits it into payload/ and supervisor/.
-	SystemdCgroup *cgroups.Cgroup `json:"systemdCgroup,omitempty"`
-	NSpawn        *host.Process   `json:"nspawn,omitempty"`
-	// Leader is the container's PID 1 (the agent) as the host sees it.
-	Leader *host.Process `json:"leader,omitempty"`
 	// Network is "host", "netns" or "private", for Details.
 	Network string `json:"network,omitempty"`
+	host.Ledger
 }
+
+// Cgroup is the pod cgroup; SystemdCgroup the pod's cgroup in the
+// hierarchies systemd-nspawn itself uses on a v1 or hybrid host
+// (name=systemd, the hybrid cgroup2), which nspawn splits into payload/
+// and supervisor/. The tree holds the stage1 root (tree/rootfs); the
+// agent directory its socket and records; the shared mounts directory is
+// bound into the pod, and every mount beneath it is the backend's. The
+// leader is the container's PID 1 (the agent) as the host sees it.
+func (s *state) cgroup() *cgroups.Cgroup        { return s.Cgroup(rolePodCgroup) }
+func (s *state) systemdCgroup() *cgroups.Cgroup { return s.Cgroup(roleSystemdCgroup) }
+func (s *state) tree() string                   { return s.Path(roleTree) }
+func (s *state) agentDir() string               { return s.Path(roleAgentDir) }
+func (s *state) mounts() string                 { return s.Path(roleMounts) }
+func (s *state) nspawn() *host.Process          { return s.Process(roleNSpawn) }
+func (s *state) leader() *host.Process          { return s.Process(roleLeader) }
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
 func (s *state) socket() string {
-	if s.AgentDir == "" {
+	if s.agentDir() == "" {
 		return ""
 	}
-	return filepath.Join(s.AgentDir, "agent.sock")
+	return filepath.Join(s.agentDir(), "agent.sock")
 }
 
 func parseState(b []byte) (*state, error) {
 	var s state
-	if err := stage1.ParseState(Name, b, stateVersion, &s); err != nil {
+	if err := stage1.ParseState(Name, b, stateVersion, &s, migrations); err != nil {
 		return nil, err
 	}
 	return &s, nil
 }
 
-// layout fills the paths and names of a pod's state that follow from spec.
+// layout is a pod's state with what follows from spec: its machine name,
+// and its cgroups and directories recorded in the order StartPod takes
+// them.
 func layout(spec *stage1.PodSpec) *state {
-	st := &state{
-		Version:  stateVersion,
-		Machine:  machineName(spec.ID),
-		Tree:     filepath.Join(spec.RunDir, "stage1"),
-		Mounts:   filepath.Join(spec.RunDir, "mounts"),
-		AgentDir: filepath.Join(spec.RunDir, "agent"),
-	}
+	st := &state{Version: stateVersion, Machine: machineName(spec.ID)}
 	if cg, err := host.PodCgroup(spec); err == nil {
-		st.Cgroup = cg
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
 	if cg, err := systemdCgroup(spec); err == nil {
-		st.SystemdCgroup = cg
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: roleSystemdCgroup, Cgroup: cg})
 	}
+	st.Record(host.Resource{Kind: host.KindDir, Role: roleTree, Path: filepath.Join(spec.RunDir, "stage1")})
+	st.Record(host.Resource{Kind: host.KindDir, Role: roleAgentDir, Path: filepath.Join(spec.RunDir, "agent")})
+	st.Record(host.Resource{Kind: host.KindDir, Role: roleMounts, Path: filepath.Join(spec.RunDir, "mounts")})
 	return st
+}
+
+// leftovers records what systemd-nspawn leaves behind when it is killed:
+// its lock of the tree (named by the device and inode of the directory it
+// ran, so once the tree exists) and the propagation directory it made for
+// the machine name, which is this pod's.
+func (s *state) leftovers() {
+	var fi unix.Stat_t
+	if tree := s.tree(); tree != "" && unix.Stat(filepath.Join(tree, "rootfs"), &fi) == nil {
+		s.Default(host.Resource{Kind: host.KindFile, Role: roleLock, Path: fmt.Sprintf("/run/systemd/nspawn/locks/inode-%d:%d", fi.Dev, fi.Ino)})
+	}
+	if m := s.Machine; m != "" && !strings.ContainsRune(m, '/') {
+		s.Default(host.Resource{Kind: host.KindFile, Role: rolePropagate, Path: filepath.Join("/run/systemd/nspawn/propagate", m)})
+	}
 }
 
 // machineName is the nspawn machine name of a pod: "stagelet-<id>" when
@@ -263,7 +306,7 @@ func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 		"--keep-unit",
 		// No .nspawn file of the administrator's changes a pod.
 		"--settings=no",
-		"--directory=" + filepath.Join(st.Tree, "rootfs"),
+		"--directory=" + filepath.Join(st.tree(), "rootfs"),
 		"--machine=" + st.Machine,
 		// The agent drops capabilities per app; privileged apps get
 		// them all inside the pod's namespaces.
@@ -274,8 +317,8 @@ func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 		"--timezone=off",
 		"--link-journal=no",
 		"--bind-ro=" + spec.AgentBinary + ":" + podAgent,
-		"--bind=" + st.AgentDir + ":" + podAgentDir,
-		"--bind=" + st.Mounts + ":" + podMounts,
+		"--bind=" + st.agentDir() + ":" + podAgentDir,
+		"--bind=" + st.mounts() + ":" + podMounts,
 	}
 	if spec.Hostname != "" {
 		args = append(args, "--hostname="+spec.Hostname)
@@ -306,7 +349,7 @@ func networkMode(spec *stage1.PodSpec) string {
 // creates the other API mount points itself; the rest are mount points of
 // the binds.
 func makeTree(st *state) error {
-	root := filepath.Join(st.Tree, "rootfs")
+	root := filepath.Join(st.tree(), "rootfs")
 	for _, d := range []string{"usr", "proc", "sys", "dev", "run", "tmp", "etc", "mnt/stagelet"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return err
@@ -347,19 +390,21 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	_, unitLaunch := b.launcher.(host.UnitLauncher)
 	st := layout(spec)
-	st.Cgroup = cg
+	save := func() error { return persist(st.marshal()) }
+	st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	st.Network = networkMode(spec)
 	if unitLaunch {
-		st.SystemdCgroup = nil // the unit's cgroup is nspawn's
+		// The unit's cgroup is nspawn's.
+		st.Resources = slices.DeleteFunc(st.Resources, func(r host.Resource) bool { return r.Role == roleSystemdCgroup })
 	}
-	if err := persist(st.marshal()); err != nil {
+	if err := save(); err != nil {
 		return nil, fmt.Errorf("nspawn: persist: %w", err)
 	}
 	defer func() {
 		if retErr == nil {
 			return
 		}
-		if err := b.release(context.WithoutCancel(ctx), st, launchName(spec.ID)); err != nil {
+		if err := b.release(context.WithoutCancel(ctx), st); err != nil {
 			log.Warn("nspawn: releasing a failed pod", "err", err)
 		}
 	}()
@@ -368,19 +413,25 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			return nil, fmt.Errorf("nspawn: %w", err)
 		}
 	}
-	if st.SystemdCgroup != nil {
-		if err := st.SystemdCgroup.Create(); err != nil {
+	if scg := st.systemdCgroup(); scg != nil {
+		if err := scg.Create(); err != nil {
 			return nil, fmt.Errorf("nspawn: %w", err)
 		}
 	}
 	if err := makeTree(st); err != nil {
 		return nil, fmt.Errorf("nspawn: stage1 tree: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Join(st.AgentDir, "state"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(st.agentDir(), "state"), 0o700); err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
 	if err := st.shared().Prepare(); err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
+	}
+	// What nspawn leaves behind if it is killed, and its unit, before it
+	// runs.
+	st.leftovers()
+	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
+		return nil, fmt.Errorf("nspawn: persist: %w", err)
 	}
 
 	launch := host.LaunchSpec{
@@ -392,8 +443,8 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Cgroup:  cg,
 		Slice:   host.PodSlice(spec),
 	}
-	if st.SystemdCgroup != nil {
-		launch = joinFirst(launch, st.SystemdCgroup)
+	if scg := st.systemdCgroup(); scg != nil {
+		launch = joinFirst(launch, scg)
 	}
 	proc, err := b.launcher.Launch(ctx, launch)
 	if err != nil {
@@ -404,11 +455,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			retErr = keepLog(log, retErr, launch.LogPath, spec)
 		}
 	}()
-	st.NSpawn = proc
+	st.Record(host.Resource{Kind: host.KindProcess, Role: roleNSpawn, Process: proc})
 	if unitLaunch {
-		st.Cgroup = proc.Cgroup
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: proc.Cgroup})
 	}
-	if err := persist(st.marshal()); err != nil {
+	if err := save(); err != nil {
 		return nil, fmt.Errorf("nspawn: persist: %w", err)
 	}
 	pod := b.newPod(spec, st)
@@ -418,12 +469,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if leader, err := findLeader(proc.PID); err != nil {
 		log.Warn("nspawn: container leader not found; teardown relies on the pod cgroup", "err", err)
 	} else {
-		st.Leader = leader
-		if err := persist(st.marshal()); err != nil {
+		if err := st.Take(host.Resource{Kind: host.KindProcess, Role: roleLeader, Process: leader}, save); err != nil {
 			return nil, fmt.Errorf("nspawn: persist: %w", err)
 		}
 	}
-	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.Cgroup.String(), "network", st.Network)
+	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String(), "network", st.Network)
 	return pod, nil
 }
 
@@ -493,7 +543,7 @@ func findLeader(nspawnPID int) (*host.Process, error) {
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return host.WaitAgentReady(ctx, p.client.Info, p.st.NSpawn, AgentReadyTimeout, "systemd-nspawn")
+	return host.WaitAgentReady(ctx, p.client.Info, p.st.nspawn(), AgentReadyTimeout, "systemd-nspawn")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its
@@ -506,7 +556,7 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	if err := host.CheckRecovered(ctx, st.NSpawn, "systemd-nspawn", pod.client.Info, host.ProbeTimeout); err != nil {
+	if err := host.CheckRecovered(ctx, st.nspawn(), "systemd-nspawn", pod.client.Info, host.ProbeTimeout); err != nil {
 		return nil, fmt.Errorf("nspawn: pod %s: %w", spec.ID, err)
 	}
 	return pod, nil
@@ -530,73 +580,18 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		if st.Machine == "" {
 			st.Machine = def.Machine
 		}
-		if st.Tree == "" {
-			st.Tree = def.Tree
+		for _, r := range def.Resources {
+			st.Default(r)
 		}
-		if st.Mounts == "" {
-			st.Mounts = def.Mounts
-		}
-		if st.AgentDir == "" {
-			st.AgentDir = def.AgentDir
-		}
-		if st.Cgroup == nil {
-			st.Cgroup = def.Cgroup
-		}
-		if st.SystemdCgroup == nil {
-			st.SystemdCgroup = def.SystemdCgroup
-		}
+		st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
 	}
-	name := ""
-	if spec.ID != "" {
-		name = launchName(spec.ID)
-	}
-	return b.release(ctx, st, name)
+	st.leftovers()
+	return b.release(ctx, st)
 }
 
-// release kills and removes everything named in st, and the launcher's
-// record of the nspawn launched under name ("": none), in host.Release's
-// order; then nspawn's own leftovers.
-func (b *Backend) release(ctx context.Context, st *state, name string) error {
-	r := host.HostResources{
-		Processes: []*host.Process{st.Leader, st.NSpawn},
-		Launched:  []string{name},
-		Cgroups:   []*cgroups.Cgroup{st.Cgroup, st.SystemdCgroup},
-	}
-	if tree := st.Tree; tree != "" {
-		r.Then = append(r.Then, host.ReleaseStep{What: "nspawn's lock", Do: func() error {
-			// nspawn's lock of the tree, left behind when it was
-			// killed: named by the device and inode of the directory
-			// it ran.
-			var fi unix.Stat_t
-			if err := unix.Stat(filepath.Join(tree, "rootfs"), &fi); err == nil {
-				lock := fmt.Sprintf("/run/systemd/nspawn/locks/inode-%d:%d", fi.Dev, fi.Ino)
-				if err := os.Remove(lock); err != nil && !errors.Is(err, os.ErrNotExist) {
-					b.log.Warn("nspawn: removing a leftover lock", "file", lock, "err", err)
-				}
-			}
-			return nil
-		}})
-	}
-	for _, dir := range []string{st.Mounts, st.Tree} {
-		if dir != "" {
-			r.Then = append(r.Then, host.ReleaseStep{What: dir, Do: func() error { return host.RemoveUnmounted(dir) }})
-		}
-	}
-	if dir := st.AgentDir; dir != "" {
-		r.Then = append(r.Then, host.ReleaseStep{What: "agent directory", Do: func() error { return os.RemoveAll(dir) }})
-	}
-	if m := st.Machine; m != "" && !strings.ContainsRune(m, '/') {
-		r.Then = append(r.Then, host.ReleaseStep{What: "nspawn's propagation directory", Do: func() error {
-			// Left behind when nspawn was killed; nspawn made it for
-			// the machine name, which is this pod's.
-			d := filepath.Join("/run/systemd/nspawn/propagate", m)
-			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
-				b.log.Warn("nspawn: removing a leftover directory", "dir", d, "err", err)
-			}
-			return nil
-		}})
-	}
-	if err := host.Release(ctx, b.launcher, ExitGrace, r); err != nil {
+// release releases everything st's ledger names (host.Ledger.Release).
+func (b *Backend) release(ctx context.Context, st *state) error {
+	if err := st.Release(ctx, host.Releaser{Launcher: b.launcher, Grace: ExitGrace}); err != nil {
 		return fmt.Errorf("nspawn: %w", err)
 	}
 	return nil
@@ -645,8 +640,8 @@ func (p *Pod) Details() map[string]string {
 // ends it). Mounts, cgroups and the tree stay until DestroyPod.
 // Idempotent: a gone pod is fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
-	cgs := []*cgroups.Cgroup{p.st.Cgroup, p.st.SystemdCgroup}
-	if err := host.StopHostPod(ctx, p.log, "systemd-nspawn", p.st.NSpawn, cgs, shutdown, timeout, ExitGrace); err != nil {
+	cgs := []*cgroups.Cgroup{p.st.cgroup(), p.st.systemdCgroup()}
+	if err := host.StopHostPod(ctx, p.log, "systemd-nspawn", p.st.nspawn(), cgs, shutdown, timeout, ExitGrace); err != nil {
 		return fmt.Errorf("nspawn: %w", err)
 	}
 	return nil

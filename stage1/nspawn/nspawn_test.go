@@ -106,15 +106,15 @@ func killNSpawn(t *testing.T, b []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.NSpawn == nil {
+	if st.nspawn() == nil {
 		t.Fatal("no nspawn in state")
 	}
-	if err := st.NSpawn.Signal(syscall.SIGKILL); err != nil {
+	if err := st.nspawn().Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := st.NSpawn.Wait(ctx); err != nil {
+	if err := st.nspawn().Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -128,7 +128,7 @@ func TestCapabilities(t *testing.T) {
 }
 
 func TestParseState(t *testing.T) {
-	if st, err := parseState(nil); err != nil || st.NSpawn != nil || st.Cgroup != nil {
+	if st, err := parseState(nil); err != nil || st.nspawn() != nil || st.cgroup() != nil {
 		t.Errorf("empty state = %+v, %v", st, err)
 	}
 	if _, err := parseState([]byte(`{"version":99}`)); err == nil {
@@ -137,10 +137,28 @@ func TestParseState(t *testing.T) {
 	if _, err := parseState([]byte(`{`)); err == nil {
 		t.Error("garbage accepted")
 	}
-	in := &state{Version: stateVersion, Machine: "m", AgentDir: "/run/x/agent", NSpawn: &host.Process{PID: 42, StartTime: 7}}
+	in := &state{Version: stateVersion, Machine: "m"}
+	in.Record(host.Resource{Kind: host.KindDir, Role: roleAgentDir, Path: "/run/x/agent"})
+	in.Record(host.Resource{Kind: host.KindProcess, Role: roleNSpawn, Process: &host.Process{PID: 42, StartTime: 7}})
 	out, err := parseState(in.marshal())
-	if err != nil || out.socket() != "/run/x/agent/agent.sock" || out.NSpawn.PID != 42 || out.NSpawn.StartTime != 7 || out.Machine != "m" {
+	if err != nil || out.socket() != "/run/x/agent/agent.sock" || out.nspawn().PID != 42 || out.nspawn().StartTime != 7 || out.Machine != "m" {
 		t.Errorf("round trip = %+v, %v", out, err)
+	}
+	// A version 1 state (a field each) is read into the ledger in the
+	// order its resources were taken; a field it lacked stays absent.
+	v1 := `{"version":1,"machine":"m","tree":"/r/stage1","mounts":"/r/mounts","agentDir":"/r/agent","cgroup":{"paths":{"pids":"/sys/fs/cgroup/pids/p"}},"nspawn":{"pid":42,"startTime":7},"network":"private"}`
+	out, err = parseState([]byte(v1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roles []string
+	for _, r := range out.Resources {
+		roles = append(roles, r.Role)
+	}
+	want := []string{rolePodCgroup, roleTree, roleAgentDir, roleMounts, roleNSpawn}
+	if !slices.Equal(roles, want) || out.tree() != "/r/stage1" || out.mounts() != "/r/mounts" || out.nspawn().PID != 42 ||
+		out.cgroup().Paths["pids"] != "/sys/fs/cgroup/pids/p" || out.Machine != "m" || out.Network != "private" || out.leader() != nil {
+		t.Errorf("version 1 state read as %+v (roles %v, want %v)", out, roles, want)
 	}
 }
 
@@ -166,7 +184,7 @@ func TestMachineName(t *testing.T) {
 }
 
 func TestNetworkArgs(t *testing.T) {
-	st := &state{Tree: "/r/stage1", Mounts: "/r/mounts", AgentDir: "/r/agent", Machine: "m"}
+	st := layout(&stage1.PodSpec{ID: "p", RunDir: "/r"})
 	for _, tt := range []struct {
 		spec stage1.PodSpec
 		want string // the network flag, "" for none
@@ -393,7 +411,7 @@ func TestPodNamespaces(t *testing.T) {
 	if s, err := p.pod.ContainerStatus(context.Background(), "app"); err == nil {
 		appPID = s.PID // as the pod sees it
 	}
-	for ctl, dir := range st.Cgroup.Child("app-app").Paths {
+	for ctl, dir := range st.cgroup().Child("app-app").Paths {
 		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 		if err != nil || len(strings.Fields(string(b))) != 1 {
 			t.Errorf("app cgroup %s (%s): %q, %v", ctl, dir, b, err)
@@ -561,7 +579,7 @@ func TestLateMounts(t *testing.T) {
 	// Once the container runs, the host keeps only the rootfs bind: the
 	// app holds its own mounts of the sources.
 	st, _ := parseState(p.pod.State())
-	dir := filepath.Join(st.Mounts, "late")
+	dir := filepath.Join(st.mounts(), "late")
 	if ms, _ := host.MountsUnder(dir); len(ms) != 1 || ms[0] != filepath.Join(dir, "rootfs") {
 		t.Errorf("host mounts of the running container: %v, want the rootfs only", ms)
 	}
@@ -597,7 +615,7 @@ func TestCreateContainerErrors(t *testing.T) {
 		t.Fatal("create with a missing mount source succeeded")
 	}
 	st, _ := parseState(p.pod.State())
-	if ms, _ := host.MountsUnder(filepath.Join(st.Mounts, "bad")); len(ms) != 0 {
+	if ms, _ := host.MountsUnder(filepath.Join(st.mounts(), "bad")); len(ms) != 0 {
 		t.Errorf("binds left after a failed create: %v", ms)
 	}
 	p.run("dup", rootfs, nil, "/bin/sleep", "1000")
@@ -621,8 +639,8 @@ func TestStopReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Leader == nil || !st.Leader.Alive() {
-		t.Fatalf("leader not recorded or not alive: %+v", st.Leader)
+	if st.leader() == nil || !st.leader().Alive() {
+		t.Fatalf("leader not recorded or not alive: %+v", st.leader())
 	}
 	ctx := context.Background()
 	start := time.Now()
@@ -633,13 +651,13 @@ func TestStopReleases(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(p.spec.RunDir, "nspawn.log")); err == nil {
 		t.Logf("nspawn.log:\n%s", b)
 	}
-	if st.NSpawn.Alive() || st.Leader.Alive() {
-		t.Errorf("after Stop: nspawn alive %v, leader alive %v", st.NSpawn.Alive(), st.Leader.Alive())
+	if st.nspawn().Alive() || st.leader().Alive() {
+		t.Errorf("after Stop: nspawn alive %v, leader alive %v", st.nspawn().Alive(), st.leader().Alive())
 	}
 	for _, cg := range []string{"", "sys"} {
-		c := st.Cgroup
+		c := st.cgroup()
 		if cg == "sys" {
-			c = st.SystemdCgroup
+			c = st.systemdCgroup()
 		}
 		if c == nil {
 			continue
@@ -654,14 +672,14 @@ func TestStopReleases(t *testing.T) {
 	if ms, _ := host.MountsUnder(p.spec.RunDir); len(ms) != 0 {
 		t.Errorf("mounts left under the run dir: %v", ms)
 	}
-	for _, c := range []map[string]string{st.Cgroup.Paths, sysPaths(st)} {
+	for _, c := range []map[string]string{st.cgroup().Paths, sysPaths(st)} {
 		for k, d := range c {
 			if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("cgroup %s left: %s (%v)", k, d, err)
 			}
 		}
 	}
-	for _, d := range []string{st.Tree, st.Mounts, st.AgentDir, "/run/systemd/nspawn/propagate/" + st.Machine} {
+	for _, d := range []string{st.tree(), st.mounts(), st.agentDir(), "/run/systemd/nspawn/propagate/" + st.Machine} {
 		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left: %v", d, err)
 		}
@@ -669,10 +687,10 @@ func TestStopReleases(t *testing.T) {
 }
 
 func sysPaths(st *state) map[string]string {
-	if st.SystemdCgroup == nil {
+	if st.systemdCgroup() == nil {
 		return nil
 	}
-	return st.SystemdCgroup.Paths
+	return st.systemdCgroup().Paths
 }
 
 // TestStartPodNSpawnFails: a container whose init cannot run (a dynamic
@@ -701,10 +719,10 @@ func TestStartPodNSpawnFails(t *testing.T) {
 		t.Errorf("error %q names neither %s nor the log's end %q", err, kept, lastLine(log))
 	}
 	st, perr := parseState(last)
-	if perr != nil || st.Cgroup == nil || st.NSpawn == nil {
+	if perr != nil || st.cgroup() == nil || st.nspawn() == nil {
 		t.Fatalf("persisted state %s (%v) does not record cgroup and nspawn", last, perr)
 	}
-	for _, d := range st.Cgroup.Paths {
+	for _, d := range st.cgroup().Paths {
 		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("pod cgroup %s left behind: %v", d, err)
 		}
@@ -835,14 +853,14 @@ func TestNoMountsLeakAcrossPods(t *testing.T) {
 	a.run("app", stage1test.BusyboxRootfs(t), []api.Mount{{Source: t.TempDir(), Destination: "/data"}}, "/bin/sleep", "1000")
 	other := startPod(t, b, nil)
 	ost, err := parseState(other.pod.State())
-	if err != nil || ost.Leader == nil {
+	if err != nil || ost.leader() == nil {
 		t.Fatalf("second pod's leader: %+v, %v", ost, err)
 	}
 	ast, _ := parseState(a.pod.State())
-	dir := filepath.Join(ast.Mounts, "app")
+	dir := filepath.Join(ast.mounts(), "app")
 	inOther := func() []string {
 		var out []string
-		for _, pid := range []int{ost.Leader.PID} {
+		for _, pid := range []int{ost.leader().PID} {
 			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
 			if err != nil {
 				t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 // bound at /mnt/stagelet in the container. Containers reach the pod
 // through it (host.SharedDir).
 func (st *state) shared() host.SharedDir {
-	return host.SharedDir{Host: st.Mounts, InPod: podMounts}
+	return host.SharedDir{Host: st.mounts(), InPod: podMounts}
 }
 
 // bindShared is the pod's host.SharedDir.BindShared. systemd-nspawn makes
@@ -31,7 +31,7 @@ func (p *Pod) bindShared(src, host string) error {
 	if err != nil {
 		return err
 	}
-	leader := p.st.Leader
+	leader := p.st.leader()
 	if leader == nil || !leader.Alive() {
 		return errdefs.FailedPrecondition("nspawn: the pod's init is not known or not running: a bidirectional mount cannot be placed")
 	}
