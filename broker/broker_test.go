@@ -343,8 +343,16 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	(&records{dir: e.state}).savePod(half)
 	// And a record that cannot be read.
 	os.WriteFile(filepath.Join(e.state, "pods", "garbage.json"), []byte("{not json"), 0o600)
+	// And a pod the stage1 holds that no record names (its record lost).
+	lost := strings.Repeat("ab", 32)
+	if _, err := e.be.StartPod(ctx, &stage1.PodSpec{ID: lost}, func([]byte) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
 
 	b2 := e.broker(t)
+	if e.be.Pod(lost) != nil || e.be.Destroyed(lost) != 1 {
+		t.Errorf("the stage1's pod no record names was not collected")
+	}
 	if st, err := b2.PodStatus(ctx, live, false); err != nil || !st.Ready {
 		t.Fatalf("live pod after restart: %+v %v", st, err)
 	}

@@ -103,7 +103,7 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	}
 	wg.Wait()
 	keep := func(id string) bool { return podIDs[id] || aside[id] }
-	res.OrphanCgroups = b.collectCgroups(keep)
+	res.OrphanCgroups = b.collectCgroups(keep) + b.collectBackends(ctx, keep)
 	b.collectOrphans(aside)
 	b.collectNetNS(ctx, aside)
 	res.SetAside = len(aside)
@@ -304,6 +304,28 @@ func (b *Broker) collectCgroups(keep func(id string) bool) int {
 		}
 		b.log.Warn("released a pod cgroup no record names", "pod", o.PodID, "killedProcesses", o.Procs)
 		n++
+	}
+	return n
+}
+
+// collectBackends asks each stage1 that takes host resources of its own
+// beyond the pod cgroups (stage1.Collector) to release those of pods no
+// record names, and returns for how many pods they did.
+func (b *Broker) collectBackends(ctx context.Context, keep func(id string) bool) int {
+	n := 0
+	for name, be := range b.opts.Backends {
+		c, ok := be.(stage1.Collector)
+		if !ok {
+			continue
+		}
+		ids, err := c.Collect(ctx, keep)
+		for _, id := range ids {
+			b.log.Warn("released host resources no record names", "stage1", name, "pod", id)
+		}
+		if err != nil {
+			b.log.Error("releasing host resources no record names: what failed is left", "stage1", name, "err", err)
+		}
+		n += len(ids)
 	}
 	return n
 }

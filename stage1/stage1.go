@@ -174,6 +174,15 @@ type PodResizer interface {
 	UpdatePodResources(ctx context.Context, r PodResources) error
 }
 
+// Collector is an optional interface of a Backend whose pods take host
+// resources beyond the pod cgroups the daemon searches itself after a
+// restart: Collect releases those of pods no record names (keep tells
+// which pods have one: what a lost record leaves) and returns those pods'
+// IDs, with an error for what it could not release (left as it is).
+type Collector interface {
+	Collect(ctx context.Context, keep func(podID string) bool) ([]string, error)
+}
+
 // NodeInformer is an optional interface of a Backend: facts about how it
 // runs on this node (the accelerator a VM stage1 uses, say), shown in the
 // CRI Status info. NodeInfo may take as long as a first probe.

@@ -21,6 +21,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -157,6 +158,27 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, st []byt
 	delete(b.pods, spec.ID)
 	b.destroyed[spec.ID]++
 	return nil
+}
+
+var _ stage1.Collector = (*Backend)(nil)
+
+// Collect implements stage1.Collector: each pod it holds that no record
+// names (keep) is destroyed, as DestroyPod does.
+func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for id, p := range b.pods {
+		if keep(id) {
+			continue
+		}
+		p.Die()
+		delete(b.pods, id)
+		b.destroyed[id]++
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 func (b *Backend) wrap(p *Pod) stage1.Pod {

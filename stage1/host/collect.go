@@ -49,7 +49,7 @@ func CollectPodCgroups(parent string, keep func(podID string) bool) ([]OrphanCgr
 		}
 		for _, e := range ents {
 			id, ok := strings.CutPrefix(e.Name(), podCgroupPrefix)
-			if e.IsDir() && ok && validPodID(id) && !keep(id) {
+			if e.IsDir() && ok && ValidPodID(id) && !keep(id) {
 				ids[id] = true
 			}
 		}
@@ -71,8 +71,8 @@ func CollectPodCgroups(parent string, keep func(podID string) bool) ([]OrphanCgr
 	return out, nil
 }
 
-// validPodID: the broker's IDs are 64 lower-case hex digits.
-func validPodID(id string) bool {
+// ValidPodID: the broker's IDs are 64 lower-case hex digits.
+func ValidPodID(id string) bool {
 	if len(id) != 64 {
 		return false
 	}

@@ -1,7 +1,9 @@
 package nspawn
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"path/filepath"
@@ -22,6 +24,16 @@ import (
 // created. On a pure v2 host the pod cgroup already is nspawn's, and an
 // error is returned.
 func systemdCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
+	parent, err := systemdParent()
+	if err != nil {
+		return nil, err
+	}
+	return parent.Child(host.LaunchName(spec.ID)), nil
+}
+
+// systemdParent is the daemon's own cgroup in the hierarchies of
+// systemdCgroup.
+func systemdParent() (*cgroups.Cgroup, error) {
 	var sfs unix.Statfs_t
 	if err := unix.Statfs("/sys/fs/cgroup", &sfs); err != nil {
 		return nil, err
@@ -81,10 +93,52 @@ func systemdCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 			}
 		}
 		point := host.UnescapeMountPath(f[4])
-		cg.Paths[key] = filepath.Join(point, filepath.Clean("/"+rel), "stagelet-pod-"+spec.ID)
+		cg.Paths[key] = filepath.Join(point, filepath.Clean("/"+rel))
 	}
 	if len(cg.Paths) == 0 {
 		return nil, errors.New("no name=systemd or hybrid cgroup2 hierarchy")
 	}
 	return cg, nil
+}
+
+// Collect implements stage1.Collector: on a v1 or hybrid host under the
+// plain launcher, it removes the pod cgroups in systemd-nspawn's own
+// hierarchies (systemdCgroup) whose pod no record names (keep says which
+// have one), killing what still runs in them: what a lost record leaves,
+// which the broker's search of the pod cgroups does not reach. It returns
+// the pods whose cgroups it removed.
+func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
+	if _, unit := b.launcher.(host.UnitLauncher); unit {
+		return nil, nil // nspawn's cgroup is its unit's, which systemd collects
+	}
+	parent, err := systemdParent()
+	if err != nil {
+		return nil, nil // pure cgroup v2: the pod cgroup is nspawn's
+	}
+	ids := map[string]bool{}
+	for _, dir := range parent.Paths {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("nspawn: collect: %w", err)
+		}
+		for _, e := range ents {
+			if id, ok := strings.CutPrefix(e.Name(), host.LaunchName("")); ok && e.IsDir() && host.ValidPodID(id) && !keep(id) {
+				ids[id] = true
+			}
+		}
+	}
+	var done []string
+	var errs []error
+	for id := range ids {
+		cg := parent.Child(host.LaunchName(id))
+		if err := cg.Kill(); err != nil {
+			errs = append(errs, err)
+		} else if err := cg.Delete(); err != nil {
+			errs = append(errs, err)
+		} else {
+			done = append(done, id)
+		}
+	}
+	slices.Sort(done)
+	return done, errors.Join(errs...)
 }

@@ -990,3 +990,55 @@ func TestHostRemovesVolumeMountPoint(t *testing.T) {
 		t.Errorf("removing the volume while the container runs: %v", err)
 	}
 }
+
+// TestCollect: a pod cgroup in nspawn's own hierarchies that no record
+// names (its record lost) is removed with what runs in it; one that a
+// record names is left.
+func TestCollect(t *testing.T) {
+	needRoot(t)
+	parent, err := systemdParent()
+	if err != nil {
+		t.Skipf("no name=systemd or hybrid cgroup2 hierarchy: %v", err)
+	}
+	lost, kept := fmt.Sprintf("%064x", os.Getpid()), fmt.Sprintf("%063xf", os.Getpid())
+	var cgs []*cgroups.Cgroup
+	for _, id := range []string{lost, kept} {
+		cg := parent.Child(host.LaunchName(id))
+		if err := cg.Create(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cg.Kill(); _ = cg.Delete() })
+		cgs = append(cgs, cg)
+	}
+	// What nspawn makes beneath it, and a process in the lost one.
+	payload := cgs[0].Child("payload")
+	if err := payload.Create(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if err := payload.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	mine := func(id string) bool { return id == lost || id == kept }
+	got, err := New(testLogger(t)).Collect(context.Background(), func(id string) bool { return !mine(id) || id == kept })
+	if err != nil || !slices.Equal(got, []string{lost}) {
+		t.Fatalf("Collect = %v, %v; want [%s]", got, err, lost)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Error("the process in the collected cgroup exited by itself")
+	}
+	for _, d := range cgs[0].Paths {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("collected cgroup %s still there: %v", d, err)
+		}
+	}
+	for _, d := range cgs[1].Paths {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("kept cgroup %s: %v", d, err)
+		}
+	}
+}
