@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -66,8 +67,7 @@ var (
 // Backend is the fly stage1. It is stateless: everything about a pod is in
 // the state it persists, so one Backend serves every pod concurrently.
 type Backend struct {
-	log      *slog.Logger
-	launcher host.Launcher
+	host.Base
 }
 
 var _ stage1.Backend = (*Backend)(nil)
@@ -81,15 +81,14 @@ func New(log *slog.Logger) *Backend {
 // NewWithLauncher returns the fly backend starting agents with l; nil
 // means the plain launcher (the cgroupfs driver).
 func NewWithLauncher(log *slog.Logger, l host.Launcher) *Backend {
-	log, l = host.BackendDefaults(log, l)
-	return &Backend{log: log, launcher: l}
+	return &Backend{Base: host.NewBase(log, l)}
 }
 
 // Name implements stage1.Backend.
 func (b *Backend) Name() string { return Name }
 
-// Capabilities implements stage1.Backend: host isolation, host namespaces;
-// no pod network yet.
+// Capabilities implements stage1.Backend: host isolation; the host's
+// namespaces, or the pod's network and IPC namespaces.
 func (b *Backend) Capabilities() stage1.Capabilities {
 	return stage1.Capabilities{
 		Isolation:   stage1.IsolationHost,
@@ -134,7 +133,7 @@ func launchName(id string) string { return host.LaunchName(id) }
 // before that record is undone by DestroyPod all the same. On failure it
 // kills what it started and removes the cgroup.
 func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
-	log := b.log.With("pod", spec.ID)
+	log := b.Log.With("pod", spec.ID)
 	if spec.ID == "" || spec.RunDir == "" || spec.AgentBinary == "" {
 		return nil, errdefs.InvalidArgument("fly: pod id, run dir and agent binary are required")
 	}
@@ -145,22 +144,16 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, fmt.Errorf("fly: pod cgroup: %w", err)
 	}
-	_, unitLaunch := b.launcher.(host.UnitLauncher)
+	unitLaunch := b.UnitLaunch()
 	st := &state{Version: stateVersion}
 	save := func() error { return persist(st.marshal()) }
 	st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	st.Record(host.Resource{Kind: host.KindFile, Role: roleSocket, Path: socketPath(spec)})
-	if err := save(); err != nil {
-		return nil, fmt.Errorf("fly: persist: %w", err)
+	undo, err := host.Starting(ctx, log, Name, save, func(ctx context.Context) error { return b.release(ctx, st) })
+	if err != nil {
+		return nil, err
 	}
-	defer func() {
-		if retErr == nil {
-			return
-		}
-		if err := b.release(context.WithoutCancel(ctx), st); err != nil {
-			log.Warn("fly: releasing a failed pod", "err", err)
-		}
-	}()
+	defer undo(&retErr)
 	if !unitLaunch {
 		if err := cg.Create(); err != nil {
 			return nil, fmt.Errorf("fly: %w", err)
@@ -176,7 +169,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
 		return nil, fmt.Errorf("fly: persist: %w", err)
 	}
-	proc, err := b.launcher.Launch(ctx, host.LaunchSpec{
+	proc, err := b.Launcher.Launch(ctx, host.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    spec.AgentBinary,
 		Args:    agentArgs(st.socket(), agentDir, spec.NetNSPath, spec.HostIPC),
@@ -212,15 +205,11 @@ func waitReady(ctx context.Context, p *Pod) error {
 // process (PID and start time) still runs and answers Info; otherwise the
 // error wraps stage1.ErrPodGone.
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
-	st, err := parseState(stateBytes)
-	if err != nil {
-		return nil, err
-	}
-	pod := b.newPod(spec, st)
-	if err := host.CheckRecovered(ctx, st.agent(), "agent", pod.client.Info, host.ProbeTimeout); err != nil {
-		return nil, fmt.Errorf("fly: pod %s: %w", spec.ID, err)
-	}
-	return pod, nil
+	return host.Recover(ctx, Name, spec, stateBytes, parseState, "agent", host.ProbeTimeout,
+		func(st *state) (stage1.Pod, *host.Process, func(context.Context) (*api.Info, error)) {
+			pod := b.newPod(spec, st)
+			return pod, st.agent(), pod.client.Info
+		})
 }
 
 // DestroyPod implements stage1.Backend: it releases every resource of
@@ -229,25 +218,22 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // removed, the socket removed). Idempotent. What the state lacks (a crash
 // before the first persist, an unreadable record) is derived from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := host.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
-	if err != nil {
-		return err
-	}
-	if spec.ID != "" {
-		if cg, err := host.PodCgroup(spec); err == nil {
-			st.Default(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
+	return host.Destroy(ctx, b.Log, Name, spec, stateBytes, parseState, func(st *state) {
+		if spec.ID != "" {
+			if cg, err := host.PodCgroup(spec); err == nil {
+				st.Default(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
+			}
+			st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
 		}
-		st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
-	}
-	if spec.RunDir != "" {
-		st.Default(host.Resource{Kind: host.KindFile, Role: roleSocket, Path: socketPath(spec)})
-	}
-	return b.release(ctx, st)
+		if spec.RunDir != "" {
+			st.Default(host.Resource{Kind: host.KindFile, Role: roleSocket, Path: socketPath(spec)})
+		}
+	}, b.release)
 }
 
 // release releases everything st's ledger names.
 func (b *Backend) release(ctx context.Context, st *state) error {
-	if err := st.Release(ctx, host.Releaser{Launcher: b.launcher, Grace: AgentExitGrace}); err != nil {
+	if err := st.Release(ctx, host.Releaser{Launcher: b.Launcher, Grace: AgentExitGrace}); err != nil {
 		return fmt.Errorf("fly: %w", err)
 	}
 	return nil
@@ -270,7 +256,7 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 		client: agent.NewClient(agent.UnixDialer(st.socket())),
 		id:     spec.ID,
 		st:     st,
-		log:    b.log.With("pod", spec.ID),
+		log:    b.Log.With("pod", spec.ID),
 	}
 }
 

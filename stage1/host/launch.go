@@ -191,3 +191,24 @@ func BackendDefaults(log *slog.Logger, l Launcher) (*slog.Logger, Launcher) {
 	}
 	return log, l
 }
+
+// Base is what every host-side backend holds: its logger and the
+// launcher of its pods' host processes. Backends embed it.
+type Base struct {
+	Log      *slog.Logger
+	Launcher Launcher
+}
+
+// NewBase is a Base of log and l, their nil defaults filled in
+// (BackendDefaults).
+func NewBase(log *slog.Logger, l Launcher) Base {
+	log, l = BackendDefaults(log, l)
+	return Base{Log: log, Launcher: l}
+}
+
+// UnitLaunch tells whether the pods' processes run as systemd units
+// (a UnitLauncher): their cgroups are then the units'.
+func (b Base) UnitLaunch() bool {
+	_, ok := b.Launcher.(UnitLauncher)
+	return ok
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"syscall"
@@ -279,4 +280,22 @@ func ToLedger(fields ...LegacyField) func(state map[string]any) error {
 		m["resources"] = res
 		return nil
 	}
+}
+
+// Starting begins a pod's start: it persists the pod's first record with
+// save and returns what StartPod defers with its named error, which, when
+// the start fails, releases everything recorded (release), logging what
+// cannot be.
+func Starting(ctx context.Context, log *slog.Logger, backend string, save func() error, release func(context.Context) error) (func(*error), error) {
+	if err := save(); err != nil {
+		return nil, fmt.Errorf("%s: persist: %w", backend, err)
+	}
+	return func(failed *error) {
+		if *failed == nil {
+			return
+		}
+		if err := release(context.WithoutCancel(ctx)); err != nil {
+			log.Warn(backend+": releasing a failed pod", "err", err)
+		}
+	}, nil
 }

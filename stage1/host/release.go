@@ -1,9 +1,13 @@
 package host
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -22,4 +26,38 @@ func StateForRelease[S any](log *slog.Logger, backend, podID string, b []byte, p
 		return new(S), nil
 	}
 	return st, nil
+}
+
+// Destroy is a backend's DestroyPod over its state: the state read for
+// release (StateForRelease: a state a newer stagelet wrote is refused, an
+// unreadable one is replaced by the zero state), completed by fill with
+// what the pod's naming convention derives for what it lacks (a crash
+// before the first persist), then released.
+func Destroy[S any](ctx context.Context, log *slog.Logger, backend string, spec *stage1.PodSpec, b []byte,
+	parse func([]byte) (*S, error), fill func(*S), release func(context.Context, *S) error) error {
+	st, err := StateForRelease(log, backend, spec.ID, b, parse)
+	if err != nil {
+		return err
+	}
+	fill(st)
+	return release(ctx, st)
+}
+
+// Recover is a backend's RecoverPod for a pod whose isolation is one host
+// process: the state is read, open makes the pod of it and names that
+// process and the agent's Info, and the pod is back when the process
+// still runs (PID and start time) and the agent answers within timeout.
+// Otherwise the error wraps stage1.ErrPodGone (what names the process).
+func Recover[S, P any](ctx context.Context, backend string, spec *stage1.PodSpec, b []byte, parse func([]byte) (*S, error),
+	what string, timeout time.Duration, open func(*S) (P, *Process, func(context.Context) (*api.Info, error))) (P, error) {
+	var none P
+	st, err := parse(b)
+	if err != nil {
+		return none, err
+	}
+	pod, proc, info := open(st)
+	if err := CheckRecovered(ctx, proc, what, info, timeout); err != nil {
+		return none, fmt.Errorf("%s: pod %s: %w", backend, spec.ID, err)
+	}
+	return pod, nil
 }

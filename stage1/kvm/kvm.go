@@ -53,6 +53,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -181,9 +182,8 @@ type Config struct {
 // daemon run and one serial session per running VM, shared by every Pod
 // value of that VM. Safe for concurrent use.
 type Backend struct {
-	log      *slog.Logger
-	cfg      Config
-	launcher host.Launcher
+	host.Base
+	cfg Config
 
 	accelOnce sync.Once
 	accel     string
@@ -202,7 +202,6 @@ var _ stage1.Backend = (*Backend)(nil)
 // the guest assets are present is checked by StartPod
 // (FailedPrecondition), not here.
 func New(log *slog.Logger, cfg Config) *Backend {
-	log, l := host.BackendDefaults(log, cfg.Launcher)
 	if cfg.AssetsDir == "" {
 		cfg.AssetsDir = DefaultAssetsDir
 	}
@@ -222,11 +221,10 @@ func New(log *slog.Logger, cfg Config) *Backend {
 		cfg.ProbeTimeout = 10 * time.Second
 	}
 	return &Backend{
-		log:      log,
-		cfg:      cfg,
-		launcher: l,
-		dialers:  map[string]*agent.SerialDialer{},
-		builds:   map[string]*templateBuild{},
+		Base:    host.NewBase(log, cfg.Launcher),
+		cfg:     cfg,
+		dialers: map[string]*agent.SerialDialer{},
+		builds:  map[string]*templateBuild{},
 	}
 }
 
@@ -365,7 +363,7 @@ func validate(spec *stage1.PodSpec) error {
 // DeadlineExceeded (the guest did not come up; the console log is named).
 // On failure it releases what it took.
 func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
-	log := b.log.With("pod", spec.ID)
+	log := b.Log.With("pod", spec.ID)
 	if err := validate(spec); err != nil {
 		return nil, err
 	}
@@ -387,7 +385,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		vm.TBSizeMiB = b.cfg.TBSizeMiB
 	}
 
-	_, unitLaunch := b.launcher.(host.UnitLauncher)
+	unitLaunch := b.UnitLaunch()
 	// Under a UnitLauncher the pod cgroup is the unit's, recorded once
 	// qemu runs.
 	st := layout(spec, unitLaunch)
@@ -396,17 +394,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
 	st.VM = vm
-	if err := save(); err != nil {
-		return nil, fmt.Errorf("kvm: persist: %w", err)
+	undo, err := host.Starting(ctx, log, Name, save, func(ctx context.Context) error { return b.release(ctx, st) })
+	if err != nil {
+		return nil, err
 	}
-	defer func() {
-		if retErr == nil {
-			return
-		}
-		if err := b.release(context.WithoutCancel(ctx), st); err != nil {
-			log.Warn("kvm: releasing a failed pod", "err", err)
-		}
-	}()
+	defer undo(&retErr)
 	if !unitLaunch {
 		if err := cg.Create(); err != nil {
 			return nil, fmt.Errorf("kvm: %w", err)
@@ -491,7 +483,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		launch.NetNS = spec.NetNSPath
 	}
 	launched := time.Now()
-	qemu, err := b.launcher.Launch(ctx, launch)
+	qemu, err := b.Launcher.Launch(ctx, launch)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: qemu: %w", err)
 	}
@@ -539,16 +531,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 // Info over a new serial session; otherwise the error wraps
 // stage1.ErrPodGone.
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
-	st, err := parseState(stateBytes)
-	if err != nil {
-		return nil, err
-	}
-	pod := b.newPod(spec, st)
-	if err := host.CheckRecovered(ctx, st.qemu(), "qemu", pod.client.Info, recoverTimeout); err != nil {
-		return nil, fmt.Errorf("kvm: pod %s: %w", spec.ID, err)
-	}
-	b.log.Debug("kvm pod recovered", "pod", spec.ID, "qemuPID", st.qemu().PID)
-	return pod, nil
+	return host.Recover(ctx, Name, spec, stateBytes, parseState, "qemu", recoverTimeout,
+		func(st *state) (stage1.Pod, *host.Process, func(context.Context) (*api.Info, error)) {
+			pod := b.newPod(spec, st)
+			return pod, st.qemu(), pod.client.Info
+		})
 }
 
 // DestroyPod implements stage1.Backend: it kills qemu (and an earlier
@@ -559,12 +546,11 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // What the state lacks (a crash before the first persist) is derived from
 // spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := host.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
-	if err != nil {
-		return err
-	}
-	if spec.ID != "" && spec.RunDir != "" {
-		_, unitLaunch := b.launcher.(host.UnitLauncher)
+	return host.Destroy(ctx, b.Log, Name, spec, stateBytes, parseState, func(st *state) {
+		if spec.ID == "" || spec.RunDir == "" {
+			return
+		}
+		unitLaunch := b.UnitLaunch()
 		for _, r := range layout(spec, unitLaunch).Resources {
 			st.Default(r)
 		}
@@ -572,8 +558,7 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		if _, ok := st.Get(roleVirtiofsd); ok {
 			st.Default(host.Resource{Kind: host.KindUnit, Role: roleVirtiofsdUnit, Name: fsLaunchName(spec.ID)})
 		}
-	}
-	return b.release(ctx, st)
+	}, b.release)
 }
 
 // launchName and fsLaunchName name a pod's qemu and (pods of earlier
@@ -588,7 +573,7 @@ func (b *Backend) release(ctx context.Context, st *state) error {
 	if st.dir() != "" {
 		b.dropDialer(st.ctlSocket())
 	}
-	rel := host.Releaser{Launcher: b.launcher, Grace: ExitGrace, Custom: map[host.Kind]func(context.Context, host.Resource) error{
+	rel := host.Releaser{Launcher: b.Launcher, Grace: ExitGrace, Custom: map[host.Kind]func(context.Context, host.Resource) error{
 		kindTap: func(_ context.Context, r host.Resource) error { return teardownTap(r.NetNS, r.Name) },
 	}}
 	if err := st.Release(ctx, rel); err != nil {
@@ -604,7 +589,7 @@ func (b *Backend) dialer(path string) *agent.SerialDialer {
 	defer b.mu.Unlock()
 	d, ok := b.dialers[path]
 	if !ok {
-		d = agent.NewSerialDialer(path, b.log)
+		d = agent.NewSerialDialer(path, b.Log)
 		b.dialers[path] = d
 	}
 	return d

@@ -35,7 +35,7 @@ var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	return &Pod{client: agent.NewClient(d.Dial), dial: d.Dial, id: spec.ID, st: st, log: b.log.With("pod", spec.ID), b: b}
+	return &Pod{client: agent.NewClient(d.Dial), dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b}
 }
 
 // Agent implements stage1.Pod: streams over the VM's serial session, and

@@ -185,9 +185,9 @@ func (b *Backend) removeStaleTemplates(assets string) {
 			continue
 		}
 		if err := host.RemoveUnmounted(dir); err != nil {
-			b.log.Warn("kvm: removing a stale VM template", "dir", dir, "err", err)
+			b.Log.Warn("kvm: removing a stale VM template", "dir", dir, "err", err)
 		} else {
-			b.log.Info("kvm: removed a stale VM template", "dir", dir)
+			b.Log.Info("kvm: removed a stale VM template", "dir", dir)
 		}
 	}
 }
@@ -213,7 +213,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	defer func() {
 		if retErr != nil {
 			if err := host.RemoveUnmounted(tmp); err != nil {
-				b.log.Warn("kvm: removing a failed template build", "dir", tmp, "err", err)
+				b.Log.Warn("kvm: removing a failed template build", "dir", tmp, "err", err)
 			}
 		}
 	}()
@@ -316,7 +316,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 			return nil, fmt.Errorf("kvm: template: %w", err)
 		}
 	}
-	b.log.Info("kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
+	b.Log.Info("kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
 		"total", time.Since(start).Round(time.Millisecond), "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs)
 	return &template{dir: dir, info: info}, nil
 }
@@ -327,10 +327,10 @@ func (b *Backend) discardTemplate(tpl *template, cause error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := host.RemoveUnmounted(tpl.dir); err != nil {
-		b.log.Warn("kvm: removing a VM template no VM could be restored from", "dir", tpl.dir, "err", err)
+		b.Log.Warn("kvm: removing a VM template no VM could be restored from", "dir", tpl.dir, "err", err)
 		return
 	}
-	b.log.Warn("kvm: removed a VM template no VM could be restored from; the next pod builds it again", "dir", tpl.dir, "cause", cause)
+	b.Log.Warn("kvm: removed a VM template no VM could be restored from; the next pod builds it again", "dir", tpl.dir, "cause", cause)
 }
 
 // waitConsole waits until the console log at path holds want, while alive.

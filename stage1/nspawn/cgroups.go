@@ -108,7 +108,7 @@ func systemdParent() (*cgroups.Cgroup, error) {
 // which the broker's search of the pod cgroups does not reach. It returns
 // the pods whose cgroups it removed.
 func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
-	if _, unit := b.launcher.(host.UnitLauncher); unit {
+	if _, unit := b.Launcher.(host.UnitLauncher); unit {
 		return nil, nil // nspawn's cgroup is its unit's, which systemd collects
 	}
 	parent, err := systemdParent()

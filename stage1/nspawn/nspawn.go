@@ -51,6 +51,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -117,8 +118,7 @@ var (
 // Backend is the nspawn stage1. It is stateless: everything about a pod is
 // in the state it persists, so one Backend serves every pod concurrently.
 type Backend struct {
-	log      *slog.Logger
-	launcher host.Launcher
+	host.Base
 }
 
 var _ stage1.Backend = (*Backend)(nil)
@@ -133,8 +133,7 @@ func New(log *slog.Logger) *Backend {
 // NewWithLauncher returns the nspawn backend starting systemd-nspawn with
 // l; nil means the plain launcher (the cgroupfs driver).
 func NewWithLauncher(log *slog.Logger, l host.Launcher) *Backend {
-	log, l = host.BackendDefaults(log, l)
-	return &Backend{log: log, launcher: l}
+	return &Backend{Base: host.NewBase(log, l)}
 }
 
 // launchName names a pod's systemd-nspawn to the launcher (and its systemd
@@ -376,7 +375,7 @@ func makeTree(st *state) error {
 // named after the pod, so DestroyPod finds it after any crash). On failure
 // it releases what it took.
 func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist stage1.Persist) (_ stage1.Pod, retErr error) {
-	log := b.log.With("pod", spec.ID)
+	log := b.Log.With("pod", spec.ID)
 	if err := validate(spec); err != nil {
 		return nil, err
 	}
@@ -388,7 +387,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: pod cgroup: %w", err)
 	}
-	_, unitLaunch := b.launcher.(host.UnitLauncher)
+	unitLaunch := b.UnitLaunch()
 	st := layout(spec)
 	save := func() error { return persist(st.marshal()) }
 	st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
@@ -397,17 +396,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		// The unit's cgroup is nspawn's.
 		st.Resources = slices.DeleteFunc(st.Resources, func(r host.Resource) bool { return r.Role == roleSystemdCgroup })
 	}
-	if err := save(); err != nil {
-		return nil, fmt.Errorf("nspawn: persist: %w", err)
+	undo, err := host.Starting(ctx, log, Name, save, func(ctx context.Context) error { return b.release(ctx, st) })
+	if err != nil {
+		return nil, err
 	}
-	defer func() {
-		if retErr == nil {
-			return
-		}
-		if err := b.release(context.WithoutCancel(ctx), st); err != nil {
-			log.Warn("nspawn: releasing a failed pod", "err", err)
-		}
-	}()
+	defer undo(&retErr)
 	if !unitLaunch {
 		if err := cg.Create(); err != nil {
 			return nil, fmt.Errorf("nspawn: %w", err)
@@ -446,7 +439,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if scg := st.systemdCgroup(); scg != nil {
 		launch = joinFirst(launch, scg)
 	}
-	proc, err := b.launcher.Launch(ctx, launch)
+	proc, err := b.Launcher.Launch(ctx, launch)
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
@@ -551,15 +544,11 @@ func waitReady(ctx context.Context, p *Pod) error {
 // answers Info; otherwise the error wraps stage1.ErrPodGone (a container
 // whose nspawn died is gone even if its init lingers: DestroyPod reaps it).
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
-	st, err := parseState(stateBytes)
-	if err != nil {
-		return nil, err
-	}
-	pod := b.newPod(spec, st)
-	if err := host.CheckRecovered(ctx, st.nspawn(), "systemd-nspawn", pod.client.Info, host.ProbeTimeout); err != nil {
-		return nil, fmt.Errorf("nspawn: pod %s: %w", spec.ID, err)
-	}
-	return pod, nil
+	return host.Recover(ctx, Name, spec, stateBytes, parseState, "systemd-nspawn", host.ProbeTimeout,
+		func(st *state) (stage1.Pod, *host.Process, func(context.Context) (*api.Info, error)) {
+			pod := b.newPod(spec, st)
+			return pod, st.nspawn(), pod.client.Info
+		})
 }
 
 // DestroyPod implements stage1.Backend: it kills the container's init and
@@ -571,27 +560,24 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 // Idempotent. What the state lacks (a crash before the first persist) is
 // derived from spec.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
-	st, err := host.StateForRelease(b.log, Name, spec.ID, stateBytes, parseState)
-	if err != nil {
-		return err
-	}
-	if spec.ID != "" && spec.RunDir != "" {
-		def := layout(spec)
-		if st.Machine == "" {
-			st.Machine = def.Machine
+	return host.Destroy(ctx, b.Log, Name, spec, stateBytes, parseState, func(st *state) {
+		if spec.ID != "" && spec.RunDir != "" {
+			def := layout(spec)
+			if st.Machine == "" {
+				st.Machine = def.Machine
+			}
+			for _, r := range def.Resources {
+				st.Default(r)
+			}
+			st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
 		}
-		for _, r := range def.Resources {
-			st.Default(r)
-		}
-		st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
-	}
-	st.leftovers()
-	return b.release(ctx, st)
+		st.leftovers()
+	}, b.release)
 }
 
 // release releases everything st's ledger names (host.Ledger.Release).
 func (b *Backend) release(ctx context.Context, st *state) error {
-	if err := st.Release(ctx, host.Releaser{Launcher: b.launcher, Grace: ExitGrace}); err != nil {
+	if err := st.Release(ctx, host.Releaser{Launcher: b.Launcher, Grace: ExitGrace}); err != nil {
 		return fmt.Errorf("nspawn: %w", err)
 	}
 	return nil
@@ -611,7 +597,7 @@ type Pod struct {
 var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
-	p := &Pod{client: agent.NewClient(agent.UnixDialer(st.socket())), id: spec.ID, st: st, log: b.log.With("pod", spec.ID)}
+	p := &Pod{client: agent.NewClient(agent.UnixDialer(st.socket())), id: spec.ID, st: st, log: b.Log.With("pod", spec.ID)}
 	p.dir = st.shared()
 	p.dir.UnbindSourcesOnStart = true
 	p.dir.BindShared = p.bindShared
