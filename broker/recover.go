@@ -312,7 +312,7 @@ func (b *Broker) collectCgroups(keep func(id string) bool) int {
 // beyond the pod cgroups (stage1.Collector) to release those of pods no
 // record names, and returns for how many pods they did.
 func (b *Broker) collectBackends(ctx context.Context, keep func(id string) bool) int {
-	n := 0
+	pods := map[string]bool{}
 	for name, be := range b.opts.Backends {
 		c, ok := be.(stage1.Collector)
 		if !ok {
@@ -321,13 +321,13 @@ func (b *Broker) collectBackends(ctx context.Context, keep func(id string) bool)
 		ids, err := c.Collect(ctx, keep)
 		for _, id := range ids {
 			b.log.Warn("released host resources no record names", "stage1", name, "pod", id)
+			pods[id] = true
 		}
 		if err != nil {
 			b.log.Error("releasing host resources no record names: what failed is left", "stage1", name, "err", err)
 		}
-		n += len(ids)
 	}
-	return n
+	return len(pods)
 }
 
 // collectOrphans removes container filesystems and pod run directories

@@ -113,6 +113,11 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return err
 	}
+	if sl, ok := launcher.(*host.SystemdLauncher); ok {
+		// Its units are this daemon's: after a restart it collects only
+		// those of its pods that lost their record.
+		sl.Owner = state
+	}
 	backends := builtinBackends(log, cfg, launcher, false, run)
 	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
 	if err != nil {

@@ -84,6 +84,13 @@ func NewWithLauncher(log *slog.Logger, l host.Launcher) *Backend {
 	return &Backend{Base: host.NewBase(log, l)}
 }
 
+// Collect implements stage1.Collector: under the systemd driver, the
+// units of pods no record names (host.CollectUnits); their pod cgroups
+// are the broker's to collect otherwise.
+func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
+	return host.CollectUnits(ctx, b.Launcher, keep)
+}
+
 // Name implements stage1.Backend.
 func (b *Backend) Name() string { return Name }
 

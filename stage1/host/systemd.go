@@ -36,6 +36,9 @@ type UnitLauncher interface {
 	// it. Idempotent: a unit that is gone is not an error. Errors are the
 	// manager's (Unavailable when it cannot be reached).
 	Release(ctx context.Context, name string) error
+	// Units lists the names (LaunchSpec.Name) of the units the manager
+	// has loaded whose name begins with prefix.
+	Units(ctx context.Context, prefix string) ([]string, error)
 }
 
 // ReleaseLaunched releases what l keeps of the process launched under name
@@ -80,6 +83,11 @@ type SystemdLauncher struct {
 	// namespace; nil means they share it (systemd is the host's PID 1). A
 	// manager in a container (tests) needs one.
 	HostPID func(pid int) (int, error)
+	// Owner names the daemon whose pods these units are (its state
+	// directory) in their descriptions, so that Units lists its own only
+	// where several daemons share one systemd. Set before the first
+	// Launch.
+	Owner string
 
 	mu   sync.Mutex
 	conn *sddbus.Conn
@@ -208,7 +216,7 @@ func (l *SystemdLauncher) properties(spec LaunchSpec) []sddbus.Property {
 		slice = l.slice()
 	}
 	props := []sddbus.Property{
-		sddbus.PropDescription("stagelet pod process " + spec.Name),
+		sddbus.PropDescription(l.description(spec.Name)),
 		sddbus.PropType("exec"),
 		sddbus.PropExecStart(append([]string{spec.Path}, spec.Args...), false),
 		sddbus.PropSlice(slice),
@@ -451,6 +459,35 @@ func (l *SystemdLauncher) Release(ctx context.Context, name string) error {
 		return fmt.Errorf("release %s: reset: %w", unit, classify(err))
 	}
 	return nil
+}
+
+// description is the Description of the unit launched under name.
+func (l *SystemdLauncher) description(name string) string {
+	d := "stagelet pod process " + name
+	if l.Owner != "" {
+		d += " of " + l.Owner
+	}
+	return d
+}
+
+// Units implements UnitLauncher: the units this launcher's owner
+// launched (their description says so).
+func (l *SystemdLauncher) Units(ctx context.Context, prefix string) ([]string, error) {
+	c, err := l.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list units: %w", err)
+	}
+	us, err := c.ListUnitsByPatternsContext(ctx, nil, []string{prefix + "*.service"})
+	if err != nil {
+		return nil, fmt.Errorf("list units: %w", classify(err))
+	}
+	var out []string
+	for _, u := range us {
+		if name, ok := strings.CutSuffix(u.Name, ".service"); ok && strings.HasPrefix(name, prefix) && u.Description == l.description(name) {
+			out = append(out, name)
+		}
+	}
+	return out, nil
 }
 
 // busErrorName is the D-Bus error name of err, or "".

@@ -272,3 +272,55 @@ func TestSystemdLauncherStopAndFailures(t *testing.T) {
 		t.Errorf("extra files: %v, want InvalidArgument", err)
 	}
 }
+
+// TestSystemdCollectUnits: under the systemd driver, the units of a pod
+// no record names (its own, and one of its other processes) are released;
+// a recorded pod's unit, a unit not named after a pod and another daemon's
+// pod's unit stay.
+func TestSystemdCollectUnits(t *testing.T) {
+	bed := stage1test.BootSystemd(t)
+	ctx := context.Background()
+	c, err := bed.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := bed.Launcher(testLog(t))
+	defer l.Close()
+	l.Owner = "/var/lib/stagelet-a"
+	other := bed.Launcher(testLog(t)) // another daemon's, on the same systemd
+	defer other.Close()
+	other.Owner = "/var/lib/stagelet-b"
+	lost, kept, others := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64)
+	names := []string{host.LaunchName(lost), host.LaunchName(lost) + "-virtiofsd", host.LaunchName(kept), "stagelet-test-other", host.LaunchName(others)}
+	procs := map[string]*host.Process{}
+	for _, n := range names {
+		by := l
+		if n == host.LaunchName(others) {
+			by = other
+		}
+		p, err := by.Launch(ctx, host.LaunchSpec{Name: n, Path: "/bin/sleep", Args: []string{"1000"}, LogPath: filepath.Join(bed.Shared, n+".log")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs[n] = p
+		defer l.Release(ctx, n)
+	}
+	got, err := host.CollectUnits(ctx, l, func(id string) bool { return id == kept })
+	if err != nil || fmt.Sprint(got) != fmt.Sprint([]string{lost}) {
+		t.Fatalf("CollectUnits = %v, %v; want [%s]", got, err, lost)
+	}
+	for _, n := range names[:2] {
+		waitExit(t, procs[n])
+		waitGone(t, c, host.UnitName(n))
+	}
+	for _, n := range names[2:] {
+		if p := unitProps(t, c, host.UnitName(n)); p["ActiveState"] != "active" {
+			t.Errorf("%s: %v, want it left running", n, p["ActiveState"])
+		}
+	}
+	// Without a unit launcher there is nothing to collect.
+	if got, err := host.CollectUnits(ctx, &host.PlainLauncher{}, func(string) bool { return false }); err != nil || got != nil {
+		t.Errorf("plain launcher: %v, %v", got, err)
+	}
+}

@@ -101,15 +101,16 @@ func systemdParent() (*cgroups.Cgroup, error) {
 	return cg, nil
 }
 
-// Collect implements stage1.Collector: on a v1 or hybrid host under the
-// plain launcher, it removes the pod cgroups in systemd-nspawn's own
-// hierarchies (systemdCgroup) whose pod no record names (keep says which
-// have one), killing what still runs in them: what a lost record leaves,
-// which the broker's search of the pod cgroups does not reach. It returns
-// the pods whose cgroups it removed.
+// Collect implements stage1.Collector for what a lost record leaves,
+// which the broker's search of the pod cgroups does not reach: under the
+// systemd driver, the pods' units (host.CollectUnits); on a v1 or hybrid
+// host under the plain launcher, the pod cgroups in systemd-nspawn's own
+// hierarchies (systemdCgroup), with what still runs in them. keep says
+// which pods have a record. It returns the pods whose resources it
+// released.
 func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
-	if _, unit := b.Launcher.(host.UnitLauncher); unit {
-		return nil, nil // nspawn's cgroup is its unit's, which systemd collects
+	if b.UnitLaunch() {
+		return host.CollectUnits(ctx, b.Launcher, keep) // nspawn's cgroup is its unit's
 	}
 	parent, err := systemdParent()
 	if err != nil {
