@@ -24,6 +24,9 @@ type Pod struct {
 	HostNetwork bool
 	HostPID     bool
 	HostIPC     bool
+	// UserNS: the pod runs in a user namespace of its own (hostUsers:
+	// false).
+	UserNS bool
 }
 
 // Decision is the stage1 a pod gets, and why.
@@ -439,7 +442,7 @@ func (m *Match) matches(pod Pod) bool {
 	}
 	flag := func(want *bool, got bool) bool { return want == nil || *want == got }
 	return flag(m.Privileged, pod.Privileged) && flag(m.HostNetwork, pod.HostNetwork) &&
-		flag(m.HostPID, pod.HostPID) && flag(m.HostIPC, pod.HostIPC)
+		flag(m.HostPID, pod.HostPID) && flag(m.HostIPC, pod.HostIPC) && flag(m.UserNamespace, pod.UserNS)
 }
 
 // describe summarizes a match for reasons: "namespaces [ci], host_network".
@@ -460,7 +463,7 @@ func (m *Match) describe() string {
 	for _, f := range []struct {
 		name string
 		v    *bool
-	}{{"privileged", m.Privileged}, {"host_network", m.HostNetwork}, {"host_pid", m.HostPID}, {"host_ipc", m.HostIPC}} {
+	}{{"privileged", m.Privileged}, {"host_network", m.HostNetwork}, {"host_pid", m.HostPID}, {"host_ipc", m.HostIPC}, {"user_namespace", m.UserNamespace}} {
 		if f.v != nil {
 			parts = append(parts, fmt.Sprintf("%s=%t", f.name, *f.v))
 		}
@@ -510,6 +513,8 @@ func podFlag(key string) string {
 		return "hostPID"
 	case "host_ipc":
 		return "hostIPC"
+	case "user_namespace":
+		return "hostUsers: false"
 	}
 	return key
 }

@@ -15,7 +15,7 @@ import (
 var stage1Caps = map[string]caps.Capabilities{
 	"fly": {Isolation: caps.IsolationHost, HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
 	"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true,
-		Privileged: "pod"},
+		Privileged: "pod", UserNamespaces: true},
 	"kvm": {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
 }
 
@@ -462,7 +462,7 @@ func TestDecideDoesNotModify(t *testing.T) {
 func TestDefaultPolicyHostNamespaces(t *testing.T) {
 	real := map[string]caps.Capabilities{
 		"fly":    {Isolation: caps.IsolationHost, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
-		"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod"},
+		"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod", UserNamespaces: true},
 		"kvm":    {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
 	}
 	p := Default()
@@ -479,6 +479,15 @@ func TestDefaultPolicyHostNamespaces(t *testing.T) {
 		{name: "hostNetwork stays on nspawn", pod: Pod{Namespace: "default", HostNetwork: true}, stage1: "nspawn"},
 		{name: "privileged hostPID", pod: Pod{Namespace: "default", HostPID: true, Privileged: true}, stage1: "fly"},
 		{name: "ordinary pod", pod: Pod{Namespace: "default"}, stage1: "nspawn"},
+		// hostUsers: false: a rule's fly gives way to nspawn; asking for
+		// a stage1 without user namespaces is refused.
+		{name: "userns pod a rule puts on fly", pod: Pod{Namespace: "kube-system", HostNetwork: true, UserNS: true}, stage1: "nspawn", rule: "system-host-network",
+			reasons: []string{`stage1 "fly" declares no user namespace of its own, which the pod needs; conflicts.`}},
+		{name: "userns pod", pod: Pod{Namespace: "default", UserNS: true}, stage1: "nspawn"},
+		{name: "userns with the fly handler", pod: Pod{Namespace: "kube-system", Handler: "fly", UserNS: true},
+			class: errdefs.ErrInvalidArgument, msg: []string{`runtime handler "fly" asks for stage1 "fly", which declares no user namespace of its own`}},
+		{name: "userns with the kvm handler", pod: Pod{Namespace: "default", Handler: "kvm", UserNS: true},
+			class: errdefs.ErrInvalidArgument, msg: []string{"declares no user namespace of its own"}},
 		// Asking for a stage1 that cannot share the namespace refuses,
 		// never moves the pod elsewhere.
 		{name: "hostPID with the kvm handler", pod: Pod{Namespace: "default", Handler: "kvm", HostPID: true},

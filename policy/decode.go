@@ -401,6 +401,7 @@ func (d *decoder) match(n *yaml.Node, path string) Match {
 		"host_network":   func(v *yaml.Node, path string) { m.HostNetwork = d.boolPtr(v, path) },
 		"host_pid":       func(v *yaml.Node, path string) { m.HostPID = d.boolPtr(v, path) },
 		"host_ipc":       func(v *yaml.Node, path string) { m.HostIPC = d.boolPtr(v, path) },
+		"user_namespace": func(v *yaml.Node, path string) { m.UserNamespace = d.boolPtr(v, path) },
 	})
 	return m
 }
@@ -441,9 +442,10 @@ func (d *decoder) conflicts(n *yaml.Node, path string) Conflicts {
 		return &r
 	}
 	d.fields(n, path, map[string]func(*yaml.Node, string){
-		"host_network": func(v *yaml.Node, path string) { c.HostNetwork = one(v, path) },
-		"host_pid":     func(v *yaml.Node, path string) { c.HostPID = one(v, path) },
-		"host_ipc":     func(v *yaml.Node, path string) { c.HostIPC = one(v, path) },
+		"host_network":   func(v *yaml.Node, path string) { c.HostNetwork = one(v, path) },
+		"host_pid":       func(v *yaml.Node, path string) { c.HostPID = one(v, path) },
+		"host_ipc":       func(v *yaml.Node, path string) { c.HostIPC = one(v, path) },
+		"user_namespace": func(v *yaml.Node, path string) { c.UserNamespace = one(v, path) },
 	})
 	return c
 }

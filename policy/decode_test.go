@@ -25,7 +25,7 @@ func TestParseProblems(t *testing.T) {
 		{"unknown top-level key", head + "rulez: []\n",
 			[]string{`t.yaml:3:1: policy: unknown key "rulez" (known keys: annotations, conflicts, default_stage1, handlers, rules, version)`}},
 		{"unknown nested key", head + "rules:\n  - name: a\n    match:\n      namespace: [ci]\n    stage1: kvm\n",
-			[]string{`t.yaml:6:7: rules[0].match: unknown key "namespace" (known keys: annotations, host_ipc, host_network, host_pid, labels, namespaces, not_namespaces, privileged)`}},
+			[]string{`t.yaml:6:7: rules[0].match: unknown key "namespace" (known keys: annotations, host_ipc, host_network, host_pid, labels, namespaces, not_namespaces, privileged, user_namespace)`}},
 		{"unknown handler key", head + "handlers:\n  kvm: {stage1: kvm, memory: 1G}\n",
 			[]string{`t.yaml:4:22: handlers.kvm: unknown key "memory" (known keys: namespaces, not_namespaces, options, stage1)`}},
 		{"unknown conflict key", head + "conflicts:\n  host_network: {fallback: fly, fallbak: x}\n",

@@ -86,12 +86,14 @@ type Match struct {
 	// Pod authors set both; see the package documentation.
 	Labels      map[string]string `yaml:"labels"`
 	Annotations map[string]string `yaml:"annotations"`
-	// Privileged, HostNetwork, HostPID, HostIPC: when set, the pod's flag
-	// equals this value.
-	Privileged  *bool `yaml:"privileged"`
-	HostNetwork *bool `yaml:"host_network"`
-	HostPID     *bool `yaml:"host_pid"`
-	HostIPC     *bool `yaml:"host_ipc"`
+	// Privileged, HostNetwork, HostPID, HostIPC, UserNamespace: when set,
+	// the pod's flag equals this value (UserNamespace: the pod runs in a
+	// user namespace of its own, hostUsers: false).
+	Privileged    *bool `yaml:"privileged"`
+	HostNetwork   *bool `yaml:"host_network"`
+	HostPID       *bool `yaml:"host_pid"`
+	HostIPC       *bool `yaml:"host_ipc"`
+	UserNamespace *bool `yaml:"user_namespace"`
 }
 
 // Annotations says which stage1s pods may request by annotation.
@@ -112,6 +114,9 @@ type Conflicts struct {
 	HostNetwork *Conflict `yaml:"host_network"`
 	HostPID     *Conflict `yaml:"host_pid"`
 	HostIPC     *Conflict `yaml:"host_ipc"`
+	// UserNamespace: a pod in a user namespace of its own (hostUsers:
+	// false) on a stage1 that cannot give it one.
+	UserNamespace *Conflict `yaml:"user_namespace"`
 }
 
 // Conflict is one route: a Fallback stage1, or a refusal with the

@@ -220,6 +220,9 @@ var needs = []struct {
 	{"host_ipc", "host IPC namespace", func(p Pod) bool { return p.HostIPC },
 		func(c caps.Capabilities) bool { return c.HostIPC },
 		func(m Match) *bool { return m.HostIPC }, func(c *Conflicts) *Conflict { return c.HostIPC }},
+	{"user_namespace", "user namespace of its own", func(p Pod) bool { return p.UserNS },
+		func(c caps.Capabilities) bool { return c.UserNamespaces },
+		func(m Match) *bool { return m.UserNamespace }, func(c *Conflicts) *Conflict { return c.UserNamespace }},
 }
 
 func (m *Match) catchAll() bool {
@@ -230,7 +233,7 @@ func (m *Match) catchAll() bool {
 		}
 	}
 	return allNS && len(m.NotNamespaces) == 0 && len(m.Labels) == 0 && len(m.Annotations) == 0 &&
-		m.Privileged == nil && m.HostNetwork == nil && m.HostPID == nil && m.HostIPC == nil
+		m.Privileged == nil && m.HostNetwork == nil && m.HostPID == nil && m.HostIPC == nil && m.UserNamespace == nil
 }
 
 func (c *checker) rules() {

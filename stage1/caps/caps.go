@@ -29,4 +29,8 @@ type Capabilities struct {
 	// devices and capabilities), "pod" (all capabilities inside the pod's
 	// namespaces), "guest" (privileged inside a VM only).
 	Privileged string `json:"privileged"`
+	// UserNamespaces: the backend can run a pod in a user namespace of
+	// its own (the kubelet's hostUsers: false), with the ID mapping it is
+	// given.
+	UserNamespaces bool `json:"userNamespaces"`
 }
