@@ -450,8 +450,26 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 	if app.Privileged {
 		sysFlags = nsx
 	}
+	bound := false
 	if err := mountIn(rootfs, "/sys", true, func(t string) error {
-		return unix.Mount("sysfs", t, "sysfs", sysFlags, "")
+		err := unix.Mount("sysfs", t, "sysfs", sysFlags, "")
+		if !errors.Is(err, unix.EPERM) {
+			return err
+		}
+		// In a user namespace that does not own the pod's network
+		// namespace (the pod's root is not the host's, its network was
+		// made by the host) no sysfs can be mounted: the agent's own is
+		// bound instead, read-only unless privileged.
+		bound = true
+		if err := unix.Mount("/sys", t, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind /sys: %w", err)
+		}
+		return nil
+	}, func(t string) error {
+		if bound && sysFlags&unix.MS_RDONLY != 0 {
+			return remountReadonly(t, true)
+		}
+		return nil
 	}); err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ type Images interface {
 	Remove(ref string) error
 	Usage() (bytes, inodes uint64, err error)
 	Root() string
-	MountRootfs(imageID, dir string) (string, error)
+	MountRootfs(imageID, dir string, userns *image.UserNS) (string, error)
 	UnmountRootfs(dir string) error
 }
 
@@ -208,6 +208,19 @@ func (b *Broker) Handlers() []string {
 		}
 	}
 	return out
+}
+
+// HandlerCapabilities are the capabilities of the stage1 a runtime
+// handler names; for "" (no handler), the policy's default stage1's. ok
+// is false for a handler that names no stage1 of this daemon.
+func (b *Broker) HandlerCapabilities(h string) (stage1.Capabilities, bool) {
+	p := b.policy.Load()
+	name := p.DefaultStage1
+	if h != "" {
+		name = p.RuntimeHandlers[h].Stage1
+	}
+	c, ok := b.caps[name]
+	return c, ok
 }
 
 // BackendInfo gathers what backends say about how they run on this node

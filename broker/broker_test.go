@@ -1171,3 +1171,41 @@ func TestInterruptedRecordWriteCleared(t *testing.T) {
 		t.Errorf("%d records in quarantine, want 0", n)
 	}
 }
+
+// TestUserNamespace: a pod in a user namespace of its own reaches a
+// stage1 that offers them with its mapping, its containers share it (one
+// asking for another is refused), and a stage1 without them refuses it.
+func TestUserNamespace(t *testing.T) {
+	e := newEnv(t)
+	e.be.Caps.UserNamespaces = true
+	b := e.broker(t)
+	ctx := context.Background()
+	m := &stage1.IDMapping{HostID: 1 << 20, Size: 65536}
+	c := podCfg("userns")
+	c.UserNS = m
+	id, err := b.RunPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.be.Spec(id).UserNS; got == nil || *got != *m {
+		t.Errorf("the stage1 got user namespace %+v, want %+v", got, m)
+	}
+	ctr := ctrCfg("c")
+	ctr.Security.UserNS = &stage1.IDMapping{HostID: m.HostID, Size: m.Size}
+	if _, err := b.CreateContainer(ctx, id, ctr); err != nil {
+		t.Errorf("a container sharing its pod's user namespace: %v", err)
+	}
+	for name, ns := range map[string]*stage1.IDMapping{"the host's": nil, "another": {HostID: 2 << 20, Size: 65536}} {
+		ctr := ctrCfg("other-" + strings.Fields(name)[0])
+		ctr.Security.UserNS = ns
+		_, err := b.CreateContainer(ctx, id, ctr)
+		wantClass(t, err, errdefs.ErrInvalidArgument)
+	}
+	vm := podCfg("userns-vm")
+	vm.RuntimeHandler, vm.UserNS = "vm", m
+	_, err = b.RunPod(ctx, vm)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	if caps, ok := b.HandlerCapabilities("vm"); !ok || caps.UserNamespaces {
+		t.Errorf("vm handler capabilities: %+v, %v", caps, ok)
+	}
+}

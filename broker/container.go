@@ -14,6 +14,7 @@ import (
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/agentconn"
+	"github.com/stagelet/stagelet/stage1/host"
 )
 
 // agentTimeout bounds agent calls that have no timeout of their own.
@@ -102,6 +103,12 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 	}
 	if err := b.checkCpuset(p, &cfg.Resources, "config.linux.resources"); err != nil {
 		return "", err
+	}
+	b.mu.Lock()
+	podNS := p.rec.Config.UserNS
+	b.mu.Unlock()
+	if !sameUserNS(cfg.Security.UserNS, podNS) {
+		return "", errdefs.InvalidArgument("config.linux.security_context.namespace_options.userns_options: the container asks for %s, and its pod runs in %s: a container shares its pod's user namespace", describeUserNS(cfg.Security.UserNS), describeUserNS(podNS))
 	}
 	key := ctrNameKey(podID, cfg.Metadata)
 	hash := hashOf(cfg)
@@ -196,6 +203,17 @@ func (b *Broker) checkPrivileged(p *pod, cfg *ContainerConfig) error {
 	return nil
 }
 
+func sameUserNS(a, b *stage1.IDMapping) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
+}
+
+func describeUserNS(m *stage1.IDMapping) string {
+	if m == nil {
+		return "the host's user namespace"
+	}
+	return fmt.Sprintf("a user namespace mapping %d IDs from host ID %d", m.Size, m.HostID)
+}
+
 // checkCpuset refuses a cpuset for a container of a pod in a VM: a
 // cpuset names host CPUs and memory nodes, which its guest does not see.
 func (b *Broker) checkCpuset(p *pod, r *Resources, field string) error {
@@ -239,7 +257,20 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		}
 		b.rec.deleteContainer(rec.ID)
 	}()
-	rootfs, err := b.opts.Images.MountRootfs(img.ID, rec.Dir)
+	var userns *image.UserNS
+	b.mu.Lock()
+	podNS := p.rec.Config.UserNS
+	b.mu.Unlock()
+	if podNS != nil {
+		// The pod's root owns the image's files as the host's root does.
+		f, err := host.UserNSFile(*podNS)
+		if err != nil {
+			return fmt.Errorf("container rootfs: %w", err)
+		}
+		defer f.Close()
+		userns = &image.UserNS{File: f, UID: int(podNS.HostID), GID: int(podNS.HostID)}
+	}
+	rootfs, err := b.opts.Images.MountRootfs(img.ID, rec.Dir, userns)
 	if err != nil {
 		return fmt.Errorf("container rootfs: %w", err)
 	}

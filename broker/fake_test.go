@@ -38,7 +38,7 @@ func (f *fakeImages) List() []*image.Image           { return []*image.Image{fak
 func (f *fakeImages) Remove(ref string) error        { return nil }
 func (f *fakeImages) Usage() (uint64, uint64, error) { return 1, 1, nil }
 func (f *fakeImages) Root() string                   { return "/fake" }
-func (f *fakeImages) MountRootfs(id, dir string) (string, error) {
+func (f *fakeImages) MountRootfs(id, dir string, userns *image.UserNS) (string, error) {
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
 		return "", err

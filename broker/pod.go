@@ -79,6 +79,7 @@ func policyPod(c *PodConfig) policy.Pod {
 		HostNetwork: c.HostNetwork,
 		HostPID:     c.HostPID,
 		HostIPC:     c.HostIPC,
+		UserNS:      c.UserNS != nil,
 	}
 }
 
@@ -211,6 +212,7 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		HostIPC:      c.HostIPC,
 		Options:      rec.Options,
 		Resources:    podResources(c.Resources),
+		UserNS:       c.UserNS,
 		AgentBinary:  b.opts.AgentBinary,
 		FailedLogDir: b.failedLogDir(),
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // PodMetadata identifies a pod for the kubelet.
@@ -48,6 +49,9 @@ type PodConfig struct {
 	// resources), nil when the kubelet gives none.
 	Resources      *Resources `json:"resources,omitempty"`
 	RuntimeHandler string     `json:"runtimeHandler,omitempty"`
+	// UserNS puts the pod in a user namespace of its own with this
+	// mapping (hostUsers: false); nil: the host's.
+	UserNS *stage1.IDMapping `json:"userNS,omitempty"`
 }
 
 // KeyValue is one environment variable, order kept.
@@ -121,9 +125,12 @@ type Security struct {
 	PIDMode string `json:"pidMode,omitempty"`
 	// PIDTarget is the container whose PID namespace PIDMode "target"
 	// joins (kubectl debug --target).
-	PIDTarget        string   `json:"pidTarget,omitempty"`
-	AddCapabilities  []string `json:"addCapabilities,omitempty"`
-	DropCapabilities []string `json:"dropCapabilities,omitempty"`
+	PIDTarget string `json:"pidTarget,omitempty"`
+	// UserNS is the user namespace mapping the container asks for: its
+	// pod's (nil: the host's, as the pod's must then be).
+	UserNS           *stage1.IDMapping `json:"userNS,omitempty"`
+	AddCapabilities  []string          `json:"addCapabilities,omitempty"`
+	DropCapabilities []string          `json:"dropCapabilities,omitempty"`
 	// Seccomp and AppArmor are the profiles asked for; SELinux the parts
 	// of the SELinux context (nil: none given).
 	Seccomp  SecurityProfile `json:"seccomp,omitzero"`

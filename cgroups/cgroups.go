@@ -908,3 +908,26 @@ func (c *Cgroup) OOMKills() (uint64, error) {
 	}
 	return kv["oom_kill"], nil
 }
+
+// delegateFiles are the files of a cgroup its owner needs to manage the
+// cgroups beneath it (cgroup v2's delegation, and v1's equivalents).
+var delegateFiles = []string{"cgroup.procs", "tasks", "cgroup.subtree_control", "cgroup.threads", "cgroup.clone_children"}
+
+// Chown delegates c to uid and gid: its directory in every hierarchy and
+// the files that create and fill cgroups beneath it, so that a process
+// of theirs (a pod's root in a user namespace) makes and limits its own
+// children. Its own limits stay root's. Files a hierarchy lacks are
+// skipped.
+func (c *Cgroup) Chown(uid, gid int) error {
+	for _, d := range c.dirs() {
+		if err := os.Chown(d, uid, gid); err != nil {
+			return fmt.Errorf("cgroups: delegate %s: %w", d, err)
+		}
+		for _, f := range delegateFiles {
+			if err := os.Chown(filepath.Join(d, f), uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("cgroups: delegate %s: %w", d, err)
+			}
+		}
+	}
+	return nil
+}

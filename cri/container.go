@@ -95,7 +95,7 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 			sec.ReadonlyRootfs = sc.GetReadonlyRootfs()
 			sec.NoNewPrivs = sc.GetNoNewPrivs()
 			if ns := sc.GetNamespaceOptions(); ns != nil {
-				if err := refuseUserns(ns, "config.linux.security_context.namespace_options"); err != nil {
+				if sec.UserNS, err = userNS(ns, "config.linux.security_context.namespace_options"); err != nil {
 					return nil, err
 				}
 				switch ns.GetPid() {

@@ -41,15 +41,18 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 	}
 	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: conds}}
 	// Every stage1's agent makes read-only mounts recursively read-only
-	// with mount_setattr when asked.
-	features := func() *runtimeapi.RuntimeHandlerFeatures {
-		return &runtimeapi.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: true}
+	// with mount_setattr when asked; user namespaces are the stage1's
+	// (for the empty handler, the default stage1's: a rule may still put
+	// such a pod elsewhere, where the policy's conflicts route it).
+	features := func(h string) *runtimeapi.RuntimeHandlerFeatures {
+		c, _ := s.b.HandlerCapabilities(h)
+		return &runtimeapi.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: true, UserNamespaces: c.UserNamespaces}
 	}
 	for _, h := range s.b.Handlers() {
-		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: h, Features: features()})
+		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: h, Features: features(h)})
 	}
 	// The empty handler: the node default, as the kubelet expects.
-	resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: "", Features: features()})
+	resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: "", Features: features("")})
 	if r.GetVerbose() {
 		counts, _ := json.Marshal(s.b.DecisionCounts())
 		pol := s.b.Policy()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 var podFilterAll = broker.PodFilter{}
@@ -57,7 +58,8 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 		if sc := l.GetSecurityContext(); sc != nil {
 			pc.Privileged = sc.GetPrivileged()
 			if ns := sc.GetNamespaceOptions(); ns != nil {
-				if err := refuseUserns(ns, "config.linux.security_context.namespace_options"); err != nil {
+				var err error
+				if pc.UserNS, err = userNS(ns, "config.linux.security_context.namespace_options"); err != nil {
 					return nil, err
 				}
 				pc.HostNetwork = ns.GetNetwork() == runtimeapi.NamespaceMode_NODE
@@ -69,17 +71,42 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 	return pc, nil
 }
 
-// refuseUserns refuses user namespace options other than the node's (no
-// user namespace, what an absent userns_options means): no stage1 runs a
-// pod in a user namespace of its own yet, and the runtime's Status says so
-// (user_namespaces false), so the kubelet sends none; a client that does
-// must not get a pod without the isolation it asked for.
-func refuseUserns(ns *runtimeapi.NamespaceOption, field string) error {
+// userNS reads user namespace options: none or mode NODE is the host's
+// user namespace (nil); mode POD is a user namespace of the pod's own
+// (hostUsers: false) with the mapping given, which must be one range of
+// user IDs from container ID 0 and the same range of group IDs, as the
+// kubelet sends. Anything else is InvalidArgument naming the field.
+func userNS(ns *runtimeapi.NamespaceOption, field string) (*stage1.IDMapping, error) {
 	u := ns.GetUsernsOptions()
-	if u == nil || u.GetMode() == runtimeapi.NamespaceMode_NODE {
-		return nil
+	if u == nil {
+		return nil, nil
 	}
-	return errdefs.New(errdefs.ErrUnimplemented, "%s.userns_options: mode %s (a user namespace of the pod's, hostUsers: false) is not supported: the pod would run in the host's user namespace", field, u.GetMode())
+	field += ".userns_options"
+	switch u.GetMode() {
+	case runtimeapi.NamespaceMode_NODE:
+		if len(u.GetUids()) > 0 || len(u.GetGids()) > 0 {
+			return nil, errdefs.InvalidArgument("%s: mode NODE (the host's user namespace) takes no ID mappings", field)
+		}
+		return nil, nil
+	case runtimeapi.NamespaceMode_POD:
+	default:
+		return nil, errdefs.InvalidArgument("%s: mode %s: a user namespace is the node's or the pod's", field, u.GetMode())
+	}
+	uids, gids := u.GetUids(), u.GetGids()
+	if len(uids) != 1 || len(gids) != 1 {
+		return nil, errdefs.InvalidArgument("%s: %d uid and %d gid mappings: want one of each", field, len(uids), len(gids))
+	}
+	uid, gid := uids[0], gids[0]
+	if uid.GetContainerId() != 0 || gid.GetContainerId() != 0 {
+		return nil, errdefs.InvalidArgument("%s: the mappings start at container ID %d (uids) and %d (gids): want 0", field, uid.GetContainerId(), gid.GetContainerId())
+	}
+	if uid.GetHostId() != gid.GetHostId() || uid.GetLength() != gid.GetLength() {
+		return nil, errdefs.InvalidArgument("%s: uids map %d from host ID %d, gids %d from %d: want the same range for both", field, uid.GetLength(), uid.GetHostId(), gid.GetLength(), gid.GetHostId())
+	}
+	if uid.GetHostId() == 0 || uid.GetLength() == 0 {
+		return nil, errdefs.InvalidArgument("%s: %d IDs from host ID %d: want a range that does not start at the host's root", field, uid.GetLength(), uid.GetHostId())
+	}
+	return &stage1.IDMapping{HostID: uid.GetHostId(), Size: uid.GetLength()}, nil
 }
 
 // RunPodSandbox creates and starts a pod.

@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"fmt"
+	"github.com/stagelet/stagelet/stage1"
 	"strings"
 	"testing"
 
@@ -71,33 +72,50 @@ func TestPodConfigFromNamespaces(t *testing.T) {
 	}
 }
 
-// TestUsernsRefused: a user namespace of the pod's (hostUsers: false) is
-// refused for the pod and for its containers, never run in the host's.
-func TestUsernsRefused(t *testing.T) {
-	pod := &runtimeapi.NamespaceOption{UsernsOptions: &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD,
-		Uids: []*runtimeapi.IDMapping{{HostId: 100000, ContainerId: 0, Length: 65536}},
-		Gids: []*runtimeapi.IDMapping{{HostId: 100000, ContainerId: 0, Length: 65536}}}}
-	_, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
-		Metadata: &runtimeapi.PodSandboxMetadata{Name: "n", Namespace: "ns", Uid: "u"},
-		Linux:    &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: pod}},
-	}})
-	if st := toStatus(err); st.Code() != codes.Unimplemented || !strings.Contains(st.Message(), "namespace_options.userns_options: mode POD") {
-		t.Errorf("pod with a user namespace: %v", err)
+// TestUserNS: a user namespace of the pod's (hostUsers: false) reaches
+// the pod and its containers with its mapping; a mapping no stage1 can
+// run is refused, naming the field; NODE (or nothing) is the host's.
+func TestUserNS(t *testing.T) {
+	ids := func(host, length uint32) []*runtimeapi.IDMapping {
+		return []*runtimeapi.IDMapping{{HostId: host, ContainerId: 0, Length: length}}
 	}
-	_, err = containerConfigFrom(&runtimeapi.ContainerConfig{
+	pod := &runtimeapi.NamespaceOption{UsernsOptions: &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD,
+		Uids: ids(100000, 65536), Gids: ids(100000, 65536)}}
+	podReq := func(ns *runtimeapi.NamespaceOption) *runtimeapi.RunPodSandboxRequest {
+		return &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+			Metadata: &runtimeapi.PodSandboxMetadata{Name: "n", Namespace: "ns", Uid: "u"},
+			Linux:    &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: ns}},
+		}}
+	}
+	want := stage1.IDMapping{HostID: 100000, Size: 65536}
+	pc, err := podConfigFrom(podReq(pod))
+	if err != nil || pc.UserNS == nil || *pc.UserNS != want {
+		t.Errorf("pod with a user namespace: %+v, %v", pc, err)
+	}
+	cc, err := containerConfigFrom(&runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
 		Image:    &runtimeapi.ImageSpec{Image: "busybox"},
 		Linux:    &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: pod}},
 	})
-	if st := toStatus(err); st.Code() != codes.Unimplemented {
-		t.Errorf("container with a user namespace: %v", err)
+	if err != nil || cc.Security.UserNS == nil || *cc.Security.UserNS != want {
+		t.Errorf("container with a user namespace: %+v, %v", cc, err)
+	}
+	for name, u := range map[string]*runtimeapi.UserNamespace{
+		"two ranges":    {Mode: runtimeapi.NamespaceMode_POD, Uids: append(ids(100000, 10), ids(200000, 10)...), Gids: ids(100000, 20)},
+		"gids differ":   {Mode: runtimeapi.NamespaceMode_POD, Uids: ids(100000, 65536), Gids: ids(300000, 65536)},
+		"not from 0":    {Mode: runtimeapi.NamespaceMode_POD, Uids: []*runtimeapi.IDMapping{{HostId: 1, ContainerId: 5, Length: 9}}, Gids: ids(1, 9)},
+		"host root":     {Mode: runtimeapi.NamespaceMode_POD, Uids: ids(0, 65536), Gids: ids(0, 65536)},
+		"container":     {Mode: runtimeapi.NamespaceMode_CONTAINER},
+		"node with ids": {Mode: runtimeapi.NamespaceMode_NODE, Uids: ids(100000, 65536), Gids: ids(100000, 65536)},
+	} {
+		_, err := podConfigFrom(podReq(&runtimeapi.NamespaceOption{UsernsOptions: u}))
+		if st := toStatus(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "namespace_options.userns_options") {
+			t.Errorf("%s: %v, want InvalidArgument naming the field", name, err)
+		}
 	}
 	host := &runtimeapi.NamespaceOption{UsernsOptions: &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_NODE}}
-	if _, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
-		Metadata: &runtimeapi.PodSandboxMetadata{Name: "n", Namespace: "ns", Uid: "u"},
-		Linux:    &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: host}},
-	}}); err != nil {
-		t.Errorf("pod in the host's user namespace: %v", err)
+	if pc, err := podConfigFrom(podReq(host)); err != nil || pc.UserNS != nil {
+		t.Errorf("pod in the host's user namespace: %+v, %v", pc, err)
 	}
 }
 

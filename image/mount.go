@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -25,7 +26,7 @@ const maxMountData = 4096 - 1
 // Errors: ErrNotFound for an unknown image; ErrFailedPrecondition when a
 // layer is missing on disk or the layer list is too long for one mount;
 // ErrPermissionDenied without the privilege to mount.
-func (s *Store) MountRootfs(imageID, dir string) (rootfs string, err error) {
+func (s *Store) MountRootfs(imageID, dir string, userns *UserNS) (rootfs string, err error) {
 	img, err := s.Get(imageID)
 	if err != nil {
 		return "", err
@@ -53,6 +54,30 @@ func (s *Store) MountRootfs(imageID, dir string) (rootfs string, err error) {
 	}
 	if len(lowers) == 0 {
 		lowers = append(lowers, s.emptyDir())
+	}
+	if userns != nil {
+		// The layers seen through the user namespace's ID mapping (its
+		// root owns what the host's root owns on disk), beneath dir:
+		// dir/lower/<n>. The writable layer is the namespace's root's on
+		// disk (overlayfs, mounted by the host's root, cannot write
+		// through an idmapped upper layer). UnmountRootfs detaches them.
+		for _, d := range []string{upper, work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return "", fmt.Errorf("mount rootfs: %w", err)
+			}
+			if err := os.Chown(d, userns.UID, userns.GID); err != nil {
+				return "", fmt.Errorf("mount rootfs: %w", err)
+			}
+		}
+		for i, l := range lowers {
+			m := filepath.Join(dir, "lower", strconv.Itoa(i))
+			if !isMountPoint(m) {
+				if err := idmapBind(l, m, userns.File); err != nil {
+					return "", fmt.Errorf("mount rootfs: %w", err)
+				}
+			}
+			lowers[i] = m
+		}
 	}
 	for _, d := range []string{dir, upper, work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -140,4 +165,32 @@ func isMountPoint(p string) bool {
 		}
 	}
 	return false
+}
+
+// UserNS is a user namespace a container's root filesystem is mounted
+// for: File is the namespace, UID and GID the host's IDs of its root.
+type UserNS struct {
+	File     *os.File
+	UID, GID int
+}
+
+// idmapBind binds src at dst (a directory it makes) with the ID mapping
+// of the user namespace userns (open_tree, mount_setattr, move_mount).
+func idmapBind(src, dst string, userns *os.File) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("clone %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("idmap %s: %w (the file system cannot be mounted idmapped, which a container in a user namespace needs)", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
+	}
+	return nil
 }

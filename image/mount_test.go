@@ -2,8 +2,12 @@ package image
 
 import (
 	"errors"
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/host"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -29,7 +33,7 @@ func TestMountRootfs(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "ctr1")
 	t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
-	rootfs, err := s.MountRootfs(img.ID, dir)
+	rootfs, err := s.MountRootfs(img.ID, dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +60,7 @@ func TestMountRootfs(t *testing.T) {
 		t.Errorf("delete reached the layer: %v", err)
 	}
 	// Idempotent: no second mount.
-	again, err := s.MountRootfs(img.ID, dir)
+	again, err := s.MountRootfs(img.ID, dir, nil)
 	if err != nil || again != rootfs {
 		t.Fatalf("second mount: %s, %v", again, err)
 	}
@@ -79,7 +83,7 @@ func TestMountRootfs(t *testing.T) {
 	if err := s.UnmountRootfs(dir); err != nil {
 		t.Errorf("second UnmountRootfs: %v", err)
 	}
-	if _, err := s.MountRootfs(img.ID, dir); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.MountRootfs(img.ID, dir, nil); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("mount of a removed image: %v", err)
 	}
 }
@@ -103,7 +107,7 @@ func BenchmarkMountRootfs(b *testing.B) {
 	base := b.TempDir()
 	for b.Loop() {
 		dir := filepath.Join(base, "c")
-		if _, err := s.MountRootfs(img.ID, dir); err != nil {
+		if _, err := s.MountRootfs(img.ID, dir, nil); err != nil {
 			b.Fatal(err)
 		}
 		if err := s.UnmountRootfs(dir); err != nil {
@@ -179,5 +183,68 @@ func TestResolveUser(t *testing.T) {
 	// Numeric users work without any passwd file.
 	if uid, gid, _, err := ResolveUser(rootfs, "12:34"); err != nil || uid != 12 || gid != 34 {
 		t.Errorf("numeric without passwd: %d %d %v", uid, gid, err)
+	}
+}
+
+// TestMountRootfsIDMapped: with a user namespace, the image's files are
+// the namespace's root's (shown as its first host ID), its root writes
+// into the writable layer, the layers stay as they are, and everything is
+// detached with the rootfs.
+func TestMountRootfsIDMapped(t *testing.T) {
+	requireRoot(t)
+	r := testregistry.Start(t)
+	ref := r.PushBusybox(t, "busybox", "latest")
+	s := newStore(t, Config{})
+	img, err := s.Pull(pullCtx(t), ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const base = 1 << 30
+	ns, err := host.UserNSFile(stage1.IDMapping{HostID: base, Size: 65536})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	dir := filepath.Join(t.TempDir(), "ctr")
+	t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
+	rootfs, err := s.MountRootfs(img.ID, dir, &UserNS{File: ns, UID: base, GID: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(rootfs, "bin/busybox"), &st); err != nil || st.Uid != base || st.Gid != base {
+		t.Errorf("an image file: uid %d gid %d (%v), want %d", st.Uid, st.Gid, err, base)
+	}
+	// The namespace's root (the host's base) writes a file: its own on
+	// disk, in the writable layer.
+	// setfsuid is the calling thread's, and the test's directories above
+	// the rootfs are root's alone: the file is made from a descriptor.
+	root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	runtime.LockOSThread()
+	_ = unix.Setfsuid(base)
+	fd, err := unix.Openat(root, "new", unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	_ = unix.Setfsuid(0)
+	runtime.UnlockOSThread()
+	if err == nil {
+		unix.Close(fd)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(filepath.Join(dir, "upper/new"), &st); err != nil || st.Uid != base {
+		t.Errorf("the written file on disk: uid %d (%v), want %d", st.Uid, err, base)
+	}
+	if err := unix.Stat(filepath.Join(s.layerPath(img.Layers[0]), "bin/busybox"), &st); err != nil || st.Uid != 0 {
+		t.Errorf("the layer itself: uid %d (%v), want 0", st.Uid, err)
+	}
+	if err := s.UnmountRootfs(dir); err != nil {
+		t.Fatal(err)
+	}
+	if m := mountsUnder(filepath.Dir(dir)); len(m) != 0 {
+		t.Errorf("mounts left: %v", m)
 	}
 }

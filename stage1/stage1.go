@@ -55,6 +55,10 @@ type PodSpec struct {
 	HostIPC     bool
 	// Options are backend options from the policy decision (e.g. VM memory).
 	Options map[string]string
+	// UserNS puts the pod in a user namespace of its own with this ID
+	// mapping (the kubelet's hostUsers: false); nil: the host's. Only for
+	// a backend whose Capabilities say UserNamespaces.
+	UserNS *IDMapping
 	// Resources are the pod's total limits as the kubelet gives them
 	// (the sum of its containers'); zero means unknown. A backend that
 	// sizes the pod (a VM) uses them when Options give no size.
@@ -65,6 +69,13 @@ type PodSpec struct {
 	// failed to start (its launcher's log, as <ID>-<what>.log): RunDir
 	// goes with the failed pod. Empty: nothing is kept.
 	FailedLogDir string
+}
+
+// IDMapping maps a pod's user and group IDs 0 to Size-1 to the host's
+// HostID to HostID+Size-1 (the same for users and groups).
+type IDMapping struct {
+	HostID uint32
+	Size   uint32
 }
 
 // PodResources are a pod's total limits.

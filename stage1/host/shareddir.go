@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"github.com/stagelet/stagelet/stage1"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -43,6 +45,14 @@ type SharedDir struct {
 	// (EBUSY) while the container runs, where runc's containers do not.
 	// Not for a pod that reaches the binds through a file server (a VM).
 	UnbindSourcesOnStart bool
+	// UserNS, when set, opens the pod's user namespace: the binds of a
+	// container's rootfs, log directory and mount sources are then
+	// idmapped with it (BindIDMapped), so that the pod's root owns what
+	// the host's root owns; a mount source whose file system cannot be
+	// idmapped is bound as it is (its files then show as the overflow ID
+	// in the pod). The directories beneath Host are made traversable by
+	// the pod's IDs.
+	UserNS func() (*os.File, error)
 }
 
 var _ stage1.ContainerPaths = SharedDir{}
@@ -53,6 +63,12 @@ var _ stage1.ContainerPaths = SharedDir{}
 func (d SharedDir) Prepare() error {
 	if err := os.MkdirAll(d.Host, 0o700); err != nil {
 		return err
+	}
+	if d.UserNS != nil {
+		// The pod's root is not the host's: it may only pass through.
+		if err := os.Chmod(d.Host, 0o711); err != nil {
+			return err
+		}
 	}
 	ms, err := MountsUnder(d.Host)
 	if err != nil {
@@ -128,9 +144,33 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 			RemoveUnmounted(dir)
 		}
 	}()
+	bindOwn := Bind // the rootfs and log directory: idmapped in a user namespace
+	bindSource := Bind
+	if d.UserNS != nil {
+		ns, err := d.UserNS()
+		if err != nil {
+			return nil, fmt.Errorf("container %s: the pod's user namespace: %w", spec.ID, err)
+		}
+		defer ns.Close()
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, err
+		}
+		// A file system that cannot be idmapped is bound as it is: a
+		// container rootfs the image store mounted over idmapped layers
+		// (overlayfs itself cannot be), a volume whose files then show
+		// as the overflow ID in the pod.
+		bindOwn = func(src, dst string) error {
+			err := BindIDMapped(src, dst, ns)
+			if errors.Is(err, errNoIDMap) {
+				return Bind(src, dst)
+			}
+			return err
+		}
+		bindSource = bindOwn
+	}
 	inPod := *spec
 	inPod.Rootfs = filepath.Join(dir, "rootfs")
-	if err := Bind(spec.Rootfs, inPod.Rootfs); err != nil {
+	if err := bindOwn(spec.Rootfs, inPod.Rootfs); err != nil {
 		return nil, fmt.Errorf("container %s: rootfs: %w", spec.ID, err)
 	}
 	if spec.LogPath != "" {
@@ -141,7 +181,7 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 		if err := os.MkdirAll(logDir, 0o755); err != nil {
 			return nil, fmt.Errorf("container %s: log: %w", spec.ID, err)
 		}
-		if err := Bind(logDir, filepath.Join(dir, "log")); err != nil {
+		if err := bindOwn(logDir, filepath.Join(dir, "log")); err != nil {
 			return nil, fmt.Errorf("container %s: log: %w", spec.ID, err)
 		}
 		inPod.LogPath = filepath.Join(dir, "log", filepath.Base(spec.LogPath))
@@ -153,7 +193,7 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 				return nil, errdefs.InvalidArgument("container %s: mount source %q is not absolute", spec.ID, m.Source)
 			}
 			target := filepath.Join(dir, "m"+strconv.Itoa(i))
-			bind := Bind
+			bind := bindSource
 			if m.Propagation == "rshared" {
 				if d.BindShared == nil {
 					return nil, errdefs.InvalidArgument("container %s: mount %s: bidirectional mount propagation cannot reach this pod", spec.ID, m.Destination)
@@ -302,6 +342,38 @@ func Bind(src, dst string) error {
 	return nil
 }
 
+// errNoIDMap says a file system cannot be mounted idmapped.
+var errNoIDMap = errors.New("the file system cannot be idmapped")
+
+// BindIDMapped binds src (recursively) onto dst, creating dst as Bind
+// does, with the ID mapping of the user namespace userns: a file the host
+// sees owned by ID n is owned by n inside that namespace (n mapped to the
+// host's n+base: the pod's root owns what the host's root owns). The
+// bind is a detached copy of src moved into place (open_tree,
+// mount_setattr, move_mount). errNoIDMap (wrapped) when src's file
+// system does not support idmapped mounts.
+func BindIDMapped(src, dst string, userns *os.File) error {
+	if err := makeTarget(src, dst); err != nil {
+		return err
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("clone %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTSUP) {
+			return fmt.Errorf("idmap %s: %v: %w", src, err, errNoIDMap)
+		}
+		return fmt.Errorf("idmap %s: %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
+
 // makeTarget creates dst as a directory or an empty file to match src.
 func makeTarget(src, dst string) error {
 	fi, err := os.Stat(src)
@@ -382,4 +454,28 @@ func (d SharedDir) UnbindSources(id string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// UserNSFile opens a user namespace with mapping m (users and groups
+// alike), for idmapped mounts: any namespace with the same mapping maps
+// files the same way. It is made by a short-lived child (sleep) that is
+// gone when UserNSFile returns; the namespace lives as long as the file.
+func UserNSFile(m stage1.IDMapping) (*os.File, error) {
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}},
+		Pdeathsig:   syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("user namespace of %d IDs from %d: %w", m.Size, m.HostID, err)
+	}
+	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("user namespace of %d IDs from %d: %w", m.Size, m.HostID, err)
+	}
+	return f, nil
 }

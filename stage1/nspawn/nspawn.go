@@ -40,6 +40,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"github.com/stagelet/stagelet/stage1/host"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -93,6 +94,10 @@ var migrations = map[int]stage1.Migration{
 		host.LegacyField{Field: "leader", Kind: host.KindProcess, Role: roleLeader},
 	)),
 }
+
+// minUserNSSize is the fewest IDs a pod's user namespace maps: a
+// container's files and users may use any 16-bit ID (65534 is nobody).
+const minUserNSSize = 65536
 
 // Paths inside the pod.
 const (
@@ -156,6 +161,9 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		HostPID:     false,
 		HostIPC:     false,
 		Privileged:  "pod",
+		// The pod in a user namespace of its own, its containers' files
+		// idmapped.
+		UserNamespaces: true,
 	}
 }
 
@@ -166,6 +174,8 @@ type state struct {
 	Machine string `json:"machine,omitempty"`
 	// Network is "host", "netns" or "private", for Details.
 	Network string `json:"network,omitempty"`
+	// UserNS is the pod's user namespace mapping; nil: the host's.
+	UserNS *stage1.IDMapping `json:"userNS,omitempty"`
 	host.Ledger
 }
 
@@ -276,6 +286,9 @@ func validate(spec *stage1.PodSpec) error {
 	if !filepath.IsAbs(spec.RunDir) || !filepath.IsAbs(spec.AgentBinary) {
 		return errdefs.InvalidArgument("nspawn: run dir and agent binary must be absolute paths")
 	}
+	if u := spec.UserNS; u != nil && (u.HostID == 0 || u.Size < minUserNSSize || uint64(u.HostID)+uint64(u.Size) > 1<<32-1) {
+		return errdefs.InvalidArgument("nspawn: user namespace mapping of %d IDs from host ID %d: want at least %d IDs from a host ID above 0, within 32 bits", u.Size, u.HostID, minUserNSSize)
+	}
 	return nil
 }
 
@@ -322,8 +335,19 @@ func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 	if spec.Hostname != "" {
 		args = append(args, "--hostname="+spec.Hostname)
 	}
+	if u := spec.UserNS; u != nil {
+		// The stage1 tree, the agent's directory and the pod cgroups
+		// are the backend's to hand over to the pod's root (nspawn's own
+		// chown takes only ranges of exactly 2^16 from a multiple of it);
+		// the containers' files reach the pod idmapped.
+		args = append(args, fmt.Sprintf("--private-users=%d:%d", u.HostID, u.Size), "--private-users-ownership=off")
+	}
 	switch {
 	case spec.HostNetwork:
+	case spec.NetNSPath != "" && spec.UserNS != nil:
+		// systemd-nspawn cannot join a network namespace from inside the
+		// user namespace it makes (the host owns it): it is started in
+		// the pod's instead (inNetNS), and the container shares it.
 	case spec.NetNSPath != "":
 		args = append(args, "--network-namespace-path="+spec.NetNSPath)
 	default:
@@ -364,6 +388,24 @@ func makeTree(st *state) error {
 	return f.Close()
 }
 
+// chownTree gives the stage1 root (every directory and file of the tree
+// makeTree made) and the agent's directory to id, the pod's root in its
+// user namespace.
+func chownTree(st *state, id int) error {
+	for _, root := range []string{filepath.Join(st.tree(), "rootfs"), st.agentDir()} {
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, id, id)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // StartPod implements stage1.Backend. In order, each recorded before it is
 // taken: the pod cgroups, the stage1 tree, the shared mounts directory, the
 // nspawn process (launched detached in the pod cgroup). It returns once the
@@ -392,6 +434,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	save := func() error { return persist(st.marshal()) }
 	st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	st.Network = networkMode(spec)
+	st.UserNS = spec.UserNS
 	if unitLaunch {
 		// The unit's cgroup is nspawn's.
 		st.Resources = slices.DeleteFunc(st.Resources, func(r host.Resource) bool { return r.Role == roleSystemdCgroup })
@@ -417,6 +460,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := os.MkdirAll(filepath.Join(st.agentDir(), "state"), 0o700); err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
+	if u := st.UserNS; u != nil {
+		// The agent is the pod's root: its directory and the stage1 root
+		// are its own.
+		if err := chownTree(st, int(u.HostID)); err != nil {
+			return nil, fmt.Errorf("nspawn: %w", err)
+		}
+	}
 	if err := st.shared().Prepare(); err != nil {
 		return nil, fmt.Errorf("nspawn: %w", err)
 	}
@@ -436,6 +486,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Cgroup:  cg,
 		Slice:   host.PodSlice(spec),
 	}
+	if spec.UserNS != nil && spec.NetNSPath != "" {
+		if launch, err = inNetNS(launch, spec.NetNSPath, unitLaunch); err != nil {
+			return nil, err
+		}
+	}
 	if scg := st.systemdCgroup(); scg != nil {
 		launch = joinFirst(launch, scg)
 	}
@@ -454,6 +509,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	if err := save(); err != nil {
 		return nil, fmt.Errorf("nspawn: persist: %w", err)
+	}
+	if u := st.UserNS; u != nil {
+		// The agent, the pod's root, makes and limits its apps' cgroups
+		// beneath the pod's.
+		if err := st.cgroup().Chown(int(u.HostID), int(u.HostID)); err != nil {
+			return nil, fmt.Errorf("nspawn: %w", err)
+		}
 	}
 	pod := b.newPod(spec, st)
 	if err := waitReady(ctx, pod); err != nil {
@@ -514,6 +576,23 @@ func joinFirst(l host.LaunchSpec, extra *cgroups.Cgroup) host.LaunchSpec {
 	l.Args = append(args, l.Args...)
 	l.Path = "/bin/sh"
 	return l
+}
+
+// inNetNS starts a launch in the network namespace netns: the unit's
+// own setting under a UnitLauncher, else through nsenter, which joins it
+// and execs the command (same PID).
+func inNetNS(l host.LaunchSpec, netns string, unitLaunch bool) (host.LaunchSpec, error) {
+	if unitLaunch {
+		l.NetNS = netns
+		return l, nil
+	}
+	nsenter, err := exec.LookPath("nsenter")
+	if err != nil {
+		return l, errdefs.FailedPrecondition("nspawn: a pod in a user namespace of its own needs nsenter (Debian: util-linux): %v", err)
+	}
+	l.Args = append([]string{"--net=" + netns, "--", l.Path}, l.Args...)
+	l.Path = nsenter
+	return l, nil
 }
 
 // findLeader returns the container's init: the child of systemd-nspawn.

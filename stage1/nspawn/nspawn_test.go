@@ -1,6 +1,10 @@
 package nspawn
 
 import (
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
 	"bytes"
 	"context"
 	"errors"
@@ -121,7 +125,7 @@ func killNSpawn(t *testing.T, b []byte) {
 
 func TestCapabilities(t *testing.T) {
 	c := New(nil).Capabilities()
-	want := stage1.Capabilities{Isolation: stage1.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod"}
+	want := stage1.Capabilities{Isolation: stage1.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod", UserNamespaces: true}
 	if c != want {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
 	}
@@ -1040,5 +1044,61 @@ func TestCollect(t *testing.T) {
 		if _, err := os.Stat(d); err != nil {
 			t.Errorf("kept cgroup %s: %v", d, err)
 		}
+	}
+}
+
+// TestUserNS: a pod in a user namespace of its own. Its containers run
+// as its root, which the host sees as the mapping's first ID; they own
+// their root filesystem (idmapped: what the pod's root writes is the
+// host's root's on disk) and write their log; limits apply in the app's
+// cgroup; the pod is released as any other.
+func TestUserNS(t *testing.T) {
+	needRoot(t)
+	const base, size = 1 << 30, 65536
+	p := startPod(t, New(testLogger(t)), func(s *stage1.PodSpec) {
+		s.UserNS = &stage1.IDMapping{HostID: base, Size: size}
+	})
+	rootfs := stage1test.BusyboxRootfs(t)
+	logPath := filepath.Join(t.TempDir(), "app.log")
+	p.runSpec(api.AppSpec{ID: "app", Name: "app", Rootfs: rootfs, Args: []string{"/bin/sh", "-c", "echo started; sleep 1000"},
+		Env: []string{"PATH=/bin"}, LogPath: logPath, Resources: api.Resources{MemoryLimit: 64 << 20}})
+	if got := strings.Fields(p.exec("app", "cat", "/proc/self/uid_map")); len(got) != 3 || got[0] != "0" || got[1] != strconv.Itoa(base) || got[2] != strconv.Itoa(size) {
+		t.Errorf("uid_map inside = %v, want 0 %d %d", got, base, size)
+	}
+	if got := strings.TrimSpace(p.exec("app", "id", "-u")); got != "0" {
+		t.Errorf("id -u inside = %s, want 0", got)
+	}
+	// Every process of the pod but systemd-nspawn itself (the agent, the
+	// app) is, to the host, the mapping's first ID.
+	lst, _ := parseState(p.pod.State())
+	pids, err := lst.cgroup().Procs()
+	if err != nil || len(pids) < 3 {
+		t.Fatalf("the pod cgroup's processes: %v, %v", pids, err)
+	}
+	for _, pid := range pids {
+		if pid == lst.nspawn().PID {
+			continue
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue // gone meanwhile (an exec)
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" && f[1] != strconv.Itoa(base) {
+				t.Errorf("the host sees pid %d of the pod as uid %s, want %d", pid, f[1], base)
+			}
+		}
+	}
+	p.exec("app", "touch", "/made-inside")
+	var fi unix.Stat_t
+	if err := unix.Stat(filepath.Join(rootfs, "made-inside"), &fi); err != nil || fi.Uid != 0 {
+		t.Errorf("a file the pod's root made: uid %d (%v), want the host's root through the idmapped rootfs", fi.Uid, err)
+	}
+	waitFor(t, "the log line", func() (bool, error) {
+		b, err := os.ReadFile(logPath)
+		return strings.Contains(string(b), " stdout F started\n"), err
+	})
+	if lst.UserNS == nil || lst.UserNS.HostID != base {
+		t.Errorf("state's user namespace: %+v", lst.UserNS)
 	}
 }

@@ -16,7 +16,11 @@ import (
 // bound at /mnt/stagelet in the container. Containers reach the pod
 // through it (host.SharedDir).
 func (st *state) shared() host.SharedDir {
-	return host.SharedDir{Host: st.mounts(), InPod: podMounts}
+	d := host.SharedDir{Host: st.mounts(), InPod: podMounts}
+	if m := st.UserNS; m != nil {
+		d.UserNS = func() (*os.File, error) { return host.UserNSFile(*m) }
+	}
+	return d
 }
 
 // bindShared is the pod's host.SharedDir.BindShared. systemd-nspawn makes

@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/test/e2e/harness"
+)
+
+// TestUserNamespacePod: a hostUsers: false pod through the CRI. Status
+// offers user namespaces on nspawn only; an nspawn pod with its own
+// network runs its container as the pod's root, which inside maps to the
+// kubelet's range and which the host sees as the range's first ID, and it
+// writes its own files and log; fly refuses such a pod, naming the field.
+func TestUserNamespacePod(t *testing.T) {
+	e := newEnvOpts(t, harness.Options{Policy: bothStage1sPolicy}, true)
+	st, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"nspawn": true, "fly": false, "": false} // "": the policy's default, fly
+	for _, h := range st.GetRuntimeHandlers() {
+		if w, ok := want[h.GetName()]; ok && h.GetFeatures().GetUserNamespaces() != w {
+			t.Errorf("handler %q: user_namespaces %v, want %v", h.GetName(), h.GetFeatures().GetUserNamespaces(), w)
+		}
+	}
+
+	const base, size = 1 << 30, 65536
+	ids := []*runtimeapi.IDMapping{{HostId: base, ContainerId: 0, Length: size}}
+	userns := &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: ids, Gids: ids}
+	cfg := e.netPodConfig("userns", nspawnStage1)
+	cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	podID := e.runStage1Pod(cfg, nspawnStage1)
+	const marker = "4242424"
+	ctr := e.netContainer(nspawnStage1, "c", "sh", "-c", "echo started; exec sleep "+marker)
+	ctr.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	id := e.createAndStart(podID, cfg, ctr)
+
+	if got := strings.Fields(e.execOK(id, "cat", "/proc/self/uid_map")); len(got) != 3 || got[0] != "0" || got[1] != strconv.Itoa(base) || got[2] != strconv.Itoa(size) {
+		t.Errorf("uid_map inside = %v, want 0 %d %d", got, base, size)
+	}
+	if got := strings.TrimSpace(e.execOK(id, "id", "-u")); got != "0" {
+		t.Errorf("id -u inside = %s, want 0", got)
+	}
+	// The pod's root owns its root filesystem (idmapped): it writes there.
+	e.execOK(id, "sh", "-c", "echo x > /made-inside && test -O /made-inside")
+
+	// The host sees the container's process as the range's first ID.
+	found := false
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Equal(b, []byte("sleep\x00"+marker+"\x00")) {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				found = true
+				if f[1] != strconv.Itoa(base) {
+					t.Errorf("the host sees the container's root as uid %s, want %d", f[1], base)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("the container's process is not among the host's")
+	}
+	// Its log, written by the pod's root through the idmapped log
+	// directory, is the host's root's.
+	if logs := e.logText(logPath(cfg, ctr)); !strings.Contains(logs, " stdout F started\n") {
+		t.Errorf("container log: %q", logs)
+	}
+
+	fly := e.netPodConfig("userns-fly", flyStage1)
+	fly.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	_, err = e.rt().RunPodSandbox(e.ctx(), &runtimeapi.RunPodSandboxRequest{Config: fly, RuntimeHandler: "fly"})
+	requireCode(t, err, codes.InvalidArgument, "a hostUsers: false pod on fly")
+	if !strings.Contains(err.Error(), "user namespace") {
+		t.Errorf("fly's refusal does not say why: %v", err)
+	}
+}
