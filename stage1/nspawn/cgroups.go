@@ -105,9 +105,9 @@ func systemdParent() (*cgroups.Cgroup, error) {
 // which the broker's search of the pod cgroups does not reach: under the
 // systemd driver, the pods' units (host.CollectUnits); on a v1 or hybrid
 // host under the plain launcher, the pod cgroups in systemd-nspawn's own
-// hierarchies (systemdCgroup), with what still runs in them. keep says
-// which pods have a record. It returns the pods whose resources it
-// released.
+// hierarchies (systemdCgroup) once nothing runs in them (these are
+// shared with any other daemon on the host). keep says which pods have a
+// record. It returns the pods whose resources it released.
 func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
 	if b.UnitLaunch() {
 		return host.CollectUnits(ctx, b.Launcher, keep) // nspawn's cgroup is its unit's
@@ -132,9 +132,14 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 	var errs []error
 	for id := range ids {
 		cg := parent.Child(host.LaunchName(id))
-		if err := cg.Kill(); err != nil {
-			errs = append(errs, err)
-		} else if err := cg.Delete(); err != nil {
+		// Only an empty one: a lost pod's processes went with its pod
+		// cgroup (the broker's collection, first), and these hierarchies
+		// are shared by every daemon on the host, whose pods this one
+		// does not know.
+		if pids, err := cg.Procs(); err != nil || len(pids) > 0 {
+			continue
+		}
+		if err := cg.Delete(); err != nil {
 			errs = append(errs, err)
 		} else {
 			done = append(done, id)

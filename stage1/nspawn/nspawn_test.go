@@ -996,8 +996,8 @@ func TestHostRemovesVolumeMountPoint(t *testing.T) {
 }
 
 // TestCollect: a pod cgroup in nspawn's own hierarchies that no record
-// names (its record lost) is removed with what runs in it; one that a
-// record names is left.
+// names (its record lost) is removed once empty; one that still holds a
+// process (another daemon's pod) or that a record names is left.
 func TestCollect(t *testing.T) {
 	needRoot(t)
 	parent, err := systemdParent()
@@ -1028,12 +1028,16 @@ func TestCollect(t *testing.T) {
 		t.Fatal(err)
 	}
 	mine := func(id string) bool { return id == lost || id == kept }
-	got, err := New(testLogger(t)).Collect(context.Background(), func(id string) bool { return !mine(id) || id == kept })
+	keep := func(id string) bool { return !mine(id) || id == kept }
+	got, err := New(testLogger(t)).Collect(context.Background(), keep)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("Collect with a process in the cgroup = %v, %v; want nothing collected", got, err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	got, err = New(testLogger(t)).Collect(context.Background(), keep)
 	if err != nil || !slices.Equal(got, []string{lost}) {
 		t.Fatalf("Collect = %v, %v; want [%s]", got, err, lost)
-	}
-	if err := cmd.Wait(); err == nil {
-		t.Error("the process in the collected cgroup exited by itself")
 	}
 	for _, d := range cgs[0].Paths {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
