@@ -15,10 +15,11 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/errdefs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
 )
 
 // The guest side of the kvm stage1: `stagelet agent guest` is /init of the

@@ -3,11 +3,12 @@ package broker
 import (
 	"context"
 	"errors"
-	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"

@@ -8,7 +8,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"io"
 	"net"
 	"net/netip"
@@ -18,6 +17,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"gopkg.in/yaml.v3"
 

@@ -3,9 +3,10 @@ package cri
 import (
 	"context"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1"
 	"strings"
 	"testing"
+
+	"github.com/stagelet/stagelet/stage1"
 
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"

@@ -2,14 +2,16 @@ package image
 
 import (
 	"errors"
-	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/host"
-	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/test/testregistry"

@@ -1,10 +1,11 @@
 package main
 
 import (
-	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"path/filepath"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/stage1"

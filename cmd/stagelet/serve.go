@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"net"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"

@@ -15,11 +15,12 @@ package fly
 import (
 	"context"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"

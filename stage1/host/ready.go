@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1"
 	"log/slog"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"

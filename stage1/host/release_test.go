@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1"
 	"log/slog"
 	"maps"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1"
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"

@@ -2,11 +2,12 @@ package host
 
 import (
 	"context"
-	"github.com/stagelet/stagelet/stage1"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/stagelet/stagelet/stage1"
 
 	"golang.org/x/sys/unix"
 

@@ -1,8 +1,9 @@
 package host
 
 import (
-	"github.com/stagelet/stagelet/stage1"
 	"testing"
+
+	"github.com/stagelet/stagelet/stage1"
 )
 
 func TestValidUnitName(t *testing.T) {

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"

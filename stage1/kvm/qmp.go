@@ -5,9 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"net"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/errdefs"

@@ -31,7 +31,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +38,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/errdefs"

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"golang.org/x/sys/unix"
 

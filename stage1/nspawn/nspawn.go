@@ -39,7 +39,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -48,6 +47,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"golang.org/x/sys/unix"
 

@@ -2,9 +2,10 @@ package nspawn
 
 import (
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"os"
 	"strconv"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	"golang.org/x/sys/unix"
 

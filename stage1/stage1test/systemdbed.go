@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/stagelet/stagelet/stage1/host"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stagelet/stagelet/stage1/host"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"golang.org/x/sys/unix"
