@@ -76,6 +76,10 @@ func TestUserNamespacePod(t *testing.T) {
 	if !found {
 		t.Error("the container's process is not among the host's")
 	}
+	// The pod's root serves on a port below 1024 in the pod's network
+	// namespace (which the host owns).
+	// (busybox httpd binds before it detaches, and fails if it cannot.)
+	e.execOK(id, "httpd", "-p", "80", "-h", "/")
 	// Its log, written by the pod's root through the idmapped log
 	// directory, is the host's root's.
 	if logs := e.logText(logPath(cfg, ctr)); !strings.Contains(logs, " stdout F started\n") {
