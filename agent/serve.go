@@ -25,25 +25,8 @@ func ServeStdioSession(c net.Conn, in io.Reader, fn func(stdin io.Reader, stdout
 	if err := json.NewEncoder(c).Encode(&api.Response{}); err != nil {
 		return err
 	}
-	fw, fr := newFrameWriter(c), newFrameReader(in)
-	pr, pw := io.Pipe()
-	go func() {
-		for {
-			typ, p, err := fr.read()
-			if err != nil {
-				pw.CloseWithError(err)
-				return
-			}
-			switch typ {
-			case api.FrameStdin:
-				if _, err := pw.Write(p); err != nil {
-					return // fn stopped reading
-				}
-			case api.FrameEOF:
-				pw.Close()
-			}
-		}
-	}()
+	fw := newFrameWriter(c)
+	pr := framesToPipe(newFrameReader(in), api.FrameStdin)
 	code := fn(pr, streamWriter{fw, api.FrameStdout}, streamWriter{fw, api.FrameStderr})
 	pr.Close()
 	return fw.writeJSON(api.FrameEnd, api.SessionEnd{ExitCode: code})
@@ -58,29 +41,38 @@ func ServePortSession(c net.Conn, in io.Reader, fn func(stream io.ReadWriter)) e
 	if err := json.NewEncoder(c).Encode(&api.Response{}); err != nil {
 		return err
 	}
-	fw, fr := newFrameWriter(c), newFrameReader(in)
-	pr, pw := io.Pipe()
-	go func() {
-		for {
-			typ, p, err := fr.read()
-			if err != nil {
-				pw.CloseWithError(err)
-				return
-			}
-			switch typ {
-			case api.FrameData:
-				if _, err := pw.Write(p); err != nil {
-					return
-				}
-			case api.FrameEOF:
-				pw.Close()
-			}
-		}
-	}()
+	fw := newFrameWriter(c)
+	pr := framesToPipe(newFrameReader(in), api.FrameData)
 	fn(struct {
 		io.Reader
 		io.Writer
 	}{pr, streamWriter{fw, api.FrameData}})
 	pr.Close()
 	return fw.write(api.FrameEOF, nil)
+}
+
+// framesToPipe copies the payload of the client's frames of type typ to
+// the pipe it returns, until the client's FrameEOF (the pipe then reads
+// io.EOF), the end of its stream (the pipe's read fails) or the reader
+// closing the pipe.
+func framesToPipe(fr *frameReader, typ byte) *io.PipeReader {
+	pr, pw := io.Pipe()
+	go func() {
+		for {
+			t, p, err := fr.read()
+			if err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+			switch t {
+			case typ:
+				if _, err := pw.Write(p); err != nil {
+					return // the reader stopped
+				}
+			case api.FrameEOF:
+				pw.Close()
+			}
+		}
+	}()
+	return pr
 }

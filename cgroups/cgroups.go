@@ -31,6 +31,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/internal/mountsafe"
 )
 
 // Unified is the Paths key of the cgroup2 hierarchy in pure v2 mode.
@@ -189,8 +191,8 @@ func parseMountinfo(r io.Reader) ([]mount, error) {
 			continue
 		}
 		out = append(out, mount{
-			point:  unescapeMountinfo(fields[4]),
-			root:   unescapeMountinfo(fields[3]),
+			point:  mountsafe.Unescape(fields[4]),
+			root:   mountsafe.Unescape(fields[3]),
 			fstype: fstype,
 			opts:   strings.Split(fields[sep+3], ","),
 		})
@@ -199,25 +201,6 @@ func parseMountinfo(r io.Reader) ([]mount, error) {
 		return nil, fmt.Errorf("cgroups: read mountinfo: %w", err)
 	}
 	return out, nil
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // hierarchy is one mounted hierarchy stagelet uses.

@@ -188,15 +188,6 @@ func TestParseProcCgroupBad(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	if got := unescapeMountinfo(`/a\040b`); got != "/a b" {
-		t.Errorf("got %q", got)
-	}
-	if got := unescapeMountinfo(`/a\0`); got != `/a\0` {
-		t.Errorf("got %q", got)
-	}
-}
-
 func TestSharesToWeight(t *testing.T) {
 	for _, tt := range []struct{ in, want int64 }{
 		{0, 0}, {2, 1}, {1024, 39}, {262144, 10000}, {1 << 30, 10000},

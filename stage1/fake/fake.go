@@ -458,13 +458,6 @@ func (p *Pod) Sysctls() map[string]string {
 	return maps.Clone(p.sysctls)
 }
 
-// App is app id's spec as the agent was given it (nil: unknown).
-func (p *Pod) App(id string) *api.AppSpec {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.specs[id]
-}
-
 // publishLocked sends an event to every subscriber.
 func (p *Pod) publishLocked(typ string, a *api.AppStatus) {
 	cp := *a

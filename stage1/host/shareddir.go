@@ -243,7 +243,7 @@ func MountsUnder(dir string) ([]string, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		p := UnescapeMountPath(fields[4])
+		p := mountsafe.Unescape(fields[4])
 		if p == dir || strings.HasPrefix(p, dir+"/") {
 			out = append(out, p)
 		}
@@ -258,25 +258,6 @@ func MountsUnder(dir string) ([]string, error) {
 		return strings.Count(out[i], "/") > strings.Count(out[j], "/")
 	})
 	return out, nil
-}
-
-// UnescapeMountPath undoes the kernel's octal escapes in mountinfo (\040).
-func UnescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // UnmountAll detaches every mount at dir or beneath it. Mounts already

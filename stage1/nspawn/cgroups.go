@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -86,14 +87,14 @@ func systemdParent() (*cgroups.Cgroup, error) {
 		if !ok {
 			continue
 		}
-		root := host.UnescapeMountPath(f[3])
+		root := mountsafe.Unescape(f[3])
 		rel := path
 		if root != "/" {
 			if r, ok := strings.CutPrefix(path, root); ok && (r == "" || r[0] == '/') {
 				rel = r
 			}
 		}
-		point := host.UnescapeMountPath(f[4])
+		point := mountsafe.Unescape(f[4])
 		cg.Paths[key] = filepath.Join(point, filepath.Clean("/"+rel))
 	}
 	if len(cg.Paths) == 0 {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stagelet/stagelet/internal/mountsafe"
+
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -225,7 +227,7 @@ func MountsUnder(dir string) []string {
 		if len(f) < 5 {
 			continue
 		}
-		mp := unescapeMountinfo(f[4])
+		mp := mountsafe.Unescape(f[4])
 		if strings.HasPrefix(mp, dir+"/") || mp == dir {
 			out = append(out, mp)
 		}
@@ -237,24 +239,6 @@ func MountsUnder(dir string) []string {
 		return out[i] > out[j]
 	})
 	return out
-}
-
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func (d *Daemon) unmountLeftovers() []string {
@@ -370,13 +354,13 @@ func cgroupMounts() []cgroupMount {
 		}
 		switch qf[0] {
 		case "cgroup2":
-			out = append(out, cgroupMount{point: unescapeMountinfo(pf[4]), v2: true})
+			out = append(out, cgroupMount{point: mountsafe.Unescape(pf[4]), v2: true})
 		case "cgroup":
 			opts := map[string]bool{}
 			for _, o := range strings.Split(qf[2], ",") {
 				opts[o] = true
 			}
-			out = append(out, cgroupMount{point: unescapeMountinfo(pf[4]), opts: opts})
+			out = append(out, cgroupMount{point: mountsafe.Unescape(pf[4]), opts: opts})
 		}
 	}
 	return out

@@ -5,12 +5,6 @@ import (
 	"testing"
 )
 
-func TestUnescapeMountinfo(t *testing.T) {
-	if got := unescapeMountinfo(`/tmp/a\040b\011c\134d`); got != "/tmp/a b\tc\\d" {
-		t.Errorf("got %q", got)
-	}
-}
-
 // The teardown looks for pod cgroups beneath the daemon's cgroup in every
 // hierarchy, v1 and v2, and on a pure v2 host beneath the cgroup above the
 // supervisor leaf the daemon moved into.
