@@ -243,6 +243,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		return err
 	}
 	rec.ImageID = img.ID
+	rec.ImageName = imageName(&rec.Config, img)
 	// Record before taking the rootfs, so a crash leaves a record that
 	// recovery cleans up.
 	if err := b.rec.saveContainer(rec); err != nil {
@@ -806,4 +807,21 @@ func (b *Broker) refreshOnRefusal(ctx context.Context, p *pod, c *container, err
 // still present.
 func (b *Broker) ImageOf(rec *ContainerRecord) (*image.Image, error) {
 	return b.opts.Images.Get(rec.ImageID)
+}
+
+// imageName is the image a container's status names: the reference the
+// pod's author wrote when the caller passed it (the kubelet compares it
+// with the pod's spec to see a container's image change), else the
+// reference the container was created from, or, when that was the image's
+// ID, the image's first tag, as containerd reports it.
+func imageName(cfg *ContainerConfig, img *image.Image) string {
+	byID := strings.HasPrefix(img.ID, "sha256:"+strings.TrimPrefix(cfg.Image, "sha256:"))
+	switch {
+	case cfg.UserImage != "":
+		return cfg.UserImage
+	case byID && len(img.RepoTags) > 0:
+		return img.RepoTags[0]
+	default:
+		return cfg.Image
+	}
 }

@@ -151,8 +151,12 @@ type ContainerMetadata struct {
 
 // ContainerConfig is the broker's view of a CRI ContainerConfig.
 type ContainerConfig struct {
-	Metadata    ContainerMetadata `json:"metadata"`
-	Image       string            `json:"image"`
+	Metadata ContainerMetadata `json:"metadata"`
+	Image    string            `json:"image"`
+	// UserImage is the image as the pod's author wrote it (CRI
+	// UserSpecifiedImage), when the caller says; Image may be the ID the
+	// caller resolved it to.
+	UserImage   string            `json:"userImage,omitempty"`
 	Command     []string          `json:"command,omitempty"`
 	Args        []string          `json:"args,omitempty"`
 	WorkingDir  string            `json:"workingDir,omitempty"`

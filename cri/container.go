@@ -47,6 +47,7 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 	cc := &broker.ContainerConfig{
 		Metadata:    broker.ContainerMetadata{Name: c.GetMetadata().GetName(), Attempt: c.GetMetadata().GetAttempt()},
 		Image:       c.GetImage().GetImage(),
+		UserImage:   c.GetImage().GetUserSpecifiedImage(),
 		Command:     c.GetCommand(),
 		Args:        c.GetArgs(),
 		WorkingDir:  c.GetWorkingDir(),
