@@ -464,7 +464,7 @@ func TestAppLogs(t *testing.T) {
 		}
 	}
 	a := strings.Repeat("a", 20000)
-	want := []string{"F out1", "P " + a[:16384], "F " + a[16384:], "F out2", "F tail"}
+	want := []string{"F out1", "P " + a[:16384], "F " + a[16384:], "F out2", "P tail"}
 	if strings.Join(stdout, "\n") != strings.Join(want, "\n") {
 		t.Errorf("stdout lines:\n%.200q\nwant\n%.200q", stdout, want)
 	}

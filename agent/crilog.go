@@ -148,8 +148,10 @@ func (l *criLog) close() error {
 
 // copyStream reads r until EOF and writes it to l as lines of stream
 // (without a "\r" before the newline, as containerd writes them). A
-// line longer than maxLogLine becomes P chunks ended by an F chunk; a last
-// line without a newline is written as F at EOF. It returns the first
+// line longer than maxLogLine becomes P chunks ended by an F chunk. A last
+// line without a newline is written as P at EOF, as containerd writes it:
+// readers (the kubelet's termination message from the log among them) then
+// add no newline the container never wrote. It returns the first
 // write error (copying goes on after it) or a read error other than EOF
 // or a closed file.
 func (l *criLog) copyStream(stream string, r io.Reader) error {
@@ -171,7 +173,7 @@ func (l *criLog) copyStream(stream string, r io.Reader) error {
 			note(l.writeLine(stream, true, line))
 		default:
 			if len(line) > 0 {
-				note(l.writeLine(stream, false, line))
+				note(l.writeLine(stream, true, line))
 			}
 			if err == io.EOF || errors.Is(err, os.ErrClosed) {
 				return werr

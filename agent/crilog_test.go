@@ -28,10 +28,10 @@ func TestCRILogCopyStream(t *testing.T) {
 	}{
 		{"lines", "one\ntwo\n", []string{"stdout F one", "stdout F two"}},
 		{"empty line", "\n", []string{"stdout F "}},
-		{"no final newline", "one\ntail", []string{"stdout F one", "stdout F tail"}},
+		{"no final newline", "one\ntail", []string{"stdout F one", "stdout P tail"}},
 		{"long line split", long + "\nnext\n", []string{
 			"stdout P " + long[:maxLogLine], "stdout F " + long[maxLogLine:], "stdout F next"}},
-		{"long line at EOF", long, []string{"stdout P " + long[:maxLogLine], "stdout F " + long[maxLogLine:]}},
+		{"long line at EOF", long, []string{"stdout P " + long[:maxLogLine], "stdout P " + long[maxLogLine:]}},
 		{"exactly the limit", exact + "\n", []string{"stdout P " + exact, "stdout F "}},
 		{"nothing", "", nil},
 	}
