@@ -21,7 +21,7 @@ import (
 
 // Main runs `stagelet agent ARGS` and returns the process exit code:
 //
-//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D] [--netns PATH] [--private-ipc]
+//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D] [--netns PATH] [--private-ipc] [--hostname NAME]
 //
 // With --netns the agent first re-executes itself inside that network
 // namespace, with --private-ipc inside a new IPC namespace, so that it and
@@ -51,6 +51,7 @@ func Main(args []string) int {
 	level := fset.String("log-level", "info", "log level: debug, info, warn, error")
 	stopTimeout := fset.Duration("shutdown-timeout", 10*time.Second, "how long apps get between SIGTERM and SIGKILL when the agent is terminated by a signal")
 	netns := fset.String("netns", "", "network namespace to run in (a bind-mounted netns file); the agent re-executes itself inside it")
+	hostname := fset.String("hostname", "", "hostname to set in the agent's UTS namespace, which must be the pod's own (nspawn's)")
 	privateIPC := fset.Bool("private-ipc", false, "run in a new IPC namespace (the agent re-executes itself in it): for a pod that does not share the host's")
 	if err := fset.Parse(args); err != nil {
 		return 2
@@ -78,6 +79,12 @@ func Main(args []string) int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
 
+	if *hostname != "" {
+		if err := unix.Sethostname([]byte(*hostname)); err != nil {
+			log.Error("set the pod's hostname", "hostname", *hostname, "err", err)
+			return 1
+		}
+	}
 	if os.Getpid() == 1 {
 		if err := ensureProc(); err != nil {
 			log.Error("mount /proc", "err", err)

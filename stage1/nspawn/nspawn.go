@@ -333,9 +333,6 @@ func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 		"--bind=" + st.agentDir() + ":" + podAgentDir,
 		"--bind=" + st.mounts() + ":" + podMounts,
 	}
-	if spec.Hostname != "" {
-		args = append(args, "--hostname="+spec.Hostname)
-	}
 	if u := spec.UserNS; u != nil {
 		// The stage1 tree, the agent's directory and the pod cgroups
 		// are the backend's to hand over to the pod's root (nspawn's own
@@ -354,9 +351,17 @@ func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 	default:
 		args = append(args, "--private-network")
 	}
-	return append(args, podAgent, "agent",
+	args = append(args, podAgent, "agent",
 		"--socket", podAgentDir+"/agent.sock",
 		"--state-dir", podAgentDir+"/state")
+	if spec.Hostname != "" {
+		// Set by the agent, not by nspawn's --hostname: nspawn takes only
+		// what systemd calls a valid hostname, and the kubelet gives
+		// names it refuses (an FQDN ending in a dot where the cluster
+		// domain is empty); the kernel takes any 64 bytes.
+		args = append(args, "--hostname", spec.Hostname)
+	}
+	return args
 }
 
 func networkMode(spec *stage1.PodSpec) string {

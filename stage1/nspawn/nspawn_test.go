@@ -372,15 +372,18 @@ func waitFor(tb testing.TB, what string, cond func() (bool, error)) {
 // namespaces, not the host's.
 func TestPodNamespaces(t *testing.T) {
 	needRoot(t)
-	p := startPod(t, New(testLogger(t)), func(s *stage1.PodSpec) { s.HostNetwork = false })
+	// The kubelet's FQDN when the cluster domain is empty: a name the
+	// kernel takes and systemd-nspawn's --hostname refuses.
+	const fqdn = "nspawn-pod.sub.default.svc."
+	p := startPod(t, New(testLogger(t)), func(s *stage1.PodSpec) { s.HostNetwork = false; s.Hostname = fqdn })
 	p.run("app", stage1test.BusyboxRootfs(t), nil, "/bin/sleep", "1000")
 
 	cmdline := p.exec("app", "cat", "/proc/1/cmdline")
 	if !strings.HasPrefix(cmdline, podAgent+"\x00agent\x00") {
 		t.Errorf("PID 1 in the pod is %q, want the agent", cmdline)
 	}
-	if h := strings.TrimSpace(p.exec("app", "hostname")); h != "nspawn-pod" {
-		t.Errorf("hostname %q, want nspawn-pod", h)
+	if h := strings.TrimSpace(p.exec("app", "hostname")); h != fqdn {
+		t.Errorf("hostname %q, want %s", h, fqdn)
 	}
 	ps := p.exec("app", "ps", "-o", "pid,args")
 	if strings.Contains(ps, "systemd-nspawn") || !strings.Contains(ps, "sleep 1000") {
