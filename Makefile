@@ -1,6 +1,10 @@
 GO      ?= go
 BIN     := bin/stagelet
-VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The release this tree leads to, with git's description as build
+# metadata: the kubelet parses a runtime's version (major.minor at least)
+# and shows "Unknown" for one it cannot parse.
+RELEASE := 0.1.0
+VERSION := $(RELEASE)+$(shell git describe --always --dirty 2>/dev/null || echo dev)
 # -s -w: no symbol table or DWARF (panics still name functions). The
 # binary is every kvm guest's initramfs too: 30% smaller, it boots faster
 # under TCG and fits a 128 MiB VM.

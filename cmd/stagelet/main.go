@@ -12,7 +12,7 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+var version = "0.0.0+dev"
 
 func usage() {
 	fmt.Fprintf(os.Stderr, `usage: stagelet <command> [flags]
