@@ -10,7 +10,7 @@ VERSION := $(RELEASE)+$(shell git describe --always --dirty 2>/dev/null || echo 
 # under TCG and fits a 128 MiB VM.
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build guest run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node
+.PHONY: all build guest run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node node-e2e
 
 all: build guest
 
@@ -58,6 +58,19 @@ CONFORMANCE_KIT ?= ../shared/conformance
 REGISTRY        ?= 127.0.0.1:5055
 conformance: deps build guest
 	KIT=$(CONFORMANCE_KIT) REGISTRY=$(REGISTRY) GUEST=$(GUEST_DIR) POD_SUBNET=$(POD_SUBNET) ./scripts/conformance.sh $(BIN)
+
+# The kubelet's node conformance suite ([NodeConformance] of
+# test/e2e_node, Kubernetes v1.34.12) with the kit in ../shared/nodee2e,
+# once per stage1 in STAGE1S: the suite starts etcd, the API server and a
+# real kubelet on this host against the binary just built. It fails when a
+# spec fails that test/node-e2e/expected-failures.txt does not list; without
+# the kit it says so and passes. The kit's Kubernetes binaries are built
+# once (15-40 minutes cold) and cached in /var/cache. SERIAL=1 runs the
+# [Serial] specs instead. One run per host at a time (fixed ports).
+STAGE1S ?= nspawn fly kvm
+NODEE2E_KIT ?= ../shared/nodee2e
+node-e2e: deps build guest
+	KIT=$(NODEE2E_KIT) STAGE1S="$(STAGE1S)" GUEST=$(GUEST_DIR) ./scripts/node-e2e.sh $(BIN)
 
 # The Debian tree (debootstrap, a few minutes the first time) that the
 # systemd launcher's tests boot with systemd-nspawn -b; they skip without
