@@ -10,7 +10,7 @@ VERSION := $(RELEASE)+$(shell git describe --always --dirty 2>/dev/null || echo 
 # under TCG and fits a 128 MiB VM.
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build guest run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node node-e2e
+.PHONY: all build guest run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node node-e2e test-cluster
 
 all: build guest
 
@@ -71,6 +71,15 @@ STAGE1S ?= nspawn fly kvm
 NODEE2E_KIT ?= ../shared/nodee2e
 node-e2e: deps build guest
 	KIT=$(NODEE2E_KIT) STAGE1S="$(STAGE1S)" GUEST=$(GUEST_DIR) ./scripts/node-e2e.sh $(BIN)
+
+# stagelet as one node of many: a Kubernetes cluster on this machine, the
+# control plane on the host and two nodes booted with systemd-nspawn from a
+# Debian 12 tree, each running stagelet and a kubelet as systemd services,
+# kube-proxy, the pod network and CoreDNS as pods (test/cluster). The
+# Kubernetes binaries, coredns and the tree are built once and cached in
+# /var/cache (scripts/cluster-build.sh).
+test-cluster: deps build guest
+	./scripts/test-cluster.sh $(BIN) $(GUEST_DIR)
 
 # The Debian tree (debootstrap, a few minutes the first time) that the
 # systemd launcher's tests boot with systemd-nspawn -b; they skip without

@@ -1,0 +1,487 @@
+package cluster
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+)
+
+// workloads are the test's own objects, in the default namespace.
+const workloads = `
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 6
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app: web}}}
+      containers:
+      - name: web
+        image: {{.Agnhost}}
+        args: [netexec, --http-port=8080]
+        readinessProbe:
+          httpGet: {path: /healthz, port: 8080}
+          periodSeconds: 2
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: client}
+spec:
+  selector: {matchLabels: {app: client}}
+  template:
+    metadata: {labels: {app: client}}
+    spec:
+      containers:
+      - name: client
+        image: {{.Agnhost}}
+        args: [netexec, --http-port=8080]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: liveness}
+spec:
+  containers:
+  - name: liveness
+    image: {{.Agnhost}}
+    # Healthy for 10 seconds, then failing its probe: the kubelet restarts it.
+    args: [liveness]
+    livenessProbe:
+      httpGet: {path: /healthz, port: 8080}
+      initialDelaySeconds: 2
+      periodSeconds: 2
+      failureThreshold: 1
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: readiness}
+spec:
+  containers:
+  - name: readiness
+    image: {{.Busybox}}
+    command: [sh, -c, "exec sleep 3600"]
+    readinessProbe:
+      exec: {command: [cat, /tmp/ready]}
+      periodSeconds: 1
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: done}
+spec:
+  completions: 2
+  parallelism: 2
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: done
+        image: {{.Busybox}}
+        command: [sh, -c, "echo done"]
+`
+
+// pinnedPod is an ordinary pod on a given node.
+const pinnedPod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: {{.Name}}}
+spec:
+  nodeName: {{.Node}}
+  containers:
+  - name: web
+    image: {{.Agnhost}}
+    args: [netexec, --http-port=8080]
+    readinessProbe:
+      httpGet: {path: /healthz, port: 8080}
+      periodSeconds: 2
+`
+
+// vmPod is a pod in its own VM, beside the others.
+const vmPod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: vm}
+spec:
+  runtimeClassName: kvm
+  containers:
+  - name: vm
+    image: {{.Agnhost}}
+    args: [netexec, --http-port=8080]
+`
+
+func TestCluster(t *testing.T) {
+	e := loadEnv(t)
+	c := startCluster(t, e, "node1", "node2")
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+	})
+
+	if !t.Run("add-ons", func(t *testing.T) {
+		c.rollout(t, "kube-system", "daemonset/kube-proxy")
+		c.rollout(t, "kube-system", "daemonset/podnet")
+		c.rollout(t, "kube-system", "deployment/coredns")
+		// The policy put kube-system's host-network pods on fly and
+		// CoreDNS on nspawn: each node's stagelet says which.
+		c.expectStage1(t, "kube-proxy-", "fly")
+		c.expectStage1(t, "podnet-", "fly")
+		c.expectStage1(t, "coredns-", "nspawn")
+	}) {
+		return
+	}
+	c.apply(t, workloads)
+	if !t.Run("deployment spread over the nodes", func(t *testing.T) {
+		c.rollout(t, "default", "deployment/web")
+		c.rollout(t, "default", "daemonset/client")
+		nodes := map[string]bool{}
+		for _, p := range c.pods(t, "app=web") {
+			nodes[p.Spec.NodeName] = true
+		}
+		if len(nodes) != len(c.nodes) {
+			t.Errorf("web's 6 pods run on %v, want every node", nodes)
+		}
+	}) {
+		return
+	}
+	t.Run("service by DNS name from every node", func(t *testing.T) {
+		c.reachAll(t, c.nodeNames())
+	})
+	t.Run("liveness probe restarts a failing container", func(t *testing.T) {
+		c.wait(t, 3*time.Minute, "liveness restarted", func() (bool, error) {
+			p, err := c.pod("liveness")
+			if err != nil {
+				return false, err
+			}
+			st := p.Status.ContainerStatuses
+			return len(st) == 1 && st[0].RestartCount >= 1 && st[0].State.Running != nil, nil
+		})
+	})
+	t.Run("readiness probe", func(t *testing.T) {
+		c.wait(t, 2*time.Minute, "readiness running", func() (bool, error) {
+			p, err := c.pod("readiness")
+			return err == nil && p.Status.Phase == "Running", err
+		})
+		if p, err := c.pod("readiness"); err != nil || p.ready() {
+			t.Fatalf("readiness is ready before its file exists (%v)", err)
+		}
+		c.kubectl(t, "exec", "readiness", "--", "touch", "/tmp/ready")
+		c.wait(t, time.Minute, "readiness ready", func() (bool, error) {
+			p, err := c.pod("readiness")
+			return err == nil && p.ready(), err
+		})
+	})
+	t.Run("job completes", func(t *testing.T) {
+		c.kubectl(t, "wait", "--for=condition=complete", "job/done", "--timeout=3m")
+		out := c.kubectl(t, "logs", "job/done")
+		if strings.TrimSpace(out) != "done" {
+			t.Errorf("job's log %q, want done", out)
+		}
+	})
+	t.Run("kvm pod beside them", func(t *testing.T) {
+		if e.guest == "" {
+			t.Skip("no kvm guest (STAGELET_GUEST_ASSETS)")
+		}
+		c.apply(t, vmPod)
+		c.wait(t, 5*time.Minute, "vm ready", func() (bool, error) {
+			p, err := c.pod("vm")
+			return err == nil && p.ready(), err
+		})
+		c.expectStage1(t, "vm_default_", "kvm")
+		hostKernel, err := exec.Command("uname", "-r").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k := strings.TrimSpace(c.kubectl(t, "exec", "vm", "--", "uname", "-r")); k == strings.TrimSpace(string(hostKernel)) {
+			t.Errorf("the vm pod runs the host's kernel %s", k)
+		}
+		vm, _ := c.pod("vm")
+		// From a pod on the other node, to the VM's address.
+		for _, cl := range c.pods(t, "app=client") {
+			if cl.Spec.NodeName == vm.Spec.NodeName {
+				continue
+			}
+			got := c.dial(t, cl.Metadata.Name, vm.Status.PodIP, "8080", 3)
+			if !slices.Contains(got, "vm") {
+				t.Errorf("from %s on %s to the vm pod: %v, want its hostname", cl.Metadata.Name, cl.Spec.NodeName, got)
+			}
+		}
+	})
+	t.Run("drain moves pods to the other node", func(t *testing.T) {
+		drained, kept := c.nodes[1].name, c.nodes[0].name
+		c.kubectl(t, "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=4m")
+		defer c.kubectl(t, "uncordon", drained)
+		c.rollout(t, "default", "deployment/web")
+		for _, p := range c.pods(t, "app=web") {
+			if p.Spec.NodeName != kept {
+				t.Errorf("after draining %s, %s runs on %s", drained, p.Metadata.Name, p.Spec.NodeName)
+			}
+		}
+		c.reachAll(t, []string{kept})
+	})
+	t.Run("stagelet restarts with its pods kept", func(t *testing.T) {
+		n := c.nodes[0]
+		before := c.containers(t, n.name)
+		if len(before) == 0 {
+			t.Fatalf("no pods on %s", n.name)
+		}
+		pid := c.nodeExec(t, n, "systemctl", "show", "-P", "MainPID", "stagelet")
+		c.nodeExec(t, n, "systemctl", "restart", "stagelet")
+		if after := c.nodeExec(t, n, "systemctl", "show", "-P", "MainPID", "stagelet"); after == pid || after == "0" {
+			t.Fatalf("stagelet's main PID %s before the restart, %s after", pid, after)
+		}
+		// Give the kubelet time to relist through the new daemon: the
+		// pods must be the same containers, never restarted.
+		c.wait(t, time.Minute, "stagelet answering the kubelet", func() (bool, error) {
+			out, err := c.kubectlErr("get", "node", n.name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			return strings.TrimSpace(out) == "True", err
+		})
+		// Through several of the kubelet's relists, the pods stay the
+		// same containers, never restarted.
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+			after := c.containers(t, n.name)
+			for name, id := range before {
+				if after[name] != id {
+					t.Fatalf("%s: container %s before stagelet's restart, %s after", name, id, after[name])
+				}
+			}
+		}
+		c.reachAll(t, []string{n.name})
+		// The restarted daemon runs new pods too.
+		c.apply(t, pinnedPod, "Name", "after-restart", "Node", n.name)
+		c.wait(t, 3*time.Minute, "a new pod after the restart", func() (bool, error) {
+			p, err := c.pod("after-restart")
+			return err == nil && p.ready(), err
+		})
+	})
+}
+
+type podObj struct {
+	Metadata struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Spec struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
+	Status struct {
+		Phase      string `json:"phase"`
+		PodIP      string `json:"podIP"`
+		Conditions []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"conditions"`
+		ContainerStatuses []struct {
+			Name         string `json:"name"`
+			ContainerID  string `json:"containerID"`
+			RestartCount int    `json:"restartCount"`
+			State        struct {
+				Running *struct{} `json:"running"`
+			} `json:"state"`
+		} `json:"containerStatuses"`
+	} `json:"status"`
+}
+
+func (p *podObj) ready() bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True"
+		}
+	}
+	return false
+}
+
+func (c *cluster) pod(name string) (*podObj, error) {
+	out, err := c.kubectlErr("get", "pod", name, "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var p podObj
+	return &p, json.Unmarshal([]byte(out), &p)
+}
+
+func (c *cluster) pods(t *testing.T, selector string) []podObj {
+	t.Helper()
+	var l struct {
+		Items []podObj `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(c.kubectl(t, "get", "pods", "-l", selector, "-o", "json")), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+// containers are the container IDs and restart counts of the running
+// containers on node, in every namespace (the add-ons' fly and nspawn pods
+// among them), by namespace, pod and container; the liveness pod, whose
+// container the kubelet restarts by design, is left out.
+func (c *cluster) containers(t *testing.T, node string) map[string]string {
+	t.Helper()
+	out := c.kubectl(t, "get", "pods", "-A", "--field-selector", "spec.nodeName="+node, "-o", "json")
+	var l struct {
+		Items []podObj `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]string{}
+	for _, p := range l.Items {
+		if p.Metadata.Name == "liveness" {
+			continue
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.State.Running != nil {
+				ids[p.Metadata.Namespace+"/"+p.Metadata.Name+"/"+s.Name] = s.ContainerID + " restarts " + strconv.Itoa(s.RestartCount)
+			}
+		}
+	}
+	return ids
+}
+
+func (c *cluster) nodeNames() []string {
+	var out []string
+	for _, n := range c.nodes {
+		out = append(out, n.name)
+	}
+	return out
+}
+
+// apply applies manifest, a template of the test's images and the extra
+// key, value pairs kv.
+func (c *cluster) apply(t *testing.T, manifest string, kv ...string) {
+	t.Helper()
+	vals := map[string]string{"Agnhost": img.agnhost, "Busybox": img.busybox}
+	for i := 0; i+1 < len(kv); i += 2 {
+		vals[kv[i]] = kv[i+1]
+	}
+	var b bytes.Buffer
+	if err := template.Must(template.New("m").Parse(manifest)).Execute(&b, vals); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.kubectlIn(b.String(), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) rollout(t *testing.T, ns, what string) {
+	t.Helper()
+	c.kubectl(t, "-n", ns, "rollout", "status", what, "--timeout=5m")
+}
+
+func (c *cluster) wait(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	if err := c.waitFor(timeout, what, cond); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dial asks client's netexec to send tries HTTP requests for its hostname
+// to host:port (a name is looked up in the cluster's DNS from the client
+// pod), through kubectl exec, and returns the answers.
+func (c *cluster) dial(t *testing.T, client, host, port string, tries int) []string {
+	t.Helper()
+	q := url.Values{"request": {"hostname"}, "protocol": {"http"}, "host": {host}, "port": {port}, "tries": {strconv.Itoa(tries)}}
+	out, err := c.kubectlErr("exec", client, "--", "wget", "-qO-", "http://127.0.0.1:8080/dial?"+q.Encode())
+	if err != nil {
+		t.Logf("dial from %s: %v", client, err)
+		return nil
+	}
+	var r struct {
+		Responses []string `json:"responses"`
+		Errors    []string `json:"errors"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Logf("dial from %s: %v: %q", client, err, out)
+	}
+	if len(r.Errors) > 0 {
+		t.Logf("dial from %s to %s:%s: %d errors, first: %s", client, host, port, len(r.Errors), r.Errors[0])
+	}
+	return r.Responses
+}
+
+// reachAll checks that the client pod on each of nodes reaches every web
+// pod through the web Service, by its DNS name.
+func (c *cluster) reachAll(t *testing.T, nodes []string) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, p := range c.pods(t, "app=web") {
+		want[p.Metadata.Name] = true
+	}
+	for _, cl := range c.pods(t, "app=client") {
+		if !slices.Contains(nodes, cl.Spec.NodeName) {
+			continue
+		}
+		seen := map[string]bool{}
+		c.wait(t, 2*time.Minute, fmt.Sprintf("%s on %s reaching all %d web pods", cl.Metadata.Name, cl.Spec.NodeName, len(want)), func() (bool, error) {
+			for _, r := range c.dial(t, cl.Metadata.Name, "web.default.svc.cluster.local", "80", 30) {
+				seen[r] = true
+			}
+			for w := range want {
+				if !seen[w] {
+					return false, fmt.Errorf("answered so far: %v", seen)
+				}
+			}
+			return true, nil
+		})
+	}
+}
+
+// expectStage1 checks, in the stagelet logs of every node, that the pods
+// whose sandbox name starts with prefix were started on stage1.
+func (c *cluster) expectStage1(t *testing.T, prefix, stage1 string) {
+	t.Helper()
+	found := 0
+	for _, n := range c.nodes {
+		b, err := os.ReadFile(filepath.Join(n.root, "var/log/stagelet.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, `msg="pod started"`) || !strings.Contains(line, " name="+prefix) {
+				continue
+			}
+			found++
+			if !strings.Contains(line, " stage1="+stage1+" ") {
+				t.Errorf("node %s: %s", n.name, line)
+			}
+		}
+	}
+	if found == 0 {
+		t.Errorf("no pod %s* started on any node", prefix)
+	}
+}
+
+// nodeExec runs a command in a node's namespaces (as machinectl shell
+// would) and returns its trimmed output.
+func (c *cluster) nodeExec(t *testing.T, n *node, args ...string) string {
+	t.Helper()
+	leader, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.proc.cmd.Process.Pid, n.proc.cmd.Process.Pid))
+	if err != nil || len(strings.Fields(string(leader))) == 0 {
+		t.Fatalf("node %s: its init: %v", n.name, err)
+	}
+	pid := strings.Fields(string(leader))[0]
+	out, err := exec.Command("nsenter", append([]string{"-t", pid, "-m", "-u", "-i", "-n", "-p", "-C"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node %s: %s: %v\n%s", n.name, strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
