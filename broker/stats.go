@@ -4,6 +4,7 @@ import (
 	"context"
 	"io/fs"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
@@ -113,16 +114,31 @@ func (b *Broker) ListPodStats(ctx context.Context, f PodFilter) []*PodStats {
 	return out
 }
 
-// duOf sums file sizes and counts inodes below dir (missing dir: zeros).
+// duOf counts the bytes allocated (blocks, as du does; a hard-linked file
+// once) and the inodes below dir, as containerd's and CRI-O's writable
+// layer figures count them (missing dir: zeros).
 func duOf(dir string) (bytes, inodes uint64) {
+	seen := map[uint64]bool{}
 	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}
-		inodes++
-		if info, err := d.Info(); err == nil && d.Type().IsRegular() {
-			bytes += uint64(info.Size())
+		info, err := d.Info()
+		if err != nil {
+			return nil
 		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		if st.Nlink > 1 && !d.IsDir() {
+			if seen[st.Ino] {
+				return nil
+			}
+			seen[st.Ino] = true
+		}
+		inodes++
+		bytes += uint64(st.Blocks) * 512
 		return nil
 	})
 	return bytes, inodes
