@@ -167,6 +167,12 @@ func newRightsReader(c net.Conn) (*rightsReader, error) {
 
 func (r *rightsReader) Read(p []byte) (int, error) {
 	n, oobn, _, _, err := r.c.ReadMsgUnix(p, r.oob)
+	if n < 0 {
+		// ReadMsgUnix passes on recvmsg's -1 with an error (a reset,
+		// when the child exec'd leaving bytes unread); an io.Reader
+		// never returns a negative count, and json.Decoder panics on one.
+		n = 0
+	}
 	if oobn > 0 {
 		msgs, perr := unix.ParseSocketControlMessage(r.oob[:oobn])
 		if perr == nil {
