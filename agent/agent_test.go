@@ -1246,3 +1246,43 @@ func TestUpdate(t *testing.T) {
 		t.Errorf("update of an exited app: %v, want FailedPrecondition", err)
 	}
 }
+
+// TestOOMScoreAboveAgent: an app scores as it asked, but always above its
+// agent, so that the OOM killer takes the app first; an exec'd command
+// scores as its app.
+func TestOOMScoreAboveAgent(t *testing.T) {
+	ta := startAgent(t)
+	score := func(pid int) int {
+		t.Helper()
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	agent := score(ta.cmd.Process.Pid)
+	if agent >= 500 {
+		t.Skipf("the agent's own score is %d", agent)
+	}
+	rootfs := makeRootfs(t)
+	for _, c := range []struct {
+		id          string
+		asked, want int
+	}{
+		{"asked", 500, 500},
+		{"none", 0, agent + 1},
+		{"below", agent - 1, agent + 1},
+	} {
+		ta.run(&api.AppSpec{ID: c.id, Rootfs: rootfs, Args: []string{"sleep", "1000"}, Resources: api.Resources{OOMScoreAdj: c.asked}})
+		if got := score(ta.appPID(c.id)); got != c.want {
+			t.Errorf("app %s asking %d scores %d, want %d (the agent: %d)", c.id, c.asked, got, c.want, agent)
+		}
+	}
+	if out := strings.TrimSpace(string(ta.exec("asked", "cat", "/proc/self/oom_score_adj").Stdout)); out != "500" {
+		t.Errorf("an exec in app asked scores %q, want 500", out)
+	}
+}

@@ -125,6 +125,38 @@ func childMain(cmd string) int {
 	return 1
 }
 
+// setOOMScoreAdj gives the process the oom_score_adj its app asked for (0:
+// none), but always above the agent's own, which the process inherited:
+// every app of the pod needs the agent, so the OOM killer must take an app
+// before it, as it takes a runc container before containerd's shim. Under
+// the service unit the agent inherits the daemon's -999 and the kubelet's
+// scores (-997 at the lowest) stand; where the daemon runs with a higher
+// score and may not lower one (no CAP_SYS_RESOURCE), an app asking less
+// than the agent's gets the agent's + 1, with a warning. Raising a score
+// needs no privilege.
+func setOOMScoreAdj(asked int, warn func(string, ...any)) {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		warn("oom_score_adj: %v", err)
+		return
+	}
+	agentAdj, err := strconv.Atoi(trimNL(b))
+	if err != nil {
+		warn("oom_score_adj %q: %v", trimNL(b), err)
+		return
+	}
+	adj := max(asked, min(agentAdj+1, 1000))
+	if asked != 0 && adj != asked {
+		warn("oom_score_adj %d is not above the agent's %d: the app gets %d, so that the OOM killer takes it before the pod's agent", asked, agentAdj, adj)
+	}
+	if adj == agentAdj {
+		return
+	}
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(adj)), 0); err != nil {
+		warn("oom_score_adj %d refused (%v); keeping %d", adj, err, agentAdj)
+	}
+}
+
 func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY func(master int) error, execNow func()) error {
 	app := spec.App
 	if app == nil || len(spec.Args) == 0 {
@@ -140,12 +172,7 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 				return fmt.Errorf("sethostname: %w", err)
 			}
 		}
-		if adj := app.Resources.OOMScoreAdj; adj != 0 {
-			if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(adj)), 0); err != nil {
-				cur, _ := os.ReadFile("/proc/self/oom_score_adj")
-				warn("oom_score_adj %d refused (%v); keeping %s", adj, err, trimNL(cur))
-			}
-		}
+		setOOMScoreAdj(app.Resources.OOMScoreAdj, warn)
 	case cmdExecInit:
 		if spec.JoinUTS {
 			if err := unix.Setns(utsFD, unix.CLONE_NEWUTS); err != nil {
@@ -157,6 +184,8 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 			return failedPrecondition(fmt.Errorf("enter the app's mount namespace: %w", err))
 		}
 		unix.Close(mntFD)
+		// An exec'd command scores as its app does, as runc's exec does.
+		setOOMScoreAdj(app.Resources.OOMScoreAdj, warn)
 	default:
 		return fmt.Errorf("unknown child command %q", cmd)
 	}
