@@ -293,7 +293,7 @@ func (a *Agent) launch(ap *app) error {
 		return a.failEarly(ap, errdefs.FailedPrecondition("%v", err))
 	}
 	cloneflags := uintptr(syscall.CLONE_NEWNS)
-	if spec.Hostname != "" {
+	if spec.OwnUTS() {
 		cloneflags |= syscall.CLONE_NEWUTS
 	}
 	if spec.PIDNamespace == api.PIDNamespaceContainer {

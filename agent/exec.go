@@ -150,7 +150,7 @@ func (a *Agent) spawnExec(id string, cmd []string, cio childIO, size *api.Termin
 	}
 	defer mnt.Close()
 	extra := []*os.File{mnt}
-	if spec.Hostname != "" {
+	if spec.OwnUTS() {
 		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
 		if err != nil {
 			return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
@@ -183,6 +183,6 @@ func (a *Agent) spawnExec(id string, cmd []string, cio childIO, size *api.Termin
 	} else if c, err = spawn(); err != nil {
 		return nil, nil, nil, err
 	}
-	ps := &procSpec{App: spec, Args: cmd, JoinUTS: spec.Hostname != "", TTY: cio.tty, Size: size}
+	ps := &procSpec{App: spec, Args: cmd, JoinUTS: spec.OwnUTS(), TTY: cio.tty, Size: size}
 	return c, ap, ps, nil
 }

@@ -222,6 +222,7 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 		Env:            mergeEnv(img.Config.Env, cfg.Env),
 		Cwd:            cwd,
 		Hostname:       hostname,
+		PrivateUTS:     !pod.HostNetwork,
 		UID:            uid,
 		GID:            gid,
 		AdditionalGIDs: groups,

@@ -222,6 +222,10 @@ type AppSpec struct {
 	Env      []string `json:"env,omitempty"`
 	Cwd      string   `json:"cwd,omitempty"`
 	Hostname string   `json:"hostname,omitempty"`
+	// PrivateUTS runs the app in a UTS namespace of its own (its pod's
+	// hostname is not the host's: a pod outside the host's network), also
+	// when Hostname is empty; a Hostname implies it.
+	PrivateUTS bool `json:"privateUts,omitempty"`
 
 	UID            uint32   `json:"uid"`
 	GID            uint32   `json:"gid"`
@@ -282,6 +286,9 @@ type AppSpec struct {
 	Stdin     bool `json:"stdin,omitempty"`
 	StdinOnce bool `json:"stdinOnce,omitempty"`
 }
+
+// OwnUTS tells whether the app runs in a UTS namespace of its own.
+func (s *AppSpec) OwnUTS() bool { return s.PrivateUTS || s.Hostname != "" }
 
 // PID namespace modes of an app.
 const (

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -283,6 +284,43 @@ func TestPodHostPort(t *testing.T) {
 		}
 		if _, err := httpGet(fmt.Sprintf("http://%s:%d/", e.gateway(), hostPort)); err == nil {
 			t.Errorf("hostPort %d still answers after StopPodSandbox", hostPort)
+		}
+	})
+}
+
+// A pod outside the host's network has a UTS namespace of its own on every
+// stage1, also without a hostname: a container allowed to set the host
+// name (CAP_SYS_ADMIN) sets its pod's, never the node's. On fly, whose
+// apps are host processes, the apps' own UTS namespace is all that keeps
+// it from the host's.
+func TestPodUTSNamespace(t *testing.T) {
+	hostBefore, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// A failure here would leave the machine renamed.
+		if h, err := os.Hostname(); err == nil && h != hostBefore {
+			if err := unix.Sethostname([]byte(hostBefore)); err != nil {
+				t.Errorf("restore the host's name %q: %v", hostBefore, err)
+			}
+		}
+	})
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("uts", s)
+		cfg.Hostname = ""
+		podID := e.runStage1Pod(cfg, s)
+		ctrCfg := e.netContainer(s, "app", "sleep", "3600")
+		ctrCfg.Linux.SecurityContext.Capabilities = &runtimeapi.Capability{AddCapabilities: []string{"SYS_ADMIN"}}
+		ctr := e.createAndStart(podID, cfg, ctrCfg)
+		e.waitContainerState(ctr, running, stateTimeout)
+		const name = "set-in-the-pod"
+		e.execOK(ctr, "hostname", name)
+		if got := strings.TrimSpace(e.execOK(ctr, "hostname")); got != name {
+			t.Errorf("hostname in the container after setting it: %q, want %q", got, name)
+		}
+		if h, err := os.Hostname(); err != nil || h != hostBefore {
+			t.Fatalf("the host's name is %q after a pod set its own (was %q, %v)", h, hostBefore, err)
 		}
 	})
 }
