@@ -1,6 +1,7 @@
 package network
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,7 +70,8 @@ type portMapEntry struct {
 // Setup attaches the pod to the node's CNI network (CNI ADD on pn.NetNS,
 // interface eth0, with the pod's metadata as CNI_ARGS and its host ports as
 // the portMappings capability) and returns the attachment. It also brings
-// the namespace's loopback interface up.
+// the namespace's loopback interface up, and announces the pod's IPv4
+// addresses with a gratuitous ARP (see announce).
 //
 // Idempotent: when libcni's cache already holds an attachment of the pod
 // on the current network in the same namespace, that result is returned and
@@ -115,6 +117,11 @@ func (m *Manager) Setup(ctx context.Context, pn PodNetwork) (*Result, error) {
 		return nil, fmt.Errorf("pod %s: CNI ADD result: %w", pn.PodID, err)
 	}
 	m.log.Debug("CNI ADD", "pod", pn.PodID, "network", n.list.Name, "ips", r.IPs, "ms", ms(time.Since(start)))
+	ifname := cmp.Or(r.Interface, IfName)
+	if err := inNetNS(pn.NetNS, func() error { return announce(ifname, r.IPs) }); err != nil {
+		// The pod is reachable without it once stale neighbour entries age out.
+		m.log.Warn("announcing the pod's addresses failed", "pod", pn.PodID, "err", err)
+	}
 	return r, nil
 }
 
