@@ -914,3 +914,40 @@ func (c *Cgroup) Chown(uid, gid int) error {
 	}
 	return nil
 }
+
+// unlimitedV1 is where cgroup v1 memory limits start to mean "none": the
+// kernel reports no limit as its page counter's maximum in bytes
+// (9223372036854771712 with 4 KiB pages).
+const unlimitedV1 = 1 << 62
+
+// MemoryLimit is the most memory c's processes may use together: the
+// lowest limit of c and its ancestors (memory.limit_in_bytes in v1,
+// memory.max in v2), 0 when none sets one or the memory controller is not
+// mounted. Directories that do not exist yet (a cgroup about to be
+// created) are passed over.
+func (c *Cgroup) MemoryLimit() (uint64, error) {
+	dir, file := c.Paths["memory"], "memory.limit_in_bytes"
+	if p, ok := c.Paths[Unified]; ok {
+		dir, file = p, "memory.max"
+	}
+	if dir == "" {
+		return 0, nil
+	}
+	var lowest uint64
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		v, err := readUint(d, file)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if _, serr := os.Stat(d); serr == nil {
+				return lowest, nil // the hierarchy's root: no file there
+			}
+		case err != nil:
+			return 0, fmt.Errorf("cgroups: memory limit: %w", err)
+		case v > 0 && v < unlimitedV1 && (lowest == 0 || v < lowest):
+			lowest = v
+		}
+		if filepath.Dir(d) == d {
+			return lowest, nil
+		}
+	}
+}

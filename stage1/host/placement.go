@@ -29,3 +29,14 @@ func PodCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 func PodSlice(spec *stage1.PodSpec) string {
 	return SliceOf(spec.CgroupParent)
 }
+
+// PodBudget is the cgroup whose limits bound everything a pod runs on the
+// host: the pod's slice under a UnitLauncher, else PodCgroup (not created
+// yet when StartPod asks; its limits are its parent's, the kubelet's pod
+// cgroup).
+func PodBudget(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
+	if s := PodSlice(spec); s != "" {
+		return cgroups.Resolve(slicePath(s))
+	}
+	return PodCgroup(spec)
+}

@@ -392,6 +392,21 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if vm.Accelerator != "kvm" {
 		vm.TBSizeMiB = b.cfg.TBSizeMiB
 	}
+	budget, err := host.PodBudget(spec)
+	if err != nil {
+		return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
+	}
+	limit, err := budget.MemoryLimit()
+	if err != nil {
+		return nil, fmt.Errorf("kvm: %w", err)
+	}
+	sized := vm.MemoryMiB
+	if err := fitVM(&vm, limit, spec.Options[OptionMemory] != "", spec.Resources); err != nil {
+		return nil, err
+	}
+	if vm.MemoryMiB != sized {
+		log.Info("kvm: VM memory lowered to fit the pod's cgroup", "memoryMiB", vm.MemoryMiB, "wanted", sized, "cgroupLimitMiB", limit>>20)
+	}
 
 	unitLaunch := b.UnitLaunch()
 	// Under a UnitLauncher the pod cgroup is the unit's, recorded once

@@ -3,6 +3,7 @@ package kvm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
@@ -543,6 +545,42 @@ func TestVMConfig(t *testing.T) {
 		if (err == nil) != tt.ok || tt.ok && (vm.MemoryMiB != tt.mem || vm.VCPUs != tt.cpu) {
 			t.Errorf("vmConfig(%v) = %+v, %v", tt.opts, vm, err)
 		}
+	}
+}
+
+// The kubelet's pod cgroup holds qemu: a VM is kept inside its limit.
+func TestFitVM(t *testing.T) {
+	const mib = 1 << 20
+	containers := stage1.PodResources{MemoryLimit: 35 * mib}
+	for _, tt := range []struct {
+		name     string
+		vm       vmInfo
+		limit    uint64
+		explicit bool
+		want     int // MiB; 0: refused
+	}{
+		{"no limit", vmInfo{MemoryMiB: 300}, 0, false, 300},
+		{"fits", vmInfo{MemoryMiB: 163, TBSizeMiB: 32}, 227 * mib, false, 163},
+		{"shrunk to fit", vmInfo{MemoryMiB: 1152, TBSizeMiB: 32}, 1024 * mib, false, 960},
+		{"kvm: no translation cache", vmInfo{MemoryMiB: 1152}, 1024 * mib, false, 992},
+		{"below the minimum", vmInfo{MemoryMiB: 163, TBSizeMiB: 32}, 35 * mib, false, 0},
+		{"just the minimum", vmInfo{MemoryMiB: 163, TBSizeMiB: 32}, (minMemoryMiB + 64) * mib, false, minMemoryMiB},
+		{"the policy's size does not fit", vmInfo{MemoryMiB: 512, TBSizeMiB: 32}, 512 * mib, true, 0},
+		{"the policy's size fits", vmInfo{MemoryMiB: 512, TBSizeMiB: 32}, 576 * mib, true, 512},
+	} {
+		vm := tt.vm
+		err := fitVM(&vm, tt.limit, tt.explicit, containers)
+		switch {
+		case tt.want == 0 && !errors.Is(err, errdefs.ErrFailedPrecondition):
+			t.Errorf("%s: %+v, %v; want FailedPrecondition", tt.name, vm, err)
+		case tt.want != 0 && (err != nil || vm.MemoryMiB != tt.want):
+			t.Errorf("%s: %d MiB, %v; want %d MiB", tt.name, vm.MemoryMiB, err, tt.want)
+		}
+	}
+	vm := vmInfo{MemoryMiB: 163, TBSizeMiB: DefaultTBSizeMiB} // qemu's own: 32 + 32 MiB
+	err := fitVM(&vm, 35*mib, false, containers)
+	if err == nil || !strings.Contains(err.Error(), "overhead.podFixed.memory of at least 192Mi") {
+		t.Errorf("refusal does not name the overhead needed: %v", err)
 	}
 }
 

@@ -44,6 +44,41 @@ const (
 // the limit plus this.
 const GuestBaseMiB = 128
 
+// qemuOwnMiB is what qemu takes of the host's memory beside its guest's:
+// about 10 MiB of heap and stacks and 20 MiB of its binary and libraries
+// (smaps of a running pod's qemu), and under TCG its translation cache.
+func qemuOwnMiB(vm vmInfo) int { return 32 + vm.TBSizeMiB }
+
+// fitVM keeps a pod's VM within limit, the memory limit of the cgroup that
+// holds its qemu (0: none): the guest's memory and qemu's own must fit in
+// it, or the kernel kills qemu, and with it the pod, once the guest has
+// touched enough (its page cache alone fills it in time). The kubelet sets
+// that limit to the containers' limits plus the RuntimeClass overhead. A
+// VM sized from the pod's resources shrinks to fit, down to minMemoryMiB;
+// a VM the policy sizes (explicit) is not shrunk. What cannot fit is
+// FailedPrecondition naming the overhead the pod's RuntimeClass needs.
+func fitVM(vm *vmInfo, limit uint64, explicit bool, res stage1.PodResources) error {
+	if limit == 0 {
+		return nil
+	}
+	own := qemuOwnMiB(*vm)
+	room := int(limit>>20) - own
+	if vm.MemoryMiB <= room {
+		return nil
+	}
+	if explicit {
+		return errdefs.FailedPrecondition("kvm: the pod's cgroup allows %d MiB, and the policy gives its VM %d MiB of memory besides %d MiB for qemu: raise the RuntimeClass overhead (overhead.podFixed.memory) by %d Mi or lower the policy's %s option",
+			limit>>20, vm.MemoryMiB, own, vm.MemoryMiB-room, OptionMemory)
+	}
+	if room < minMemoryMiB {
+		containers := int((res.MemoryLimit + (1 << 20) - 1) >> 20)
+		return errdefs.FailedPrecondition("kvm: the pod's cgroup allows %d MiB (its containers' limits, %d MiB, plus the RuntimeClass overhead), and a VM needs at least %d MiB of memory besides %d MiB for qemu: give the pod's RuntimeClass overhead.podFixed.memory of at least %dMi",
+			limit>>20, containers, minMemoryMiB, own, GuestBaseMiB+own)
+	}
+	vm.MemoryMiB = room
+	return nil
+}
+
 // vmConfig is the VM a pod gets: the policy's options; else sized from the
 // pod's resources (memory limit + GuestBaseMiB; vCPUs = the CPU quota
 // rounded up); else the defaults. InvalidArgument for a malformed or

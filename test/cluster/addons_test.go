@@ -20,6 +20,8 @@ apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: kvm}
 handler: kvm
+overhead:
+  podFixed: {memory: 192Mi}
 ---
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass

@@ -115,7 +115,9 @@ spec:
       periodSeconds: 2
 `
 
-// vmPod is a pod in its own VM, beside the others.
+// vmPod is a pod in its own VM, beside the others. Its memory limit and
+// the RuntimeClass overhead make the pod cgroup that holds qemu 256 MiB:
+// room for the VM (the limit plus the guest's own 128 MiB) and qemu.
 const vmPod = `
 apiVersion: v1
 kind: Pod
@@ -126,6 +128,8 @@ spec:
   - name: vm
     image: {{.Agnhost}}
     args: [netexec, --http-port=8080]
+    resources:
+      limits: {memory: 64Mi}
 `
 
 func TestCluster(t *testing.T) {
@@ -213,6 +217,14 @@ func TestCluster(t *testing.T) {
 		}
 		if k := strings.TrimSpace(c.kubectl(t, "exec", "vm", "--", "uname", "-r")); k == strings.TrimSpace(string(hostKernel)) {
 			t.Errorf("the vm pod runs the host's kernel %s", k)
+		}
+		// The VM is its limit plus the guest's own 128 MiB, within the
+		// pod cgroup (limit + overhead) that holds qemu.
+		var totalKiB int
+		mi := c.kubectl(t, "exec", "vm", "--", "grep", "MemTotal:", "/proc/meminfo")
+		t.Logf("the VM: %s", strings.TrimSpace(mi))
+		if _, err := fmt.Sscanf(mi, "MemTotal: %d kB", &totalKiB); err != nil || totalKiB > 192<<10 || totalKiB < 160<<10 {
+			t.Errorf("the VM's memory: %q, want 64 + 128 MiB less what its kernel keeps", mi)
 		}
 		vm, _ := c.pod("vm")
 		// From a pod on the other node, to the VM's address.
