@@ -61,23 +61,47 @@ CRICTL=$H/bin/crictl
 T=
 DPID=
 # The suite's hostPath and device plugin specs write beneath /tmp by fixed
-# names (the kubelet and the pods make them, not stagelet): what a run made
-# there under those names, and was not there before, is removed after it.
+# names (the kubelet and the pods make them, not stagelet), and the suite
+# leaves its Go test temporary directory there: what a run made there under
+# those names, and was not there before, is removed after it.
 tmp_before=
 suite_ran=
 clean_tmp() {
 	local f
 	[ -n "$suite_ran" ] || return 0
 	suite_ran=
-	for f in /tmp/sub-path /tmp/test-file /tmp/device-plugin-failures-*; do
+	for f in /tmp/sub-path /tmp/test-file /tmp/device-plugin-failures-* /tmp/TestE2eNode*; do
 		[ -e "$f" ] || continue
 		printf '%s\n' "$tmp_before" | grep -qxF "$f" && continue
 		mountpoint -q "$f" && continue
 		rm -rf --one-file-system "$f"
 	done
 }
+KPID=
+# stop_suite ends an interrupted suite: the kit's run.sh (its own session,
+# so the group holds ginkgo, the suite and the kubelet it started) gets
+# TERM and a minute to clean up after itself, then what is left of the
+# group, and any process still naming the suite's directory, gets KILL.
+stop_suite() {
+	[ -n "$KPID" ] || return 0
+	if kill -0 "$KPID" 2>/dev/null; then
+		echo "node-e2e: stopping the suite (pid $KPID)" >&2
+		kill -TERM -- "-$KPID" 2>/dev/null
+		for _ in $(seq 600); do
+			kill -0 "$KPID" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL -- "-$KPID" 2>/dev/null
+	fi
+	local p
+	for p in $(pgrep -f -- "$T/out/suite"); do
+		kill -KILL "$p" 2>/dev/null
+	done
+	KPID=
+}
 stop_run() {
 	[ -n "$T" ] || return 0
+	stop_suite
 	if [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; then
 		# Pods outlive the daemon by design: remove them first.
 		local c="$CRICTL --config /dev/null --runtime-endpoint unix://$T/run/stagelet.sock --timeout 120s"
@@ -178,7 +202,10 @@ EOF
 	start=$(date +%s)
 	tmp_before=$(find /tmp -mindepth 1 -maxdepth 1)
 	suite_ran=1
-	"$KIT/run.sh" "$T/run/stagelet.sock" "$T/out/suite" >"$T/out/run.log" 2>&1
+	setsid "$KIT/run.sh" "$T/run/stagelet.sock" "$T/out/suite" >"$T/out/run.log" 2>&1 &
+	KPID=$!
+	wait "$KPID"
+	KPID=
 	took=$(($(date +%s) - start))
 	line=$(tail -n1 "$T/out/run.log")
 	echo "node-e2e $s: $line (${took}s)"
