@@ -60,8 +60,9 @@ type Options struct {
 	Policy *policy.Policy
 	// AgentBinary is the stagelet binary backends run as the pod agent.
 	AgentBinary string
-	Backends    stage1.Registry
-	Images      Images
+	// Backends are the stage1s pods run on, by name; at least one.
+	Backends stage1.Registry
+	Images   Images
 	// Network gives pods their own network namespace; nil means only
 	// pods in the host network can be created.
 	Network Network
@@ -148,9 +149,6 @@ type container struct {
 func New(opts Options) (*Broker, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
-	}
-	if opts.Backends == nil {
-		opts.Backends = stage1.Default()
 	}
 	if opts.Policy == nil {
 		return nil, fmt.Errorf("broker: no policy")

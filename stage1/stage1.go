@@ -15,8 +15,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"sort"
-	"sync"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
@@ -201,55 +199,9 @@ type NodeInformer interface {
 	NodeInfo(ctx context.Context) map[string]string
 }
 
-var (
-	regMu    sync.RWMutex
-	registry = map[string]Backend{}
-)
-
-// Register adds a backend under its name; registering a name twice panics.
-func Register(b Backend) {
-	regMu.Lock()
-	defer regMu.Unlock()
-	if _, dup := registry[b.Name()]; dup {
-		panic("stage1: duplicate backend " + b.Name())
-	}
-	registry[b.Name()] = b
-}
-
-// Get returns the backend registered under name.
-func Get(name string) (Backend, bool) {
-	regMu.RLock()
-	defer regMu.RUnlock()
-	b, ok := registry[name]
-	return b, ok
-}
-
-// Names lists the registered backends, sorted.
-func Names() []string {
-	regMu.RLock()
-	defer regMu.RUnlock()
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-// Registry is a set of backends by name, for callers that want their own
-// set (tests) instead of the process-wide one.
+// Registry is the set of backends a broker runs pods with, by name. The
+// daemon builds it from its configuration; tests build their own.
 type Registry map[string]Backend
-
-// Default returns the process-wide registry as a Registry.
-func Default() Registry {
-	regMu.RLock()
-	defer regMu.RUnlock()
-	r := Registry{}
-	for n, b := range registry {
-		r[n] = b
-	}
-	return r
-}
 
 // ErrNewerState says a pod's backend state was written by a newer
 // stagelet: this one refuses to act on it (the pod is left as it is),

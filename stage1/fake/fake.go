@@ -279,6 +279,8 @@ func (b *Backend) Running(id string) []string {
 	return out
 }
 
+var _ stage1.PodResizer = (*sizedPod)(nil)
+
 // sizedPod is a pod of a fixed size (stage1.PodResizer).
 type sizedPod struct {
 	*Pod

@@ -73,8 +73,11 @@ type Backend struct {
 
 var _ stage1.Backend = (*Backend)(nil)
 
+var _ stage1.Collector = (*Backend)(nil)
+
 // New returns the fly backend, starting agents with the plain launcher
-// (the cgroupfs driver). The caller registers it (stage1.Register(fly.New(log))).
+// (the cgroupfs driver). The caller puts it in the broker's
+// stage1.Registry under its Name.
 func New(log *slog.Logger) *Backend {
 	return NewWithLauncher(log, nil)
 }

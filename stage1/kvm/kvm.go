@@ -199,6 +199,8 @@ type Backend struct {
 
 var _ stage1.Backend = (*Backend)(nil)
 
+var _ stage1.Collector = (*Backend)(nil)
+
 // New returns the kvm backend; the caller registers it. Whether qemu and
 // the guest assets are present is checked by StartPod
 // (FailedPrecondition), not here.

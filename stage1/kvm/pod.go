@@ -34,6 +34,11 @@ type Pod struct {
 
 var _ stage1.Pod = (*Pod)(nil)
 
+var (
+	_ stage1.PodResizer  = (*Pod)(nil)
+	_ stage1.HostStatser = (*Pod)(nil)
+)
+
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
 	return &Pod{client: agent.NewClient(d.Dial), dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b}

@@ -129,8 +129,10 @@ type Backend struct {
 
 var _ stage1.Backend = (*Backend)(nil)
 
-// New returns the nspawn backend. The caller registers it
-// (stage1.Register(nspawn.New(log))). Whether systemd-nspawn is installed
+var _ stage1.Collector = (*Backend)(nil)
+
+// New returns the nspawn backend; the caller puts it in the broker's
+// stage1.Registry under its Name. Whether systemd-nspawn is installed
 // is checked by StartPod (FailedPrecondition), not here.
 func New(log *slog.Logger) *Backend {
 	return NewWithLauncher(log, nil)
