@@ -501,7 +501,11 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 		return err
 	}
 	ok = true
-	_ = syncDir(s.layersDir())
+	// The layer stays under its final name whatever the sync says; a
+	// failed sync fails the pull, and the next one finds the layer there.
+	if err := syncDir(s.layersDir()); err != nil {
+		return fmt.Errorf("layer %s: sync %s: %w", d, s.layersDir(), err)
+	}
 	s.unpacks.Add(1)
 	s.log.Debug("layer unpacked", "layer", d, "entries", st.Entries, "bytes", st.Bytes, "skipped", st.Skipped, "took", time.Since(start))
 	return nil

@@ -365,11 +365,16 @@ func (s *Store) Remove(ref string) error {
 		s.mu.Unlock()
 		return fmt.Errorf("remove image %s: %w", ref, err)
 	}
-	_ = syncDir(s.imagesDir())
+	// The record is gone either way; a failed sync may bring it back
+	// after a crash, which the caller hears of.
+	serr := syncDir(s.imagesDir())
 	delete(s.images, rec.ID)
 	s.mu.Unlock()
 	s.log.Info("image removed", "ref", ref, "id", rec.ID)
 	s.gc()
+	if serr != nil {
+		return fmt.Errorf("remove image %s: sync %s: %w", ref, s.imagesDir(), serr)
+	}
 	return nil
 }
 

@@ -1,6 +1,6 @@
 // Command stagelet-lint runs the project's own static checks (make lint):
-// durable, which reports dropped errors of fsync, syncfs, rename and
-// unmount calls (and dropped mount errors).
+// durable, which reports dropped errors of fsync, syncfs, rename, mount and
+// unmount calls and of the functions that wrap them.
 package main
 
 import (

@@ -7,6 +7,10 @@
 // A call is reported when its error result is discarded: the call is a
 // statement of its own (deferred or not, or started with go), or the error
 // is assigned to the blank identifier.
+//
+// Wrappers are watched too: a function that returns the error of a
+// watched call as its own (`return unix.Fsync(fd)`), directly or through
+// another wrapper, in its package or an imported one (an object fact).
 package durable
 
 import (
@@ -19,11 +23,20 @@ import (
 )
 
 var Analyzer = &analysis.Analyzer{
-	Name:     "durable",
-	Doc:      "report dropped errors of fsync, syncfs, rename, mount and unmount calls",
-	Requires: []*analysis.Analyzer{inspect.Analyzer},
-	Run:      run,
+	Name:      "durable",
+	Doc:       "report dropped errors of fsync, syncfs, rename, mount and unmount calls and of their wrappers",
+	Requires:  []*analysis.Analyzer{inspect.Analyzer},
+	Run:       run,
+	FactTypes: []analysis.Fact{new(wraps)},
 }
+
+// wraps marks a function that returns a watched call's error as its own;
+// Name is that call's, for the report.
+type wraps struct{ Name string }
+
+func (*wraps) AFact() {}
+
+func (w *wraps) String() string { return "wraps " + w.Name }
 
 // watched are the functions and methods checked, by package path and name
 // ("Type.Method" for a method).
@@ -79,7 +92,8 @@ func errorResult(pass *analysis.Pass, call *ast.CallExpr) int {
 	return -1
 }
 
-func callee(pass *analysis.Pass, call *ast.CallExpr) string {
+// calleeFunc is the function call calls by name, or nil.
+func calleeFunc(pass *analysis.Pass, call *ast.CallExpr) *types.Func {
 	var id *ast.Ident
 	switch f := ast.Unparen(call.Fun).(type) {
 	case *ast.Ident:
@@ -87,14 +101,98 @@ func callee(pass *analysis.Pass, call *ast.CallExpr) string {
 	case *ast.SelectorExpr:
 		id = f.Sel
 	default:
-		return ""
+		return nil
 	}
 	fn, _ := pass.TypesInfo.Uses[id].(*types.Func)
-	return watchedFunc(fn)
+	return fn
+}
+
+// callee is the name to report a call by: the watched function's, or
+// for a wrapper "wrapper (a wrapper of watched)"; "" when neither.
+func callee(pass *analysis.Pass, call *ast.CallExpr) string {
+	fn := calleeFunc(pass, call)
+	if name := watchedFunc(fn); name != "" {
+		return name
+	}
+	var w wraps
+	if fn != nil && pass.ImportObjectFact(fn, &w) {
+		return fn.Pkg().Name() + "." + fn.Name() + " (a wrapper of " + w.Name + ")"
+	}
+	return ""
+}
+
+// findWrappers exports a wraps fact for each function of the package that
+// returns the error of a watched call or of a wrapper, until no more are
+// found (a wrapper may wrap another declared after it).
+func findWrappers(pass *analysis.Pass) {
+	for changed := true; changed; {
+		changed = false
+		for _, f := range pass.Files {
+			for _, d := range f.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok || fd.Body == nil {
+					continue
+				}
+				fn, _ := pass.TypesInfo.Defs[fd.Name].(*types.Func)
+				if fn == nil || pass.ImportObjectFact(fn, new(wraps)) {
+					continue
+				}
+				if name := wrapped(pass, fn, fd.Body); name != "" {
+					pass.ExportObjectFact(fn, &wraps{Name: name})
+					changed = true
+				}
+			}
+		}
+	}
+}
+
+// wrapped is the watched call whose error a return statement of body
+// (not of a function literal in it) gives as fn's error result, or "".
+func wrapped(pass *analysis.Pass, fn *types.Func, body *ast.BlockStmt) string {
+	res := fn.Type().(*types.Signature).Results()
+	ei := -1
+	for i := res.Len() - 1; i >= 0; i-- {
+		if types.Identical(res.At(i).Type(), types.Universe.Lookup("error").Type()) {
+			ei = i
+			break
+		}
+	}
+	if ei < 0 {
+		return ""
+	}
+	found := ""
+	ast.Inspect(body, func(n ast.Node) bool {
+		if found != "" {
+			return false
+		}
+		switch r := n.(type) {
+		case *ast.FuncLit:
+			return false
+		case *ast.ReturnStmt:
+			if len(r.Results) != res.Len() {
+				return true
+			}
+			call, ok := ast.Unparen(r.Results[ei]).(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			if name := watchedFunc(calleeFunc(pass, call)); name != "" {
+				found = name
+			} else if g := calleeFunc(pass, call); g != nil {
+				var w wraps
+				if pass.ImportObjectFact(g, &w) {
+					found = w.Name
+				}
+			}
+		}
+		return true
+	})
+	return found
 }
 
 func run(pass *analysis.Pass) (any, error) {
 	ins := pass.ResultOf[inspect.Analyzer].(*inspector.Inspector)
+	findWrappers(pass)
 	report := func(call *ast.CallExpr, how string) {
 		name := callee(pass, call)
 		if name == "" || errorResult(pass, call) < 0 {

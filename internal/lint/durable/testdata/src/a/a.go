@@ -5,6 +5,33 @@ import (
 	"syscall"
 )
 
+// syncDir returns a watched call's error: a wrapper.
+func syncDir(fd int) error { // want syncDir:`wraps syscall.Fsync`
+	return syscall.Fsync(fd)
+}
+
+// publish wraps a wrapper.
+func publish(fd int) error { // want publish:`wraps syscall.Fsync`
+	if fd < 0 {
+		return nil
+	}
+	return syncDir(fd)
+}
+
+// logged handles the error itself: not a wrapper.
+func logged(fd int) error {
+	if err := syscall.Fsync(fd); err != nil {
+		println(err.Error())
+	}
+	return nil
+}
+
+func wrappers() {
+	_ = syncDir(3) // want `the error of a.syncDir \(a wrapper of syscall.Fsync\) is assigned to _`
+	publish(3)     // want `the error of a.publish \(a wrapper of syscall.Fsync\) is dropped`
+	logged(3)
+}
+
 func dropped(f *os.File) {
 	f.Sync()                         // want `the error of os.File.Sync is dropped`
 	os.Rename("a", "b")              // want `the error of os.Rename is dropped`
@@ -15,7 +42,7 @@ func dropped(f *os.File) {
 	os.Remove("x")                   // not a durability call
 }
 
-func handled(f *os.File) error {
+func handled(f *os.File) error { // want handled:`wraps syscall.Fsync`
 	if err := f.Sync(); err != nil {
 		return err
 	}
