@@ -407,7 +407,7 @@ func (d *SerialDialer) session(ctx context.Context) (*yamux.Session, error) {
 		return nil, fmt.Errorf("serial %s: %w", d.path, err)
 	}
 	d.conn, d.sess = conn, sess
-	d.log.Debug("serial session started", "socket", d.path, "session", nonce)
+	d.log.DebugContext(ctx, "serial session started", "socket", d.path, "session", nonce)
 	return sess, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/agentconn"
@@ -130,6 +131,7 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 		return id, nil
 	}
 	id := newID()
+	ctx = logctx.With(ctx, "container", id)
 	c := &container{
 		rec: &ContainerRecord{
 			ID:         id,
@@ -161,7 +163,7 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 			delete(b.ctrs, id)
 			b.mu.Unlock()
 		} else {
-			b.log.Info("container created", "pod", podID, "container", id, "name", cfg.Metadata.Name, "image", cfg.Image)
+			b.log.InfoContext(ctx, "container created", "pod", podID, "container", id, "name", cfg.Metadata.Name, "image", cfg.Image)
 		}
 		c.err = err
 		close(c.created)
@@ -254,7 +256,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 			return
 		}
 		if uerr := b.opts.Images.UnmountRootfs(rec.Dir); uerr != nil {
-			b.log.Error("releasing rootfs of a container that failed to be created", "container", rec.ID, "err", uerr)
+			b.log.ErrorContext(ctx, "releasing rootfs of a container that failed to be created", "container", rec.ID, "err", uerr)
 		}
 		b.rec.deleteContainer(rec.ID)
 	}()
@@ -376,7 +378,7 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
 	}
 	b.applyAppStatus(c, st)
-	b.log.Info("container started", "pod", p.rec.ID, "container", c.rec.ID)
+	b.log.InfoContext(ctx, "container started", "pod", p.rec.ID, "container", c.rec.ID)
 	return nil
 }
 
@@ -483,7 +485,7 @@ func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Reso
 	if err := b.rec.saveContainer(&cp); err != nil {
 		return fmt.Errorf("persist container record: %w", err)
 	}
-	b.log.Info("container limits changed", "container", id, "resources", cp.Config.Resources)
+	b.log.InfoContext(ctx, "container limits changed", "container", id, "resources", cp.Config.Resources)
 	return nil
 }
 
@@ -525,7 +527,7 @@ func (b *Broker) stopContainer(ctx context.Context, c *container, timeout time.D
 		return fmt.Errorf("stop container %s: %w", c.rec.ID, err)
 	}
 	b.applyAppStatus(c, st)
-	b.log.Info("container stopped", "container", c.rec.ID, "exitCode", st.ExitCode)
+	b.log.InfoContext(ctx, "container stopped", "container", c.rec.ID, "exitCode", st.ExitCode)
 	return nil
 }
 
@@ -630,7 +632,7 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 		b.publishLocked(EventDeleted, p, c)
 	}
 	b.mu.Unlock()
-	b.log.Info("container removed", "container", rec.ID)
+	b.log.InfoContext(ctx, "container removed", "container", rec.ID)
 	return nil
 }
 
@@ -670,7 +672,7 @@ func (b *Broker) refresh(ctx context.Context, p *pod, cs []*container) {
 	defer cancel()
 	apps, err := h.ListContainers(actx)
 	if err != nil {
-		b.log.Warn("cannot reach the pod's agent", "pod", p.rec.ID, "err", err)
+		b.log.WarnContext(ctx, "cannot reach the pod's agent", "pod", p.rec.ID, "err", err)
 		if errors.Is(err, errdefs.ErrUnavailable) {
 			b.agentGone(ctx, p, h, err)
 		}

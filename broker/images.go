@@ -16,7 +16,7 @@ func (b *Broker) PullImage(ctx context.Context, ref string, auth *image.Auth) (*
 	if err != nil {
 		return nil, err
 	}
-	b.log.Info("image pulled", "ref", ref, "image", img.ID)
+	b.log.InfoContext(ctx, "image pulled", "ref", ref, "image", img.ID)
 	return img, nil
 }
 

@@ -200,7 +200,7 @@ func (b *Broker) collectNetNS(ctx context.Context, aside map[string]bool) {
 	}
 	ids, err := b.opts.Network.NetNSPods()
 	if err != nil {
-		b.log.Error("listing pod network namespaces", "err", err)
+		b.log.ErrorContext(ctx, "listing pod network namespaces", "err", err)
 		return
 	}
 	b.mu.Lock()
@@ -217,9 +217,9 @@ func (b *Broker) collectNetNS(ctx context.Context, aside map[string]bool) {
 			continue
 		}
 		rec := &PodRecord{ID: id, NetNS: b.opts.Network.NetNSPath(id)}
-		b.log.Warn("releasing an orphaned pod network namespace", "pod", id)
+		b.log.WarnContext(ctx, "releasing an orphaned pod network namespace", "pod", id)
 		if err := b.teardownNetwork(ctx, rec, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			b.log.Error("releasing an orphaned pod network namespace", "pod", id, "err", err)
+			b.log.ErrorContext(ctx, "releasing an orphaned pod network namespace", "pod", id, "err", err)
 		}
 	}
 }

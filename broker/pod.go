@@ -14,6 +14,7 @@ import (
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/policy"
@@ -129,7 +130,7 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		if existing.err != nil {
 			return "", existing.err
 		}
-		b.log.Debug("RunPodSandbox retry answered with the existing pod", "pod", id)
+		b.log.DebugContext(ctx, "RunPodSandbox retry answered with the existing pod", "pod", id)
 		return id, nil
 	}
 	dec, err := b.decide(cfg)
@@ -139,6 +140,7 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 	}
 	be := b.opts.Backends[dec.Stage1]
 	id := newID()
+	ctx = logctx.With(ctx, "pod", id)
 	p := &pod{
 		rec: &PodRecord{
 			ID:         id,
@@ -171,9 +173,9 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 			delete(b.podNames, key)
 			delete(b.pods, id)
 			b.mu.Unlock()
-			b.log.Warn("pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
+			b.log.WarnContext(ctx, "pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
 		} else {
-			b.log.Info("pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
+			b.log.InfoContext(ctx, "pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
 		}
 		p.err = err
 		close(p.created)
@@ -264,13 +266,13 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 		state := rec.BackendState
 		b.mu.Unlock()
 		if derr := be.DestroyPod(context.WithoutCancel(ctx), spec, state); derr != nil {
-			b.log.Error("releasing a pod that failed to start", "pod", rec.ID, "err", derr)
+			b.log.ErrorContext(ctx, "releasing a pod that failed to start", "pod", rec.ID, "err", derr)
 		}
 		if nerr := b.teardownNetwork(context.WithoutCancel(ctx), rec, true); nerr != nil {
-			b.log.Error("releasing the network of a pod that failed to start", "pod", rec.ID, "err", nerr)
+			b.log.ErrorContext(ctx, "releasing the network of a pod that failed to start", "pod", rec.ID, "err", nerr)
 		}
 		if rerr := mountsafe.RemoveAll(rec.RunDir); rerr != nil {
-			b.log.Error("removing the run directory of a pod that failed to start", "pod", rec.ID, "err", rerr)
+			b.log.ErrorContext(ctx, "removing the run directory of a pod that failed to start", "pod", rec.ID, "err", rerr)
 		}
 		b.rec.deletePod(rec.ID)
 		b.pruneFailedLogs()
@@ -408,7 +410,7 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 		b.publishLocked(EventStopped, p, nil)
 	}
 	b.mu.Unlock()
-	b.log.Info("pod stopped", "pod", podID)
+	b.log.InfoContext(ctx, "pod stopped", "pod", podID)
 	return b.rec.savePod(&cp)
 }
 
@@ -464,7 +466,7 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 	}
 	b.publishLocked(EventDeleted, p, nil)
 	b.mu.Unlock()
-	b.log.Info("pod removed", "pod", rec.ID)
+	b.log.InfoContext(ctx, "pod removed", "pod", rec.ID)
 	return nil
 }
 
@@ -666,7 +668,7 @@ func (b *Broker) UpdatePodResources(ctx context.Context, id string, r Resources)
 	if err := b.rec.savePod(&rec); err != nil {
 		return fmt.Errorf("persist pod record: %w", err)
 	}
-	b.log.Info("pod limits changed", "pod", id, "resources", r)
+	b.log.InfoContext(ctx, "pod limits changed", "pod", id, "resources", r)
 	return nil
 }
 

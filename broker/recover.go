@@ -43,15 +43,15 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	for path, br := range bad {
 		aside[br.ID] = true
 		if br.Newer {
-			b.log.Error("leaving a record a newer stagelet wrote where it is; what it names is left alone and unmanaged", "path", path, "err", br.Reason)
+			b.log.ErrorContext(ctx, "leaving a record a newer stagelet wrote where it is; what it names is left alone and unmanaged", "path", path, "err", br.Reason)
 			continue
 		}
 		dst, err := b.rec.quarantine(path)
 		if err != nil {
-			b.log.Error("a record cannot be read, nor moved to quarantine; what it names is left alone", "path", path, "err", br.Reason, "quarantine", err)
+			b.log.ErrorContext(ctx, "a record cannot be read, nor moved to quarantine; what it names is left alone", "path", path, "err", br.Reason, "quarantine", err)
 			continue
 		}
-		b.log.Error("quarantined a record that cannot be read; what it names is left alone", "path", path, "to", dst, "err", br.Reason)
+		b.log.ErrorContext(ctx, "quarantined a record that cannot be read; what it names is left alone", "path", path, "to", dst, "err", br.Reason)
 	}
 	b.quarantined.Store(int32(len(b.rec.quarantined())))
 	byPod := map[string][]*ContainerRecord{}
@@ -62,11 +62,11 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	for _, c := range ctrs {
 		switch {
 		case aside[c.PodID]:
-			b.log.Warn("leaving alone a container whose pod's record is set aside", "container", c.ID, "pod", c.PodID)
+			b.log.WarnContext(ctx, "leaving alone a container whose pod's record is set aside", "container", c.ID, "pod", c.PodID)
 			aside[c.ID] = true
 			continue
 		case !podIDs[c.PodID]:
-			b.log.Warn("removing a container whose pod is gone", "container", c.ID, "pod", c.PodID)
+			b.log.WarnContext(ctx, "removing a container whose pod is gone", "container", c.ID, "pod", c.PodID)
 			b.discardContainer(c)
 			continue
 		}
@@ -110,7 +110,7 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	res.SetAside = len(aside)
 	res.Took = time.Since(start)
 	b.ready.Store(true)
-	b.log.Info("recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
+	b.log.InfoContext(ctx, "recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
 		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside,
 		"orphanCgroups", res.OrphanCgroups, "took", res.Took)
 	return res, nil
@@ -156,10 +156,10 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	be, ok := b.opts.Backends[rec.Stage1]
 	log := b.log.With("pod", rec.ID, "stage1", rec.Stage1)
 	if rec.State == PodCreating {
-		log.Warn("releasing a pod whose creation was interrupted")
+		log.WarnContext(ctx, "releasing a pod whose creation was interrupted")
 		if ok {
 			if err := be.DestroyPod(ctx, b.podSpec(rec), rec.BackendState); err != nil {
-				log.Error("releasing pod resources", "err", err)
+				log.ErrorContext(ctx, "releasing pod resources", "err", err)
 				return "discarded"
 			}
 		}
@@ -167,11 +167,11 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 			b.discardContainer(c)
 		}
 		if err := b.teardownNetwork(ctx, rec, true); err != nil {
-			log.Error("releasing the pod's network", "err", err)
+			log.ErrorContext(ctx, "releasing the pod's network", "err", err)
 			return "discarded"
 		}
 		if err := mountsafe.RemoveAll(rec.RunDir); err != nil {
-			log.Error("removing the pod's run directory", "err", err)
+			log.ErrorContext(ctx, "removing the pod's run directory", "err", err)
 			return "discarded"
 		}
 		b.rec.deletePod(rec.ID)
@@ -182,7 +182,7 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	result := "stopped"
 	if rec.State == PodReady {
 		if !ok {
-			log.Error("the pod's stage1 is not registered in this daemon; marking it not ready and leaving what it holds as it is")
+			log.ErrorContext(ctx, "the pod's stage1 is not registered in this daemon; marking it not ready and leaving what it holds as it is")
 			rec.State = PodNotReady
 			result = "unrecovered"
 		} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
@@ -195,18 +195,18 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 			rec.Gone = true
 			result = "gone"
 			if errors.Is(err, stage1.ErrPodGone) {
-				log.Warn("the pod died while the daemon was down")
+				log.WarnContext(ctx, "the pod died while the daemon was down")
 				// Nothing runs in the pod: release its address and
 				// ports now; the netns itself goes with
 				// RemovePodSandbox.
 				if err := b.teardownNetwork(ctx, rec, false); err != nil {
-					log.Error("releasing a dead pod's network", "err", err)
+					log.ErrorContext(ctx, "releasing a dead pod's network", "err", err)
 				}
 			} else {
 				// It may still run (a state from a newer stagelet, say):
 				// it keeps its network, and stopping it fails as long as
 				// its backend cannot read its state.
-				log.Error("reattaching to the pod failed; marking it not ready and leaving what it holds as it is", "err", err)
+				log.ErrorContext(ctx, "reattaching to the pod failed; marking it not ready and leaving what it holds as it is", "err", err)
 				result = "unrecovered"
 			}
 		}
@@ -215,7 +215,7 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 		// repaired) reattaches to the pod.
 		if result != "unrecovered" {
 			if err := b.rec.savePod(rec); err != nil {
-				log.Error("persist pod record", "err", err)
+				log.ErrorContext(ctx, "persist pod record", "err", err)
 			}
 		}
 	}
@@ -227,11 +227,11 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	var live []*container
 	for _, cr := range ctrs {
 		if cr.State == ContainerCreating {
-			log.Warn("releasing a container whose creation was interrupted", "container", cr.ID)
+			log.WarnContext(ctx, "releasing a container whose creation was interrupted", "container", cr.ID)
 			if p.handle != nil {
 				actx, cancel := agentCtx(ctx, agentTimeout)
 				if err := p.handle.RemoveContainer(actx, cr.ID); err != nil && !errdefs.IsNotFound(err) {
-					log.Error("forgetting a half-created container in the agent", "container", cr.ID, "err", err)
+					log.ErrorContext(ctx, "forgetting a half-created container in the agent", "container", cr.ID, "err", err)
 				}
 				cancel()
 			}
@@ -278,7 +278,7 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	select {
 	case <-synced:
 	case <-t.C:
-		log.Warn("the pod's agent has not sent its status yet; its containers' records may lag until it does", "after", agentTimeout)
+		log.WarnContext(ctx, "the pod's agent has not sent its status yet; its containers' records may lag until it does", "after", agentTimeout)
 	case <-ctx.Done():
 	}
 	return result
@@ -321,11 +321,11 @@ func (b *Broker) collectBackends(ctx context.Context, keep func(id string) bool)
 		}
 		ids, err := c.Collect(ctx, keep)
 		for _, id := range ids {
-			b.log.Warn("released host resources no record names", "stage1", name, "pod", id)
+			b.log.WarnContext(ctx, "released host resources no record names", "stage1", name, "pod", id)
 			pods[id] = true
 		}
 		if err != nil {
-			b.log.Error("releasing host resources no record names: what failed is left", "stage1", name, "err", err)
+			b.log.ErrorContext(ctx, "releasing host resources no record names: what failed is left", "stage1", name, "err", err)
 		}
 	}
 	return len(pods)

@@ -98,7 +98,7 @@ func (b *Broker) podStats(ctx context.Context, st *PodStatus) *PodStats {
 		if n, err := network.InterfaceCounters(rec.NetNS); err == nil {
 			out.Network, out.NetworkTime = n, time.Now()
 		} else {
-			b.log.Debug("pod network counters", "pod", rec.ID, "err", err)
+			b.log.DebugContext(ctx, "pod network counters", "pod", rec.ID, "err", err)
 		}
 	}
 	out.Containers = b.ListContainerStats(ctx, ContainerFilter{PodID: st.Record.ID, State: ContainerRunning})

@@ -92,14 +92,14 @@ func (b *Broker) follow(ctx context.Context, p *pod, h *agentconn.Pod, synced ch
 			return
 		}
 		if errors.Is(err, errdefs.ErrInvalidArgument) {
-			b.log.Warn("the pod's agent sends no events (an older stagelet started it); polling it instead", "pod", id, "every", legacyPollInterval, "err", err)
+			b.log.WarnContext(ctx, "the pod's agent sends no events (an older stagelet started it); polling it instead", "pod", id, "every", legacyPollInterval, "err", err)
 			b.poll(ctx, p, h, markSynced)
 			return
 		}
 		if b.agentGone(ctx, p, h, err) {
 			return
 		}
-		b.log.Debug("subscribing to the pod's agent again", "pod", id, "err", err)
+		b.log.DebugContext(ctx, "subscribing to the pod's agent again", "pod", id, "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -36,7 +36,7 @@ func (s *Server) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream runti
 				return err
 			}
 		case <-sub.Dropped:
-			s.log.Warn("a GetContainerEvents client fell behind and was dropped")
+			s.log.WarnContext(ctx, "a GetContainerEvents client fell behind and was dropped")
 			return status.Error(codes.ResourceExhausted, "this events client fell too far behind and was dropped; subscribe again")
 		}
 	}

@@ -83,7 +83,7 @@ func (s *Server) RuntimeConfig(ctx context.Context, r *runtimeapi.RuntimeConfigR
 // is the host's in this build, so there is nothing to reconfigure.
 func (s *Server) UpdateRuntimeConfig(ctx context.Context, r *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
 	if cidr := r.GetRuntimeConfig().GetNetworkConfig().GetPodCidr(); cidr != "" {
-		s.log.Info("pod CIDR from the kubelet", "cidr", cidr)
+		s.log.InfoContext(ctx, "pod CIDR from the kubelet", "cidr", cidr)
 	}
 	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
 }

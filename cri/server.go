@@ -21,6 +21,7 @@ import (
 
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/logctx"
 )
 
 // Server implements the CRI RuntimeService and ImageService. Methods it
@@ -76,14 +77,17 @@ func (s *Server) Register(g *grpc.Server) {
 }
 
 // Interceptors returns the unary and stream interceptors: readiness gate,
-// request logging and error-class → gRPC code mapping.
+// request logging and error-class → gRPC code mapping. Each call's
+// context carries its request ID and the pod and container it names
+// (logctx), so every line logged with it down the call, and the line
+// reporting its error, can be found by that ID.
 func (s *Server) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if !s.b.Ready() {
 			return nil, status.Error(codes.Unavailable, "stagelet is recovering its pods after a restart; retry shortly")
 		}
-		rid := requestID()
-		log := s.log.With("method", info.FullMethod, "req", rid)
+		ctx = callContext(ctx, req)
+		log := s.log.With("method", info.FullMethod)
 		start := time.Now()
 		resp, err := handler(ctx, req)
 		took := time.Since(start)
@@ -99,21 +103,52 @@ func (s *Server) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerI
 			log.Log(ctx, lvl, "CRI call failed", "code", st.Code().String(), "err", st.Message(), "took", took)
 			return nil, st.Err()
 		}
-		log.Debug("CRI call", "took", took)
+		log.DebugContext(ctx, "CRI call", "took", took)
 		return resp, nil
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if !s.b.Ready() {
 			return status.Error(codes.Unavailable, "stagelet is recovering its pods after a restart; retry shortly")
 		}
-		err := handler(srv, ss)
+		ctx := callContext(ss.Context(), nil)
+		log := s.log.With("method", info.FullMethod)
+		start := time.Now()
+		err := handler(srv, &contextStream{ServerStream: ss, ctx: ctx})
 		if err != nil {
-			return toStatus(err).Err()
+			st := toStatus(err)
+			lvl := slog.LevelWarn
+			if st.Code() == codes.Canceled {
+				lvl = slog.LevelDebug // the client went away
+			}
+			log.Log(ctx, lvl, "CRI stream failed", "code", st.Code().String(), "err", st.Message(), "took", time.Since(start))
+			return st.Err()
 		}
+		log.DebugContext(ctx, "CRI stream ended", "took", time.Since(start))
 		return nil
 	}
 	return unary, stream
 }
+
+// callContext is ctx carrying a new request ID and the pod and container
+// IDs req names, for log lines (logctx).
+func callContext(ctx context.Context, req any) context.Context {
+	args := []any{"req", requestID()}
+	if r, ok := req.(interface{ GetPodSandboxId() string }); ok && r.GetPodSandboxId() != "" {
+		args = append(args, "pod", r.GetPodSandboxId())
+	}
+	if r, ok := req.(interface{ GetContainerId() string }); ok && r.GetContainerId() != "" {
+		args = append(args, "container", r.GetContainerId())
+	}
+	return logctx.With(ctx, args...)
+}
+
+// contextStream is a server stream whose handler sees ctx.
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *contextStream) Context() context.Context { return s.ctx }
 
 func requestID() string {
 	var b [6]byte

@@ -137,7 +137,7 @@ func (r *streamRuntime) Exec(ctx context.Context, id string, cmd []string, in io
 	sio, stop := streamIO(in, out, errOut, tty, resize)
 	defer stop()
 	code, err := r.b.Exec(ctx, id, cmd, sio)
-	r.log.Debug("exec session", "container", id, "cmd", cmd, "tty", tty, "code", code, "err", err, "took", time.Since(start))
+	r.log.DebugContext(ctx, "exec session", "container", id, "cmd", cmd, "tty", tty, "code", code, "err", err, "took", time.Since(start))
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (r *streamRuntime) Attach(ctx context.Context, id string, in io.Reader, out
 	sio, stop := streamIO(in, out, errOut, tty, resize)
 	defer stop()
 	err := r.b.Attach(ctx, id, sio)
-	r.log.Debug("attach session", "container", id, "err", err, "took", time.Since(start))
+	r.log.DebugContext(ctx, "attach session", "container", id, "err", err, "took", time.Since(start))
 	return err
 }
 
@@ -161,7 +161,7 @@ func (r *streamRuntime) Attach(ctx context.Context, id string, in io.Reader, out
 func (r *streamRuntime) PortForward(ctx context.Context, podID string, port int32, stream io.ReadWriteCloser) error {
 	start := time.Now()
 	err := r.b.PortForward(ctx, podID, port, stream)
-	r.log.Debug("port-forward session", "pod", podID, "port", port, "err", err, "took", time.Since(start))
+	r.log.DebugContext(ctx, "port-forward session", "pod", podID, "port", port, "err", err, "took", time.Since(start))
 	return err
 }
 

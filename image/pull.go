@@ -195,7 +195,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		}
 		lastErr = err
 		msgs = append(msgs, fmt.Sprintf("%s: %v", ep.Context().RegistryStr(), err))
-		s.log.Debug("pull: endpoint failed", "ref", ref, "endpoint", ep.String(), "err", err)
+		s.log.DebugContext(ctx, "pull: endpoint failed", "ref", ref, "endpoint", ep.String(), "err", err)
 	}
 	if desc == nil {
 		return nil, fmt.Errorf("pull %s: %w: %s", ref, classify(ctx, lastErr), strings.Join(msgs, "; "))
@@ -206,7 +206,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 	defer s.gcMu.RUnlock()
 
 	if img, ok := s.cached(p, top); ok {
-		s.log.Debug("pull: image present", "ref", ref, "id", img.ID, "took", time.Since(start))
+		s.log.DebugContext(ctx, "pull: image present", "ref", ref, "id", img.ID, "took", time.Since(start))
 		return img, nil
 	}
 
@@ -323,7 +323,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", ref, err)
 	}
-	s.log.Info("image pulled", "ref", ref, "from", src.Context().RegistryStr(), "id", out.ID, "layers", len(diffIDs), "took", time.Since(start))
+	s.log.InfoContext(ctx, "image pulled", "ref", ref, "from", src.Context().RegistryStr(), "id", out.ID, "layers", len(diffIDs), "took", time.Since(start))
 	return out, nil
 }
 
@@ -452,7 +452,7 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 	defer func() {
 		if !ok {
 			if err := os.RemoveAll(tmp); err != nil {
-				s.log.Warn("remove failed layer unpack", "dir", tmp, "err", err)
+				s.log.WarnContext(ctx, "remove failed layer unpack", "dir", tmp, "err", err)
 			}
 		}
 	}()
@@ -507,7 +507,7 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 		return fmt.Errorf("layer %s: sync %s: %w", d, s.layersDir(), err)
 	}
 	s.unpacks.Add(1)
-	s.log.Debug("layer unpacked", "layer", d, "entries", st.Entries, "bytes", st.Bytes, "skipped", st.Skipped, "took", time.Since(start))
+	s.log.DebugContext(ctx, "layer unpacked", "layer", d, "entries", st.Entries, "bytes", st.Bytes, "skipped", st.Skipped, "took", time.Since(start))
 	return nil
 }
 

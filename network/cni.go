@@ -93,7 +93,7 @@ func (m *Manager) Setup(ctx context.Context, pn PodNetwork) (*Result, error) {
 	rt := m.runtimeConf(pn, pn.NetNS)
 	if m.cachedNetNS(pn.PodID, n.list.Name) == pn.NetNS {
 		if cached, err := m.cni.GetNetworkListCachedResult(n.list, rt); err == nil && cached != nil {
-			m.log.Debug("CNI ADD skipped: attachment cached", "pod", pn.PodID, "network", n.list.Name)
+			m.log.DebugContext(ctx, "CNI ADD skipped: attachment cached", "pod", pn.PodID, "network", n.list.Name)
 			return convertResult(cached)
 		}
 	}
@@ -104,11 +104,11 @@ func (m *Manager) Setup(ctx context.Context, pn PodNetwork) (*Result, error) {
 	res, err := m.cni.AddNetworkList(ctx, n.list, rt)
 	if err != nil {
 		err = classify(ctx, fmt.Sprintf("pod %s: CNI ADD on network %q", pn.PodID, n.list.Name), err)
-		m.log.Warn("CNI ADD failed", "pod", pn.PodID, "network", n.list.Name, "err", err)
+		m.log.WarnContext(ctx, "CNI ADD failed", "pod", pn.PodID, "network", n.list.Name, "err", err)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if derr := m.cni.DelNetworkList(dctx, n.list, rt); derr != nil {
-			m.log.Warn("CNI DEL after a failed ADD failed", "pod", pn.PodID, "network", n.list.Name, "err", derr)
+			m.log.WarnContext(ctx, "CNI DEL after a failed ADD failed", "pod", pn.PodID, "network", n.list.Name, "err", derr)
 		}
 		return nil, err
 	}
@@ -116,11 +116,11 @@ func (m *Manager) Setup(ctx context.Context, pn PodNetwork) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pod %s: CNI ADD result: %w", pn.PodID, err)
 	}
-	m.log.Debug("CNI ADD", "pod", pn.PodID, "network", n.list.Name, "ips", r.IPs, "ms", ms(time.Since(start)))
+	m.log.DebugContext(ctx, "CNI ADD", "pod", pn.PodID, "network", n.list.Name, "ips", r.IPs, "ms", ms(time.Since(start)))
 	ifname := cmp.Or(r.Interface, IfName)
 	if err := inNetNS(pn.NetNS, func() error { return announce(ifname, r.IPs) }); err != nil {
 		// The pod is reachable without it once stale neighbour entries age out.
-		m.log.Warn("announcing the pod's addresses failed", "pod", pn.PodID, "err", err)
+		m.log.WarnContext(ctx, "announcing the pod's addresses failed", "pod", pn.PodID, "err", err)
 	}
 	return r, nil
 }
@@ -147,19 +147,19 @@ func (m *Manager) Teardown(ctx context.Context, pn PodNetwork) error {
 	}
 	atts, err := m.attachments(pn.PodID)
 	if err != nil {
-		m.log.Warn("reading the CNI cache", "pod", pn.PodID, "err", err)
+		m.log.WarnContext(ctx, "reading the CNI cache", "pod", pn.PodID, "err", err)
 	}
 	start := time.Now()
 	if len(atts) == 0 {
 		n := m.current()
 		if n.list == nil {
-			m.log.Warn("CNI DEL skipped: no cached attachment and no network config", "pod", pn.PodID, "reason", n.reason)
+			m.log.WarnContext(ctx, "CNI DEL skipped: no cached attachment and no network config", "pod", pn.PodID, "reason", n.reason)
 			return nil
 		}
 		if err := m.cni.DelNetworkList(ctx, n.list, m.runtimeConf(pn, netns)); err != nil {
 			return classify(ctx, fmt.Sprintf("pod %s: CNI DEL on network %q", pn.PodID, n.list.Name), err)
 		}
-		m.log.Debug("CNI DEL", "pod", pn.PodID, "network", n.list.Name, "cached", false, "ms", ms(time.Since(start)))
+		m.log.DebugContext(ctx, "CNI DEL", "pod", pn.PodID, "network", n.list.Name, "cached", false, "ms", ms(time.Since(start)))
 		return nil
 	}
 	for _, a := range atts {
@@ -177,7 +177,7 @@ func (m *Manager) Teardown(ctx context.Context, pn PodNetwork) error {
 		if err := m.cni.DelNetworkList(ctx, list, rt); err != nil {
 			return classify(ctx, fmt.Sprintf("pod %s: CNI DEL on network %q", pn.PodID, list.Name), err)
 		}
-		m.log.Debug("CNI DEL", "pod", pn.PodID, "network", list.Name, "cached", true, "ms", ms(time.Since(start)))
+		m.log.DebugContext(ctx, "CNI DEL", "pod", pn.PodID, "network", list.Name, "cached", true, "ms", ms(time.Since(start)))
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"google.golang.org/grpc"
@@ -55,7 +56,8 @@ func serveMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "stagelet serve: --log-level: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	// A CRI call's lines carry its request ID, pod and container (logctx).
+	log := slog.New(logctx.NewHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
 	slog.SetDefault(log)
 
 	cfg := config.Default()
@@ -106,7 +108,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	for host, r := range cfg.Registries {
 		regs.Registries[host] = image.RegistryHost{Mirrors: r.Mirrors, Insecure: r.Insecure}
 	}
-	images, err := image.NewStore(filepath.Join(state, "images"), regs, log.With("component", "image"))
+	images, err := image.NewStore(filepath.Join(state, "images"), regs, log)
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
@@ -129,7 +131,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		PluginDirs: cfg.CNI.PluginDirs,
 		RunDir:     run,
 		CacheDir:   filepath.Join(state, "cni"),
-	}, log.With("component", "network"))
+	}, log)
 	if err != nil {
 		return fmt.Errorf("pod network: %w", err)
 	}

@@ -95,7 +95,7 @@ func (c *Conn) StartContainer(ctx context.Context, id string) (*api.AppStatus, e
 		return st, err
 	}
 	if err := c.paths.Started(id); err != nil {
-		c.log.Warn("container started; the host's binds of its mount sources stay until it is removed", "container", id, "err", err)
+		c.log.WarnContext(ctx, "container started; the host's binds of its mount sources stay until it is removed", "container", id, "err", err)
 	}
 	return st, nil
 }
@@ -160,7 +160,7 @@ func (c *Conn) PodStats(ctx context.Context, pod stage1.Pod) (*api.Stats, error)
 		if err != nil {
 			return nil, err
 		}
-		c.log.Debug("the pod's host figures", "err", herr)
+		c.log.DebugContext(ctx, "the pod's host figures", "err", herr)
 		return inPod, nil
 	}
 	if inPod != nil {

@@ -202,7 +202,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := waitReady(ctx, pod); err != nil {
 		return nil, fmt.Errorf("fly: agent (log %s): %w", filepath.Join(spec.RunDir, "agent.log"), err)
 	}
-	log.Debug("fly pod started", "agentPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String())
+	log.DebugContext(ctx, "fly pod started", "agentPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String())
 	return pod, nil
 }
 

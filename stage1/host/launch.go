@@ -154,10 +154,10 @@ func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process, 
 	p := &Process{PID: pid, StartTime: st, Cgroup: spec.Cgroup, exited: make(chan struct{})}
 	go func() {
 		err := cmd.Wait()
-		log.Debug("pod process exited", "name", spec.Name, "pid", pid, "status", exitString(err))
+		log.DebugContext(ctx, "pod process exited", "name", spec.Name, "pid", pid, "status", exitString(err))
 		close(p.exited)
 	}()
-	log.Debug("pod process started", "name", spec.Name, "pid", pid, "path", spec.Path, "cgroup", cgroupString(spec.Cgroup))
+	log.DebugContext(ctx, "pod process started", "name", spec.Name, "pid", pid, "path", spec.Path, "cgroup", cgroupString(spec.Cgroup))
 	return p, nil
 }
 

@@ -295,7 +295,7 @@ func Starting(ctx context.Context, log *slog.Logger, backend string, save func()
 			return
 		}
 		if err := release(context.WithoutCancel(ctx)); err != nil {
-			log.Warn(backend+": releasing a failed pod", "err", err)
+			log.WarnContext(ctx, backend+": releasing a failed pod", "err", err)
 		}
 	}, nil
 }

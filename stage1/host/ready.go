@@ -86,13 +86,13 @@ func StopHostPod(ctx context.Context, log *slog.Logger, what string, proc *Proce
 		if err := shutdown(ctx, timeout); err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
 			// The agent may close the stream as it exits; anything else
 			// is worth a line, and the cgroup kill below settles it.
-			log.Warn("agent shutdown", "err", err)
+			log.WarnContext(ctx, "agent shutdown", "err", err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, timeout+grace)
 		err := proc.Wait(wctx)
 		cancel()
 		if err != nil {
-			log.Warn(what+" did not exit after the agent's shutdown; killing the pod", "pid", proc.PID)
+			log.WarnContext(ctx, what+" did not exit after the agent's shutdown; killing the pod", "pid", proc.PID)
 		}
 	}
 	for _, cg := range cgs {

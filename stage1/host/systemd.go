@@ -332,7 +332,7 @@ func (l *SystemdLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process
 		l.releaseAfterFailure(unit)
 		return nil, fmt.Errorf("launch %s: %w (log %s)", spec.Name, err, spec.LogPath)
 	}
-	log.Debug("pod process started as a unit", "name", spec.Name, "pid", p.PID, "path", spec.Path, "cgroup", cgroupString(p.Cgroup))
+	log.DebugContext(ctx, "pod process started as a unit", "name", spec.Name, "pid", p.PID, "path", spec.Path, "cgroup", cgroupString(p.Cgroup))
 	return p, nil
 }
 
@@ -367,7 +367,7 @@ func (l *SystemdLauncher) process(ctx context.Context, c *sddbus.Conn, unit stri
 			return nil, fmt.Errorf("unit %s: %w", unit, err)
 		}
 		if cg == nil {
-			l.log().Warn("systemd placed the unit in none of the managed cgroup hierarchies; the pod has no cgroup of its own", "unit", unit, "pid", pid)
+			l.log().WarnContext(ctx, "systemd placed the unit in none of the managed cgroup hierarchies; the pod has no cgroup of its own", "unit", unit, "pid", pid)
 		}
 		p.Cgroup = cg
 	}
@@ -421,7 +421,7 @@ func (l *SystemdLauncher) releaseAfterFailure(unit string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := l.Release(ctx, strings.TrimSuffix(unit, ".service")); err != nil {
-		l.log().Warn("releasing the unit of a failed launch", "unit", unit, "err", err)
+		l.log().WarnContext(ctx, "releasing the unit of a failed launch", "unit", unit, "err", err)
 	}
 }
 

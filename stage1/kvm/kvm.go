@@ -407,7 +407,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, err
 	}
 	if vm.MemoryMiB != sized {
-		log.Info("kvm: VM memory lowered to fit the pod's cgroup", "memoryMiB", vm.MemoryMiB, "wanted", sized, "cgroupLimitMiB", limit>>20)
+		log.InfoContext(ctx, "kvm: VM memory lowered to fit the pod's cgroup", "memoryMiB", vm.MemoryMiB, "wanted", sized, "cgroupLimitMiB", limit>>20)
 	}
 
 	unitLaunch := b.UnitLaunch()
@@ -467,7 +467,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			if ctx.Err() != nil {
 				return nil, err
 			}
-			log.Warn("kvm: no VM template: booting the guest kernel", "err", err)
+			log.WarnContext(ctx, "kvm: no VM template: booting the guest kernel", "err", err)
 		}
 	}
 	vs := vmSpec{
@@ -544,7 +544,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		}
 	}
 	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
-	log.Info("kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
+	log.InfoContext(ctx, "kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
 		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", tpl != nil,
 		"network", pod.Details()["network"], "launch+restore", ms(restored.Sub(launched)),
 		"agent", ms(ready.Sub(restored)), "setup", ms(time.Since(ready)))

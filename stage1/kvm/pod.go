@@ -114,13 +114,13 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 		err := shutdown(sctx, timeout)
 		cancel()
 		if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
-			p.log.Warn("kvm: agent shutdown", "err", err)
+			p.log.WarnContext(ctx, "kvm: agent shutdown", "err", err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, ExitGrace)
 		err = p.st.qemu().Wait(wctx)
 		cancel()
 		if err != nil {
-			p.log.Warn("kvm: qemu did not exit after the guest's shutdown; killing it", "pid", p.st.qemu().PID)
+			p.log.WarnContext(ctx, "kvm: qemu did not exit after the guest's shutdown; killing it", "pid", p.st.qemu().PID)
 			if err := p.st.qemu().Signal(syscall.SIGKILL); err != nil && !errors.Is(err, host.ErrProcessGone) {
 				return fmt.Errorf("kvm: kill qemu: %w", err)
 			}

@@ -304,18 +304,18 @@ func (b *Backend) accelerator(ctx context.Context, t *tools) string {
 	b.accelOnce.Do(func() {
 		if a := b.cfg.Accelerator; a != "" {
 			b.accel = a
-			b.Log.Info("kvm: accelerator from the configuration", "accelerator", a)
+			b.Log.InfoContext(ctx, "kvm: accelerator from the configuration", "accelerator", a)
 			return
 		}
 		start := time.Now()
 		err := probeKVM(ctx, t, b.cfg.Machine, b.cfg.ProbeTimeout)
 		if err == nil {
 			b.accel = "kvm"
-			b.Log.Info("kvm: a guest boots under KVM: using KVM", "accelerator", "kvm", "probe", time.Since(start).Round(time.Millisecond))
+			b.Log.InfoContext(ctx, "kvm: a guest boots under KVM: using KVM", "accelerator", "kvm", "probe", time.Since(start).Round(time.Millisecond))
 			return
 		}
 		b.accel = "tcg"
-		b.Log.Warn("kvm: a guest does not boot under KVM: using software emulation (TCG), which is much slower",
+		b.Log.WarnContext(ctx, "kvm: a guest does not boot under KVM: using software emulation (TCG), which is much slower",
 			"accelerator", "tcg", "reason", err, "probe", time.Since(start).Round(time.Millisecond))
 	})
 	return b.accel

@@ -214,7 +214,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	defer func() {
 		if retErr != nil {
 			if err := host.RemoveUnmounted(tmp); err != nil {
-				b.Log.Warn("kvm: removing a failed template build", "dir", tmp, "err", err)
+				b.Log.WarnContext(ctx, "kvm: removing a failed template build", "dir", tmp, "err", err)
 			}
 		}
 	}()
@@ -317,7 +317,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 			return nil, fmt.Errorf("kvm: template: %w", err)
 		}
 	}
-	b.Log.Info("kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
+	b.Log.InfoContext(ctx, "kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
 		"total", time.Since(start).Round(time.Millisecond), "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs)
 	return &template{dir: dir, info: info}, nil
 }

@@ -530,13 +530,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("nspawn: agent: %w", err)
 	}
 	if leader, err := findLeader(proc.PID); err != nil {
-		log.Warn("nspawn: container leader not found; teardown relies on the pod cgroup", "err", err)
+		log.WarnContext(ctx, "nspawn: container leader not found; teardown relies on the pod cgroup", "err", err)
 	} else {
 		if err := st.Take(host.Resource{Kind: host.KindProcess, Role: roleLeader, Process: leader}, save); err != nil {
 			return nil, fmt.Errorf("nspawn: persist: %w", err)
 		}
 	}
-	log.Debug("nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String(), "network", st.Network)
+	log.DebugContext(ctx, "nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String(), "network", st.Network)
 	return pod, nil
 }
 
