@@ -23,6 +23,8 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // The root tests run a real stagelet binary as the agent. It is built once
@@ -151,12 +153,7 @@ func goBuild(dir, out, pkg string) error {
 // needRoot skips tests that need root, busybox and a built binary.
 func needRoot(t testing.TB) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: runs a real agent (skipped with -short)")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mount namespaces, pivot_root, cgroups, setuid")
-	}
+	testutil.NeedRoot(t, "runs a real agent: mount namespaces, pivot_root, cgroups, setuid")
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
@@ -321,7 +318,7 @@ func startAgentAs(t testing.TB, pid1 bool, extraArgs ...string) *testAgent {
 	w.Close()
 
 	ta.c = agent.NewClient(agent.UnixDialer(sock))
-	waitFor(t, 10*time.Second, "the agent answers", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "the agent answers", func() (bool, string) {
 		select {
 		case <-ta.exited:
 			t.Fatalf("agent exited: %v\n%s", ta.cmd.ProcessState, ta.logs.String())
@@ -331,26 +328,6 @@ func startAgentAs(t testing.TB, pid1 bool, extraArgs ...string) *testAgent {
 		return err == nil, fmt.Sprint(err)
 	})
 	return ta
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	delay := time.Millisecond
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s (last: %s)", what, last)
-		}
-		time.Sleep(delay)
-		if delay < 50*time.Millisecond {
-			delay *= 2
-		}
-	}
 }
 
 func ctx(t testing.TB) context.Context {
@@ -375,7 +352,7 @@ func (ta *testAgent) run(spec *api.AppSpec) *api.AppStatus {
 func (ta *testAgent) waitExited(id string) *api.AppStatus {
 	ta.t.Helper()
 	var st *api.AppStatus
-	waitFor(ta.t, 20*time.Second, id+" exited", func() (bool, string) {
+	testutil.WaitFor(ta.t, 20*time.Second, id+" exited", func() (bool, string) {
 		var err error
 		st, err = ta.c.Status(ctx(ta.t), id)
 		if err != nil {
@@ -699,7 +676,7 @@ func TestExec(t *testing.T) {
 		t.Errorf("exec timeout: %+v after %v", res, time.Since(start))
 	}
 	// The exec'd process ran in the app's cgroup and is gone.
-	waitFor(t, 10*time.Second, "only the app left in its cgroup", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "only the app left in its cgroup", func() (bool, string) {
 		pids, err := ta.cg.Child("app-user").Procs()
 		return err == nil && len(pids) == 1, fmt.Sprint(pids, err)
 	})
@@ -772,7 +749,7 @@ func TestOrphanReaping(t *testing.T) {
 	// re-parented to the agent, which must reap it when it exits.
 	ta.run(&api.AppSpec{ID: "orphans", Rootfs: rootfs, Args: sh(`sh -c 'sleep 0.5 & echo $! > /tmp/gc'; exec sleep 1000`)})
 	var pid int
-	waitFor(t, 10*time.Second, "the grandchild's pid", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "the grandchild's pid", func() (bool, string) {
 		b, err := os.ReadFile(filepath.Join(rootfs, "tmp", "gc"))
 		if err != nil || !strings.HasSuffix(string(b), "\n") {
 			return false, fmt.Sprint(err)
@@ -780,7 +757,7 @@ func TestOrphanReaping(t *testing.T) {
 		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err == nil, fmt.Sprint(err)
 	})
-	waitFor(t, 10*time.Second, "the orphan to be reaped", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "the orphan to be reaped", func() (bool, string) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if errors.Is(err, os.ErrNotExist) {
 			return true, ""
@@ -803,14 +780,14 @@ func TestReopenLog(t *testing.T) {
 			return err == nil && strings.Contains(string(b), " stdout F tick\n"), fmt.Sprint(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "a line in the log", hasTick(logPath))
+	testutil.WaitFor(t, 10*time.Second, "a line in the log", hasTick(logPath))
 	if err := os.Rename(logPath, logPath+".1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := ta.c.ReopenLog(ctx(t), "ticker"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a line in the new log", hasTick(logPath))
+	testutil.WaitFor(t, 10*time.Second, "a line in the new log", hasTick(logPath))
 	if _, err := ta.c.Stop(ctx(t), "ticker", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -824,7 +801,7 @@ func TestStats(t *testing.T) {
 	rootfs := makeRootfs(t)
 	ta.run(&api.AppSpec{ID: "a", Rootfs: rootfs, Args: sh("sleep 1000 & sleep 1000"),
 		Resources: api.Resources{MemoryLimit: 64 << 20, PidsLimit: 50, CPUShares: 512}})
-	waitFor(t, 10*time.Second, "two processes in the app", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "two processes in the app", func() (bool, string) {
 		s, err := ta.c.Stats(ctx(t), "a")
 		return err == nil && s.Pids >= 2, fmt.Sprint(s, err)
 	})
@@ -922,13 +899,13 @@ func TestAgentAsPID1(t *testing.T) {
 	rootfs := makeRootfs(t)
 	ta.run(&api.AppSpec{ID: "orphans", Rootfs: rootfs, Args: sh(`sh -c 'sleep 0.5 & echo $! > /tmp/gc'; exec sleep 1000`)})
 	var pid string
-	waitFor(t, 10*time.Second, "the grandchild's pid", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "the grandchild's pid", func() (bool, string) {
 		b, err := os.ReadFile(filepath.Join(rootfs, "tmp", "gc"))
 		pid = strings.TrimSpace(string(b))
 		return err == nil && strings.HasSuffix(string(b), "\n"), fmt.Sprint(err)
 	})
 	// The pid is one of the pod's namespace: look from inside.
-	waitFor(t, 10*time.Second, "the orphan to be reaped by PID 1", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "the orphan to be reaped by PID 1", func() (bool, string) {
 		res := ta.exec("orphans", "sh", "-c", "cat /proc/"+pid+"/stat 2>/dev/null || echo gone")
 		return string(res.Stdout) == "gone\n", string(res.Stdout)
 	})

@@ -14,6 +14,8 @@ import (
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/seccomp"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // denyMkdir is a Localhost-style profile: everything but mkdir.
@@ -31,7 +33,7 @@ func denyMkdir(t *testing.T) *specs.LinuxSeccomp {
 func waitFile(t *testing.T, path string) string {
 	t.Helper()
 	var b []byte
-	waitFor(t, 20*time.Second, path, func() (bool, string) {
+	testutil.WaitFor(t, 20*time.Second, path, func() (bool, string) {
 		var err error
 		b, err = os.ReadFile(path)
 		return err == nil && strings.HasSuffix(string(b), "\n"), string(b)

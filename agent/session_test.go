@@ -17,6 +17,8 @@ import (
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // syncBuffer is a bytes buffer for output written by one goroutine and
@@ -26,7 +28,7 @@ type syncBuffer struct{ lockedBuffer }
 // waitFor waits until the buffer holds want.
 func (b *syncBuffer) waitFor(t *testing.T, want string) {
 	t.Helper()
-	waitFor(t, 20*time.Second, fmt.Sprintf("output %q", want), func() (bool, string) {
+	testutil.WaitFor(t, 20*time.Second, fmt.Sprintf("output %q", want), func() (bool, string) {
 		s := b.String()
 		return strings.Contains(s, want), s
 	})
@@ -170,7 +172,7 @@ func TestExecStreamClientGone(t *testing.T) {
 	if _, err := s.wait(t); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled exec: %v", err)
 	}
-	waitFor(t, 10*time.Second, "the exec'd command killed: only the app left in its cgroup", func() (bool, string) {
+	testutil.WaitFor(t, 10*time.Second, "the exec'd command killed: only the app left in its cgroup", func() (bool, string) {
 		pids, err := ta.cg.Child("app-a").Procs()
 		return err == nil && len(pids) == 1, fmt.Sprint(pids, err)
 	})
@@ -252,7 +254,7 @@ func TestAttachTerminal(t *testing.T) {
 	// the character arrives misses it.)
 	script := `echo started; while [ "$(stty size)" != "33 99" ]; do sleep 0.05; done; echo "sized $(tty)"; cat; echo cat-done`
 	ta.run(&api.AppSpec{ID: "a", Rootfs: makeRootfs(t), Args: sh(script), Env: []string{"PATH=/bin"}, LogPath: logPath, TTY: true, Stdin: true, StdinOnce: true})
-	waitFor(t, 20*time.Second, "the app's first line in its log", func() (bool, string) {
+	testutil.WaitFor(t, 20*time.Second, "the app's first line in its log", func() (bool, string) {
 		b, _ := os.ReadFile(logPath)
 		return strings.Contains(string(b), " stdout F started\n"), string(b)
 	})

@@ -19,6 +19,8 @@ import (
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/fake"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 type env struct {
@@ -877,13 +879,7 @@ func TestContainerSecurityFields(t *testing.T) {
 // waitFor waits, at most 10 s, until cond holds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, what, testutil.Holds(cond))
 }
 
 // waitContainer waits until a container's record satisfies cond and

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // testCgroup creates a cgroup beneath the test process's own cgroup and
@@ -206,13 +208,7 @@ func TestSelfContainsCaller(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, "the condition", testutil.Holds(cond))
 }
 
 func TestStartInCgroup(t *testing.T) {

@@ -15,13 +15,13 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/test/testregistry"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mounts overlayfs")
-	}
+	testutil.NeedRoot(t, "mounts overlayfs")
 }
 
 func TestMountRootfs(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 func TestTwoPodsReachEachOther(t *testing.T) {
@@ -430,11 +432,5 @@ func freeHostPort(t testing.TB) int {
 // waitFor polls cond until it holds, failing after 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, what, testutil.Holds(cond))
 }

@@ -21,14 +21,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // needNetRoot skips tests that create namespaces, bridges and iptables rules.
 func needNetRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, a bridge and iptables rules")
-	}
+	testutil.NeedRoot(t, "creates network namespaces, a bridge and iptables rules")
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
 		t.Skip("needs the CNI plugins in /usr/lib/cni (Debian package containernetworking-plugins)")
 	}

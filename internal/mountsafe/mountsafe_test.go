@@ -7,13 +7,13 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.NeedRoot(t, "mounts")
 }
 
 func write(t *testing.T, path string) {

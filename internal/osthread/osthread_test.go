@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // The main goroutine keeps the main thread through TestMain, which calls
@@ -32,9 +34,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestOffTheMainThread(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("unshare needs root")
-	}
+	testutil.NeedRoot(t, "unshares namespaces")
 	if fromMain.err != nil {
 		t.Fatal(fromMain.err)
 	}
@@ -49,9 +49,7 @@ func TestOffTheMainThread(t *testing.T) {
 // TestThreadEnds: a thread fn moved into a namespace runs nothing else;
 // every later goroutine is in the process's namespace.
 func TestThreadEnds(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("unshare needs root")
-	}
+	testutil.NeedRoot(t, "unshares namespaces")
 	own, err := os.Readlink("/proc/thread-self/ns/uts")
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,8 @@ import (
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 var (
@@ -49,12 +51,7 @@ func TestMain(m *testing.M) {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: runs real agents (skipped with -short)")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: cgroups, pivot_root")
-	}
+	testutil.NeedRoot(t, "runs real agents: cgroups, pivot_root")
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}

@@ -10,14 +10,14 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/cgroups"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // A pod cgroup no record names is released with its processes; one that
 // is kept, and cgroups of other names, are left as they are.
 func TestCollectPodCgroups(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
-	}
+	testutil.NeedRoot(t, "creates cgroups")
 	if _, err := cgroups.Self(); err != nil {
 		t.Skipf("no cgroups: %v", err)
 	}

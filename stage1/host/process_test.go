@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // In the helper mode the test binary plays a daemon that launches a
@@ -140,9 +142,7 @@ func TestLaunchOutlivesLauncher(t *testing.T) {
 }
 
 func TestLaunchIntoCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
-	}
+	testutil.NeedRoot(t, "creates cgroups")
 	self, err := cgroups.Self()
 	if err != nil {
 		t.Skipf("no cgroups: %v", err)
@@ -186,11 +186,5 @@ func TestLaunchIntoCgroup(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, "the condition", testutil.Holds(cond))
 }

@@ -16,15 +16,15 @@ import (
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // A ledger's Release first ends the pod's processes (those its records
 // name and those only its cgroup holds), then releases the rest in the
 // reverse order of taking, goes on past a failure, and is idempotent.
 func TestLedgerRelease(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
-	}
+	testutil.NeedRoot(t, "creates cgroups")
 	self, err := cgroups.Self()
 	if err != nil {
 		t.Skipf("no cgroups: %v", err)

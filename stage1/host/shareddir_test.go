@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // TestUnbindKeepsTheHostsMounts: on a host whose mounts are shared (systemd
@@ -19,9 +21,7 @@ import (
 // mount, and unmounting it must not unmount what the host mounted inside
 // the volume (critest's read-only mount specs mount a tmpfs there).
 func TestUnbindKeepsTheHostsMounts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.NeedRoot(t, "mounts")
 	base := t.TempDir()
 	vol := filepath.Join(base, "volume")
 	inner := filepath.Join(vol, "tmpfs")

@@ -28,6 +28,8 @@ import (
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 var (
@@ -65,12 +67,7 @@ func TestMain(m *testing.M) {
 
 func needRoot(tb testing.TB) {
 	tb.Helper()
-	if testing.Short() {
-		tb.Skip("integration test: runs real systemd-nspawn containers (skipped with -short)")
-	}
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root: systemd-nspawn, cgroups, mounts")
-	}
+	testutil.NeedRoot(tb, "runs real systemd-nspawn containers: cgroups, mounts")
 	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
 		tb.Skip("needs systemd-nspawn (Debian: systemd-container)")
 	}
@@ -347,23 +344,7 @@ func (p *pod) exec(id string, cmd ...string) string {
 
 func waitFor(tb testing.TB, what string, cond func() (bool, error)) {
 	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	delay := 2 * time.Millisecond
-	var lastErr error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		lastErr = err
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s (last error: %v)", what, lastErr)
-		}
-		time.Sleep(delay) // polling a condition; nothing to block on
-		if delay < 50*time.Millisecond {
-			delay *= 2
-		}
-	}
+	testutil.WaitFor(tb, 30*time.Second, what, testutil.NoError(cond))
 }
 
 // TestPodNamespaces: the app runs in the pod's PID namespace, whose init is

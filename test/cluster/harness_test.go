@@ -31,6 +31,8 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/internal/mountsafe"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 const (
@@ -65,9 +67,7 @@ func loadEnv(t *testing.T) env {
 	if e.k8sBin == "" || e.tools == "" || e.tree == "" || e.stagelet == "" {
 		t.Skip("the cluster test runs under make test-cluster (STAGELET_CLUSTER_K8S_BIN, STAGELET_CLUSTER_TOOLS, STAGELET_CLUSTER_TREE, STAGELET_BIN unset)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("the cluster test needs root")
-	}
+	testutil.NeedRoot(t, "boots a Kubernetes cluster of node containers")
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		// On a pure v2 host the nodes' cgroups would need controllers
 		// enabled beneath the test's own cgroup, which holds the test

@@ -18,6 +18,8 @@ import (
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 const (
@@ -326,7 +328,7 @@ func TestExecSyncLargeOutput(t *testing.T) {
 	if r.ExitCode != 0 {
 		t.Errorf("ExecSync of 60 MB: exit code %d", r.ExitCode)
 	}
-	waitFor(t, stateTimeout, "the daemon's memory back near its idle level", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "the daemon's memory back near its idle level", func() (bool, string) {
 		rss, err := e.d.RSS()
 		if err != nil {
 			return false, err.Error()
@@ -397,14 +399,14 @@ func TestReopenContainerLog(t *testing.T) {
 	if _, err := e.rt().ReopenContainerLog(e.ctx(), &runtimeapi.ReopenContainerLogRequest{ContainerId: id}); err != nil {
 		t.Fatalf("ReopenContainerLog: %v", err)
 	}
-	waitFor(t, stateTimeout, "new lines in the reopened log", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "new lines in the reopened log", func() (bool, string) {
 		lines := e.readCRILog(path)
 		return len(harness.JoinPartial(lines, "stdout")) >= 2, e.logText(path)
 	})
 	// The rotated file stops growing once the new file is written to.
 	size1 := fileSize(t, rotated)
 	n := len(e.readCRILog(path))
-	waitFor(t, stateTimeout, "more lines in the new log", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "more lines in the new log", func() (bool, string) {
 		return len(e.readCRILog(path)) >= n+3, e.logText(path)
 	})
 	if size2 := fileSize(t, rotated); size2 != size1 {
@@ -507,7 +509,7 @@ func TestContainerAndPodStats(t *testing.T) {
 	e.waitContainerState(id, running, stateTimeout)
 
 	var first *runtimeapi.ContainerStats
-	waitFor(t, stateTimeout, "non-zero CPU and memory in ContainerStats", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "non-zero CPU and memory in ContainerStats", func() (bool, string) {
 		ctx, cancel := e.pollCtx()
 		defer cancel()
 		resp, err := e.rt().ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: id})
@@ -521,7 +523,7 @@ func TestContainerAndPodStats(t *testing.T) {
 		t.Errorf("stats attributes %v do not describe the container", a)
 	}
 	// The numbers are live: CPU time grows while the container burns.
-	waitFor(t, stateTimeout, "growing CPU usage", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "growing CPU usage", func() (bool, string) {
 		ctx, cancel := e.pollCtx()
 		defer cancel()
 		resp, err := e.rt().ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: id})

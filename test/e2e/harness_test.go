@@ -26,6 +26,8 @@ import (
 
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // stageletBin is the binary built once by TestMain.
@@ -64,12 +66,7 @@ func TestMain(m *testing.M) {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("e2e tests start the real daemon; they do not run with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("e2e tests need root: the daemon mounts, pivots into rootfs and creates cgroups")
-	}
+	testutil.NeedRoot(t, "starts the real daemon, which mounts, pivots into root filesystems and creates cgroups")
 }
 
 // env is one test's world: a registry, a daemon and the busybox image.
@@ -374,23 +371,6 @@ func (e *env) waitContainerState(id string, state runtimeapi.ContainerState, tim
 	}
 }
 
-// waitFor polls cond until it reports true; at the deadline the test fails
-// with what and the last detail cond gave.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %s", timeout, what, detail)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // execSync runs cmd in a container and fails the test if the call fails
 // (a non-zero exit code is not a failure of the call).
 func (e *env) execSync(id string, cmd ...string) *runtimeapi.ExecSyncResponse {
@@ -451,7 +431,7 @@ func (e *env) logText(path string) string {
 // waitLogLine waits until the log holds a full line on stream equal to want.
 func (e *env) waitLogLine(path, stream, want string) {
 	e.t.Helper()
-	waitFor(e.t, stateTimeout, fmt.Sprintf("%s line %q in %s", stream, want, path), func() (bool, string) {
+	testutil.WaitFor(e.t, stateTimeout, fmt.Sprintf("%s line %q in %s", stream, want, path), func() (bool, string) {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return false, err.Error()

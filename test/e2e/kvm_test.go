@@ -12,6 +12,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/test/e2e/harness"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // allStage1sPolicy lets a pod choose any stage1 by runtime handler.
@@ -79,7 +81,7 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 	}
 	// The guest writes the CRI log at the kubelet's path on the host.
 	path := logPath(vmCfg, e.netContainer(kvmStage1, "app"))
-	waitFor(t, 30*time.Second, "the VM's log lines", func() (bool, string) {
+	testutil.WaitFor(t, 30*time.Second, "the VM's log lines", func() (bool, string) {
 		text := e.logText(path)
 		return strings.Contains(text, "stdout F hello from the vm") && strings.Contains(text, "stderr F to stderr"), text
 	})
@@ -109,7 +111,7 @@ func TestKVMPodsReachEachOther(t *testing.T) {
 		t.Errorf("VM b's eth0: %q, want %s", got, ipB)
 	}
 	url := fmt.Sprintf("http://%s:8080/", ipA)
-	waitFor(t, 60*time.Second, "VM b reaching VM a", func() (bool, string) {
+	testutil.WaitFor(t, 60*time.Second, "VM b reaching VM a", func() (bool, string) {
 		r := e.execSync(bCtr, wget(url)...)
 		return r.ExitCode == 0 && strings.TrimSpace(string(r.Stdout)) == "served-from-vm-a", string(r.Stdout) + string(r.Stderr)
 	})

@@ -20,6 +20,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/test/e2e/harness"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // bothStage1sPolicy lets a pod choose fly or nspawn by runtime handler.
@@ -133,7 +135,7 @@ func httpGet(url string) (string, error) {
 // waitHTTP waits until url answers want from the test process.
 func (e *env) waitHTTP(url, want string) {
 	e.t.Helper()
-	waitFor(e.t, stateTimeout, "GET "+url, func() (bool, string) {
+	testutil.WaitFor(e.t, stateTimeout, "GET "+url, func() (bool, string) {
 		got, err := httpGet(url)
 		if err != nil {
 			return false, err.Error()
@@ -238,7 +240,7 @@ func TestPodNetworkTwoPodsReachEachOther(t *testing.T) {
 		fetch := func(from, ip, want string) {
 			t.Helper()
 			url := "http://" + ip + ":8080/"
-			waitFor(t, stateTimeout, "wget "+url+" from the other pod", func() (bool, string) {
+			testutil.WaitFor(t, stateTimeout, "wget "+url+" from the other pod", func() (bool, string) {
 				r := e.execSync(from, wget(url)...)
 				if r.ExitCode != 0 {
 					return false, fmt.Sprintf("exit %d: %s", r.ExitCode, r.Stderr)

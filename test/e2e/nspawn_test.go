@@ -16,6 +16,8 @@ import (
 
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/test/e2e/harness"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // newNspawnEnv is a daemon whose policy maps the handler "nspawn" (and
@@ -58,7 +60,7 @@ func (e *env) stdoutLines(path string) []string {
 func (e *env) waitStdoutPrefix(path, prefix string) []string {
 	e.t.Helper()
 	var lines []string
-	waitFor(e.t, stateTimeout, fmt.Sprintf("a stdout line %q... in %s", prefix, path), func() (bool, string) {
+	testutil.WaitFor(e.t, stateTimeout, fmt.Sprintf("a stdout line %q... in %s", prefix, path), func() (bool, string) {
 		lines = e.stdoutLines(path)
 		return slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, prefix) }), e.logText(path)
 	})
@@ -79,7 +81,7 @@ func TestNspawnMultiContainerPod(t *testing.T) {
 	e.waitContainerState(a, running, stateTimeout)
 	e.waitContainerState(b, running, stateTimeout)
 
-	waitFor(t, stateTimeout, "B to fetch A's page on 127.0.0.1:8080", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "B to fetch A's page on 127.0.0.1:8080", func() (bool, string) {
 		r := e.execSync(b, wget("http://127.0.0.1:8080/")...)
 		return r.ExitCode == 0 && string(r.Stdout) == "from-a\n", fmt.Sprintf("exit %d stdout %q stderr %q", r.ExitCode, r.Stdout, r.Stderr)
 	})

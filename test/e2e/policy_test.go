@@ -14,6 +14,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/test/e2e/harness"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // workedPolicy is the README's worked example for the stage1s this node
@@ -300,7 +302,7 @@ func (e *env) reload(pol, logged string) {
 	if err := syscall.Kill(e.d.PID(), syscall.SIGHUP); err != nil {
 		e.t.Fatalf("SIGHUP the daemon: %v", err)
 	}
-	waitFor(e.t, stateTimeout, fmt.Sprintf("the daemon to log %q", logged), func() (bool, string) {
+	testutil.WaitFor(e.t, stateTimeout, fmt.Sprintf("the daemon to log %q", logged), func() (bool, string) {
 		if !e.d.Running() {
 			e.t.Fatalf("the daemon exited on SIGHUP: %s", e.d.ExitStatus())
 		}

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // ctlDir is a host directory bind-mounted at /ctl in a container, through
@@ -32,7 +34,7 @@ func (e *env) ctlDir(name string) string {
 func (e *env) readPID(ctl string) int {
 	e.t.Helper()
 	var pid int
-	waitFor(e.t, stateTimeout, "the container's pid file", func() (bool, string) {
+	testutil.WaitFor(e.t, stateTimeout, "the container's pid file", func() (bool, string) {
 		b, err := os.ReadFile(filepath.Join(ctl, "pid"))
 		if err != nil {
 			return false, err.Error()
@@ -95,7 +97,7 @@ func TestDaemonKill9Recovery(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ctlB, "exit"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, stateTimeout, "container B to exit while the daemon is down", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "container B to exit while the daemon is down", func() (bool, string) {
 		return !alive(pidB), fmt.Sprintf("pid %d still runs", pidB)
 	})
 	if !alive(pidA) {
@@ -188,7 +190,7 @@ func TestDaemonKill9Recovery(t *testing.T) {
 			t.Errorf("PodSandboxStatus %s after removal: %v, want NotFound", pod, err)
 		}
 	}
-	waitFor(t, stateTimeout, "container A's process to end after its pod was removed", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "container A's process to end after its pod was removed", func() (bool, string) {
 		return !alive(pidA), fmt.Sprintf("pid %d still runs", pidA)
 	})
 }

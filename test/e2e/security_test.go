@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // Seccomp, SELinux and AppArmor through the real daemon.
@@ -63,7 +65,7 @@ func TestSeccompRuntimeDefaultThroughCRI(t *testing.T) {
 	_, id, _ := e.runOne("seccomp-default", cfg)
 	e.waitContainerState(id, running, stateTimeout)
 	var out string
-	waitFor(t, stateTimeout, "the container's result", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "the container's result", func() (bool, string) {
 		r := e.execSync(id, "cat", "/tmp/rc")
 		out = string(r.Stdout)
 		return r.ExitCode == 0, string(r.Stderr)

@@ -25,6 +25,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/test/e2e/harness"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // The streaming tests use client-go's clients of the kubelet's streaming
@@ -53,7 +55,7 @@ func (s *streamBuffer) String() string {
 // waitFor waits until the output holds want.
 func (s *streamBuffer) waitFor(t *testing.T, want string) {
 	t.Helper()
-	waitFor(t, stateTimeout, fmt.Sprintf("output %q", want), func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, fmt.Sprintf("output %q", want), func() (bool, string) {
 		got := s.String()
 		return strings.Contains(got, want), got
 	})
@@ -325,7 +327,7 @@ func loopbackServer(body string) []string {
 func checkPortForward(t *testing.T, e *env, podID, web, body string) {
 	// A connection the pod refuses ends the whole forwarding in client-go:
 	// wait for the server first, from inside the pod.
-	waitFor(t, stateTimeout, "the server listening in the pod", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "the server listening in the pod", func() (bool, string) {
 		r := e.execSync(web, wget("http://127.0.0.1:8080/")...)
 		return r.ExitCode == 0, string(r.Stderr)
 	})
@@ -416,7 +418,7 @@ func TestStreamingAcrossRestart(t *testing.T) {
 		t.Errorf("a URL of the previous daemon served a session")
 	}
 	// The command of the session that ended was killed with it.
-	waitFor(t, stateTimeout, "the exec'd sleep gone", func() (bool, string) {
+	testutil.WaitFor(t, stateTimeout, "the exec'd sleep gone", func() (bool, string) {
 		r := e.execSync(ctr, "ps", "-o", "args")
 		return !strings.Contains(string(r.Stdout), "sleep 99999"), string(r.Stdout)
 	})

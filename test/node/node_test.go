@@ -26,6 +26,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/test/testregistry"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 const (
@@ -118,7 +120,7 @@ func client(t *testing.T) (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServ
 	}
 	t.Cleanup(func() { conn.Close() })
 	rt := runtimeapi.NewRuntimeServiceClient(conn)
-	waitFor(t, 60*time.Second, "the daemon answers ListPodSandbox", func() (bool, string) {
+	testutil.WaitFor(t, 60*time.Second, "the daemon answers ListPodSandbox", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
@@ -133,26 +135,6 @@ func client(t *testing.T) (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServ
 func journal(t *testing.T) string {
 	out, _ := exec.Command("journalctl", "-u", unitName, "--no-pager", "-n", "60").CombinedOutput()
 	return string(out)
-}
-
-// waitFor polls cond until it holds or the bound passes.
-func waitFor(t *testing.T, bound time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	delay := 10 * time.Millisecond
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting %v for %s: %s", bound, what, why)
-		}
-		time.Sleep(delay) // polling a condition of another process
-		if delay < 500*time.Millisecond {
-			delay *= 2
-		}
-	}
 }
 
 func ctx(t *testing.T) context.Context {
@@ -226,7 +208,7 @@ func (p *pod) check(t *testing.T, rt runtimeapi.RuntimeServiceClient, name strin
 	if ip := st.Status.GetNetwork().GetIp(); net.ParseIP(ip) == nil {
 		t.Errorf("pod %s has no IP from CNI (%q)", name, ip)
 	}
-	waitFor(t, 30*time.Second, "the container of "+name+" to run", func() (bool, string) {
+	testutil.WaitFor(t, 30*time.Second, "the container of "+name+" to run", func() (bool, string) {
 		cs, err := rt.ContainerStatus(c, &runtimeapi.ContainerStatusRequest{ContainerId: p.ctr})
 		if err != nil {
 			return false, err.Error()
@@ -237,7 +219,7 @@ func (p *pod) check(t *testing.T, rt runtimeapi.RuntimeServiceClient, name strin
 	if err != nil || ex.ExitCode != 0 || strings.TrimSpace(string(ex.Stdout)) != "exec in "+name {
 		t.Errorf("ExecSync in %s = %+v, %v", name, ex, err)
 	}
-	waitFor(t, 30*time.Second, "the greeting in the log of "+name, func() (bool, string) {
+	testutil.WaitFor(t, 30*time.Second, "the greeting in the log of "+name, func() (bool, string) {
 		b, _ := os.ReadFile(filepath.Join(p.logDir, "app.log"))
 		return bytes.Contains(b, []byte("hello from "+name)), string(b)
 	})
