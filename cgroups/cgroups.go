@@ -30,9 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-
-	"github.com/stagelet/stagelet/internal/mountsafe"
 )
 
 // Unified is the Paths key of the cgroup2 hierarchy in pure v2 mode.
@@ -128,12 +127,12 @@ func loadEnv() (*env, error) {
 	return parseEnv(pc, mi, hostV2())
 }
 
-func parseEnv(procCgroup, mountinfo io.Reader, v2 bool) (*env, error) {
+func parseEnv(procCgroup, mountInfo io.Reader, v2 bool) (*env, error) {
 	procs, err := parseProcCgroup(procCgroup)
 	if err != nil {
 		return nil, err
 	}
-	mounts, err := parseMountinfo(mountinfo)
+	mounts, err := parseMountinfo(mountInfo)
 	if err != nil {
 		return nil, err
 	}
@@ -170,35 +169,13 @@ func parseProcCgroup(r io.Reader) (map[string]string, error) {
 
 // parseMountinfo returns the cgroup and cgroup2 mounts of a mountinfo file.
 func parseMountinfo(r io.Reader) ([]mount, error) {
-	var out []mount
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// 36 35 98:0 /root /mnt rw,noatime master:1 - cgroup cgroup rw,cpu,cpuacct
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || len(fields) < sep+4 {
-			continue
-		}
-		fstype := fields[sep+1]
-		if fstype != "cgroup" && fstype != "cgroup2" {
-			continue
-		}
-		out = append(out, mount{
-			point:  mountsafe.Unescape(fields[4]),
-			root:   mountsafe.Unescape(fields[3]),
-			fstype: fstype,
-			opts:   strings.Split(fields[sep+3], ","),
-		})
-	}
-	if err := sc.Err(); err != nil {
+	ms, err := mountinfo.GetMountsFromReader(r, mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
 		return nil, fmt.Errorf("cgroups: read mountinfo: %w", err)
+	}
+	out := make([]mount, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, mount{point: m.Mountpoint, root: m.Root, fstype: m.FSType, opts: strings.Split(m.VFSOptions, ",")})
 	}
 	return out, nil
 }

@@ -60,7 +60,6 @@
 package image
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,6 +73,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
@@ -445,55 +445,15 @@ type mountInfo struct {
 }
 
 func readMountInfo() []mountInfo {
-	f, err := os.Open("/proc/thread-self/mountinfo")
+	ms, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
-	var out []mountInfo
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 5 || len(fields) < sep+4 {
-			continue
-		}
-		out = append(out, mountInfo{
-			mountPoint: unescapeMount(fields[4]),
-			fstype:     fields[sep+1],
-			superOpts:  fields[sep+3],
-		})
+	out := make([]mountInfo, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, mountInfo{mountPoint: m.Mountpoint, fstype: m.FSType, superOpts: m.VFSOptions})
 	}
 	return out
-}
-
-// unescapeMount undoes the octal escapes of /proc/self/mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			v := 0
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + int(c-'0')
-			}
-			if ok {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Usage returns the bytes (allocated blocks) and inodes used under the

@@ -1,7 +1,6 @@
 package host
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -14,13 +13,13 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/stagelet/stagelet/stage1"
-
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/mountsafe"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // SharedDir is how a pod whose agent does not see the host's files (an
@@ -229,27 +228,14 @@ func (d SharedDir) UnbindContainer(id string) error {
 // not /proc/self's: that is the main thread's view, which is another
 // namespace when the main thread ever joined one.
 func MountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/thread-self/mountinfo")
+	dir = filepath.Clean(dir)
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	dir = filepath.Clean(dir)
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		p := mountsafe.Unescape(fields[4])
-		if p == dir || strings.HasPrefix(p, dir+"/") {
-			out = append(out, p)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
+	out := make([]string, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.Mountpoint)
 	}
 	// Later lines are mounted later: unmount them first; deeper paths
 	// before their parents.

@@ -9,13 +9,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/stagelet/stagelet/stage1/host"
-
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
-	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/host"
 )
 
 // systemdCgroup is the pod's cgroup in the hierarchies systemd-nspawn
@@ -54,28 +53,17 @@ func systemdParent() (*cgroups.Cgroup, error) {
 			self[parts[1]] = parts[2]
 		}
 	}
-	mi, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil, err
 	}
 	cg := &cgroups.Cgroup{Paths: map[string]string{}}
-	for _, line := range strings.Split(string(mi), "\n") {
-		f := strings.Fields(line)
-		sep := -1
-		for i, x := range f {
-			if x == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || len(f) < sep+4 {
-			continue
-		}
+	for _, m := range ms {
 		var key, selfKey string
 		switch {
-		case f[sep+1] == "cgroup2":
+		case m.FSType == "cgroup2":
 			key, selfKey = "cgroup2", ""
-		case f[sep+1] == "cgroup" && slices.Contains(strings.Split(f[sep+3], ","), "name=systemd"):
+		case slices.Contains(strings.Split(m.VFSOptions, ","), "name=systemd"):
 			key, selfKey = "name=systemd", "name=systemd"
 		default:
 			continue
@@ -87,15 +75,13 @@ func systemdParent() (*cgroups.Cgroup, error) {
 		if !ok {
 			continue
 		}
-		root := mountsafe.Unescape(f[3])
 		rel := path
-		if root != "/" {
-			if r, ok := strings.CutPrefix(path, root); ok && (r == "" || r[0] == '/') {
+		if m.Root != "/" {
+			if r, ok := strings.CutPrefix(path, m.Root); ok && (r == "" || r[0] == '/') {
 				rel = r
 			}
 		}
-		point := mountsafe.Unescape(f[4])
-		cg.Paths[key] = filepath.Join(point, filepath.Clean("/"+rel))
+		cg.Paths[key] = filepath.Join(m.Mountpoint, filepath.Clean("/"+rel))
 	}
 	if len(cg.Paths) == 0 {
 		return nil, errors.New("no name=systemd or hybrid cgroup2 hierarchy")

@@ -23,16 +23,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/stagelet/stagelet/internal/mountsafe"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 const (
@@ -463,32 +461,11 @@ func (c *cluster) keepLogs() {
 // removeDir removes the test's directory once nothing is mounted beneath
 // it: never through a mount.
 func (c *cluster) removeDir() {
-	if ms := mountsBeneath(c.dir); len(ms) > 0 {
+	if ms := harness.MountsUnder(c.dir); len(ms) > 0 {
 		c.t.Errorf("mounts remain beneath %s, left in place: %v", c.dir, ms)
 		return
 	}
 	if err := os.RemoveAll(c.dir); err != nil {
 		c.t.Errorf("remove %s: %v", c.dir, err)
 	}
-}
-
-// mountsBeneath lists the mount points at or beneath dir, deepest first.
-func mountsBeneath(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := mountsafe.Unescape(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return out
 }

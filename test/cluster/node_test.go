@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -12,7 +11,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/stagelet/stagelet/internal/mountsafe"
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // node is one node of the cluster: a systemd-nspawn container booted from
@@ -350,7 +351,7 @@ func (c *cluster) unmountRoot(n *node) {
 		c.t.Errorf("node %s still runs: its root stays mounted", n.name)
 		return
 	}
-	for _, m := range mountsBeneath(n.dir) {
+	for _, m := range harness.MountsUnder(n.dir) {
 		if err := syscall.Unmount(m, 0); err != nil {
 			c.t.Errorf("node %s: unmount %s: %v", n.name, m, err)
 		}
@@ -378,20 +379,13 @@ func hierarchies() ([]hierarchy, error) {
 			own[f[1]] = f[2]
 		}
 	}
-	mi, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil, err
 	}
-	defer mi.Close()
 	var out []hierarchy
-	sc := bufio.NewScanner(mi)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		i := slices.Index(f, "-")
-		if i < 0 || i+3 >= len(f) {
-			continue
-		}
-		fstype, mp, opts := f[i+1], mountsafe.Unescape(f[4]), f[i+3]
+	for _, m := range ms {
+		fstype, mp, opts := m.FSType, m.Mountpoint, m.VFSOptions
 		switch fstype {
 		case "cgroup2":
 			if p, ok := own[""]; ok {
@@ -408,7 +402,7 @@ func hierarchies() ([]hierarchy, error) {
 			}
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // sameControllers tells whether a /proc/self/cgroup controller list names

@@ -13,8 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/stagelet/stagelet/internal/mountsafe"
-
+	"github.com/moby/sys/mountinfo"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -217,20 +216,13 @@ func describePID(pid int) string {
 // MountsUnder lists the mount points of this process's mount namespace
 // that lie beneath dir, deepest first.
 func MountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(dir)))
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := mountsafe.Unescape(f[4])
-		if strings.HasPrefix(mp, dir+"/") || mp == dir {
-			out = append(out, mp)
-		}
+	for _, m := range ms {
+		out = append(out, m.Mountpoint)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if ci, cj := strings.Count(out[i], "/"), strings.Count(out[j], "/"); ci != cj {
@@ -338,30 +330,21 @@ func (m cgroupMount) matches(ctrls string) bool {
 }
 
 func cgroupMounts() []cgroupMount {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil
 	}
 	var out []cgroupMount
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
+	for _, m := range ms {
+		if m.FSType == "cgroup2" {
+			out = append(out, cgroupMount{point: m.Mountpoint, v2: true})
 			continue
 		}
-		pf, qf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 5 || len(qf) < 3 {
-			continue
+		opts := map[string]bool{}
+		for _, o := range strings.Split(m.VFSOptions, ",") {
+			opts[o] = true
 		}
-		switch qf[0] {
-		case "cgroup2":
-			out = append(out, cgroupMount{point: mountsafe.Unescape(pf[4]), v2: true})
-		case "cgroup":
-			opts := map[string]bool{}
-			for _, o := range strings.Split(qf[2], ",") {
-				opts[o] = true
-			}
-			out = append(out, cgroupMount{point: mountsafe.Unescape(pf[4]), opts: opts})
-		}
+		out = append(out, cgroupMount{point: m.Mountpoint, opts: opts})
 	}
 	return out
 }
