@@ -431,6 +431,38 @@ func applyCreds(app *api.AppSpec, warn func(string, ...any)) error {
 	return nil
 }
 
+// mountSys mounts sysfs at rootfs/sys, read-only unless privileged; where
+// no sysfs can be mounted (a user namespace that does not own the pod's
+// network namespace) the agent's own /sys is bound instead.
+func mountSys(rootfs string, privileged bool) error {
+	const nsx = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	sysFlags := uintptr(nsx | unix.MS_RDONLY)
+	if privileged {
+		sysFlags = nsx
+	}
+	bound := false
+	return mountIn(rootfs, "/sys", true, func(t string) error {
+		err := unix.Mount("sysfs", t, "sysfs", sysFlags, "")
+		if !errors.Is(err, unix.EPERM) {
+			return err
+		}
+		// In a user namespace that does not own the pod's network
+		// namespace (the pod's root is not the host's, its network was
+		// made by the host) no sysfs can be mounted: the agent's own is
+		// bound instead, read-only unless privileged.
+		bound = true
+		if err := unix.Mount("/sys", t, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind /sys: %w", err)
+		}
+		return nil
+	}, func(t string) error {
+		if bound && sysFlags&unix.MS_RDONLY != 0 {
+			return remountReadonly(t, true)
+		}
+		return nil
+	})
+}
+
 // setupRoot builds the app's root in the fresh mount namespace and pivots
 // into it.
 func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
@@ -475,31 +507,7 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 	}); err != nil {
 		return err
 	}
-	sysFlags := uintptr(nsx | unix.MS_RDONLY)
-	if app.Privileged {
-		sysFlags = nsx
-	}
-	bound := false
-	if err := mountIn(rootfs, "/sys", true, func(t string) error {
-		err := unix.Mount("sysfs", t, "sysfs", sysFlags, "")
-		if !errors.Is(err, unix.EPERM) {
-			return err
-		}
-		// In a user namespace that does not own the pod's network
-		// namespace (the pod's root is not the host's, its network was
-		// made by the host) no sysfs can be mounted: the agent's own is
-		// bound instead, read-only unless privileged.
-		bound = true
-		if err := unix.Mount("/sys", t, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind /sys: %w", err)
-		}
-		return nil
-	}, func(t string) error {
-		if bound && sysFlags&unix.MS_RDONLY != 0 {
-			return remountReadonly(t, true)
-		}
-		return nil
-	}); err != nil {
+	if err := mountSys(rootfs, app.Privileged); err != nil {
 		return err
 	}
 	if app.Privileged {

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -36,23 +37,7 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	}
 	// aside: IDs of pods and containers whose records are set aside, now
 	// or by an earlier start; what they name is left alone.
-	aside := map[string]bool{}
-	for _, id := range b.rec.quarantined() {
-		aside[id] = true
-	}
-	for path, br := range bad {
-		aside[br.ID] = true
-		if br.Newer {
-			b.log.ErrorContext(ctx, "leaving a record a newer stagelet wrote where it is; what it names is left alone and unmanaged", "path", path, "err", br.Reason)
-			continue
-		}
-		dst, err := b.rec.quarantine(path)
-		if err != nil {
-			b.log.ErrorContext(ctx, "a record cannot be read, nor moved to quarantine; what it names is left alone", "path", path, "err", br.Reason, "quarantine", err)
-			continue
-		}
-		b.log.ErrorContext(ctx, "quarantined a record that cannot be read; what it names is left alone", "path", path, "to", dst, "err", br.Reason)
-	}
+	aside := b.setAside(ctx, bad)
 	b.quarantined.Store(int32(len(b.rec.quarantined())))
 	byPod := map[string][]*ContainerRecord{}
 	podIDs := map[string]bool{}
@@ -73,6 +58,23 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 		byPod[c.PodID] = append(byPod[c.PodID], c)
 	}
 	res := RecoveryResult{Pods: len(pods), BadRecords: len(bad)}
+	b.recoverPods(ctx, pods, byPod, &res)
+	keep := func(id string) bool { return podIDs[id] || aside[id] }
+	res.OrphanCgroups = b.collectCgroups(keep) + b.collectBackends(ctx, keep)
+	b.collectOrphans(aside)
+	b.collectNetNS(ctx, aside)
+	res.SetAside = len(aside)
+	res.Took = time.Since(start)
+	b.ready.Store(true)
+	b.log.InfoContext(ctx, "recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
+		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside,
+		"orphanCgroups", res.OrphanCgroups, "took", res.Took)
+	return res, nil
+}
+
+// recoverPods recovers the pods, RecoverParallel at a time within
+// RecoverTimeout, and counts their outcomes in res.
+func (b *Broker) recoverPods(ctx context.Context, pods []*PodRecord, byPod map[string][]*ContainerRecord, res *RecoveryResult) {
 	rctx, cancel := context.WithTimeout(ctx, RecoverTimeout)
 	defer cancel()
 	var (
@@ -103,17 +105,30 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 		}()
 	}
 	wg.Wait()
-	keep := func(id string) bool { return podIDs[id] || aside[id] }
-	res.OrphanCgroups = b.collectCgroups(keep) + b.collectBackends(ctx, keep)
-	b.collectOrphans(aside)
-	b.collectNetNS(ctx, aside)
-	res.SetAside = len(aside)
-	res.Took = time.Since(start)
-	b.ready.Store(true)
-	b.log.InfoContext(ctx, "recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
-		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside,
-		"orphanCgroups", res.OrphanCgroups, "took", res.Took)
-	return res, nil
+}
+
+// setAside quarantines the records that cannot be read (a newer
+// stagelet's stay where they are) and returns the IDs of every pod and
+// container whose record is set aside, now or by an earlier start.
+func (b *Broker) setAside(ctx context.Context, bad map[string]badRecord) map[string]bool {
+	aside := map[string]bool{}
+	for _, id := range b.rec.quarantined() {
+		aside[id] = true
+	}
+	for path, br := range bad {
+		aside[br.ID] = true
+		if br.Newer {
+			b.log.ErrorContext(ctx, "leaving a record a newer stagelet wrote where it is; what it names is left alone and unmanaged", "path", path, "err", br.Reason)
+			continue
+		}
+		dst, err := b.rec.quarantine(path)
+		if err != nil {
+			b.log.ErrorContext(ctx, "a record cannot be read, nor moved to quarantine; what it names is left alone", "path", path, "err", br.Reason, "quarantine", err)
+			continue
+		}
+		b.log.ErrorContext(ctx, "quarantined a record that cannot be read; what it names is left alone", "path", path, "to", dst, "err", br.Reason)
+	}
+	return aside
 }
 
 // RecoveryResult is what Recover found and did, pod by pod.
@@ -153,102 +168,23 @@ func (b *Broker) discardContainer(c *ContainerRecord) {
 // "unrecovered" (the backend could not reattach, and the pod may still
 // run), "stopped" or "discarded".
 func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*ContainerRecord) string {
-	be, ok := b.opts.Backends[rec.Stage1]
 	log := b.log.With("pod", rec.ID, "stage1", rec.Stage1)
 	if rec.State == PodCreating {
-		log.WarnContext(ctx, "releasing a pod whose creation was interrupted")
-		if ok {
-			if err := be.DestroyPod(ctx, b.podSpec(rec), rec.BackendState); err != nil {
-				log.ErrorContext(ctx, "releasing pod resources", "err", err)
-				return "discarded"
-			}
-		}
-		for _, c := range ctrs {
-			b.discardContainer(c)
-		}
-		if err := b.teardownNetwork(ctx, rec, true); err != nil {
-			log.ErrorContext(ctx, "releasing the pod's network", "err", err)
-			return "discarded"
-		}
-		if err := mountsafe.RemoveAll(rec.RunDir); err != nil {
-			log.ErrorContext(ctx, "removing the pod's run directory", "err", err)
-			return "discarded"
-		}
-		b.rec.deletePod(rec.ID)
+		b.discardCreatingPod(ctx, log, rec, ctrs)
 		return "discarded"
 	}
 	p := &pod{rec: rec, created: make(chan struct{})}
 	close(p.created)
 	result := "stopped"
 	if rec.State == PodReady {
-		if !ok {
-			log.ErrorContext(ctx, "the pod's stage1 is not registered in this daemon; marking it not ready and leaving what it holds as it is")
-			rec.State = PodNotReady
-			result = "unrecovered"
-		} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
-			p.handle = agentconn.Open(h, b.log.With("pod", rec.ID))
-			result = "ready"
-		} else {
-			// Gone: StopPodSandbox asks the backend to release what is
-			// left before the network goes.
-			rec.State = PodNotReady
-			rec.Gone = true
-			result = "gone"
-			if errors.Is(err, stage1.ErrPodGone) {
-				log.WarnContext(ctx, "the pod died while the daemon was down")
-				// Nothing runs in the pod: release its address and
-				// ports now; the netns itself goes with
-				// RemovePodSandbox.
-				if err := b.teardownNetwork(ctx, rec, false); err != nil {
-					log.ErrorContext(ctx, "releasing a dead pod's network", "err", err)
-				}
-			} else {
-				// It may still run (a state from a newer stagelet, say):
-				// it keeps its network, and stopping it fails as long as
-				// its backend cannot read its state.
-				log.ErrorContext(ctx, "reattaching to the pod failed; marking it not ready and leaving what it holds as it is", "err", err)
-				result = "unrecovered"
-			}
-		}
-		// An unrecovered pod's record stays as it was on disk, so that a
-		// daemon that can read it (a newer one, or this one once it is
-		// repaired) reattaches to the pod.
-		if result != "unrecovered" {
-			if err := b.rec.savePod(rec); err != nil {
-				log.ErrorContext(ctx, "persist pod record", "err", err)
-			}
-		}
+		result = b.reattach(ctx, log, rec, p)
 	}
 	b.mu.Lock()
 	b.pods[rec.ID] = p
 	b.podNames[podNameKey(rec.Config.Metadata)] = p
 	b.mu.Unlock()
 
-	var live []*container
-	for _, cr := range ctrs {
-		if cr.State == ContainerCreating {
-			log.WarnContext(ctx, "releasing a container whose creation was interrupted", "container", cr.ID)
-			if p.handle != nil {
-				actx, cancel := agentCtx(ctx, agentTimeout)
-				if err := p.handle.RemoveContainer(actx, cr.ID); err != nil && !errdefs.IsNotFound(err) {
-					log.ErrorContext(ctx, "forgetting a half-created container in the agent", "container", cr.ID, "err", err)
-				}
-				cancel()
-			}
-			b.discardContainer(cr)
-			continue
-		}
-		c := &container{rec: cr, created: make(chan struct{})}
-		close(c.created)
-		if cr.App != nil {
-			lsm.ReserveSELinux(cr.App.SELinuxProcessLabel)
-		}
-		b.mu.Lock()
-		b.ctrs[cr.ID] = c
-		b.ctrNames[ctrNameKey(cr.PodID, cr.Config.Metadata)] = c
-		b.mu.Unlock()
-		live = append(live, c)
-	}
+	live := b.recoverContainers(ctx, log, p, ctrs)
 	if result == "unrecovered" {
 		// Its apps may run on: their state is unknown, in memory only,
 		// so that a daemon that reattaches finds their records as they
@@ -282,6 +218,110 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	case <-ctx.Done():
 	}
 	return result
+}
+
+// reattach gives a pod that was ready back its agent connection. A pod
+// whose stage1 is not registered, or whose backend cannot read its state,
+// is "unrecovered" (its record is left as it is on disk); one that died
+// while the daemon was down is "gone", its address and ports released.
+func (b *Broker) reattach(ctx context.Context, log *slog.Logger, rec *PodRecord, p *pod) string {
+	be, ok := b.opts.Backends[rec.Stage1]
+	result := "stopped"
+	if !ok {
+		log.ErrorContext(ctx, "the pod's stage1 is not registered in this daemon; marking it not ready and leaving what it holds as it is")
+		rec.State = PodNotReady
+		result = "unrecovered"
+	} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
+		p.handle = agentconn.Open(h, b.log.With("pod", rec.ID))
+		result = "ready"
+	} else {
+		// Gone: StopPodSandbox asks the backend to release what is
+		// left before the network goes.
+		rec.State = PodNotReady
+		rec.Gone = true
+		result = "gone"
+		if errors.Is(err, stage1.ErrPodGone) {
+			log.WarnContext(ctx, "the pod died while the daemon was down")
+			// Nothing runs in the pod: release its address and
+			// ports now; the netns itself goes with
+			// RemovePodSandbox.
+			if err := b.teardownNetwork(ctx, rec, false); err != nil {
+				log.ErrorContext(ctx, "releasing a dead pod's network", "err", err)
+			}
+		} else {
+			// It may still run (a state from a newer stagelet, say):
+			// it keeps its network, and stopping it fails as long as
+			// its backend cannot read its state.
+			log.ErrorContext(ctx, "reattaching to the pod failed; marking it not ready and leaving what it holds as it is", "err", err)
+			result = "unrecovered"
+		}
+	}
+	// An unrecovered pod's record stays as it was on disk, so that a
+	// daemon that can read it (a newer one, or this one once it is
+	// repaired) reattaches to the pod.
+	if result != "unrecovered" {
+		if err := b.rec.savePod(rec); err != nil {
+			log.ErrorContext(ctx, "persist pod record", "err", err)
+		}
+	}
+	return result
+}
+
+// discardCreatingPod releases what a pod whose creation was interrupted
+// took (its stage1's resources, containers, network, run directory), then
+// its record; on a failure the record stays for the next start.
+func (b *Broker) discardCreatingPod(ctx context.Context, log *slog.Logger, rec *PodRecord, ctrs []*ContainerRecord) {
+	be, ok := b.opts.Backends[rec.Stage1]
+	log.WarnContext(ctx, "releasing a pod whose creation was interrupted")
+	if ok {
+		if err := be.DestroyPod(ctx, b.podSpec(rec), rec.BackendState); err != nil {
+			log.ErrorContext(ctx, "releasing pod resources", "err", err)
+			return
+		}
+	}
+	for _, c := range ctrs {
+		b.discardContainer(c)
+	}
+	if err := b.teardownNetwork(ctx, rec, true); err != nil {
+		log.ErrorContext(ctx, "releasing the pod's network", "err", err)
+		return
+	}
+	if err := mountsafe.RemoveAll(rec.RunDir); err != nil {
+		log.ErrorContext(ctx, "removing the pod's run directory", "err", err)
+		return
+	}
+	b.rec.deletePod(rec.ID)
+}
+
+// recoverContainers puts a recovered pod's containers back in the broker,
+// releasing those whose creation was interrupted, and returns the others.
+func (b *Broker) recoverContainers(ctx context.Context, log *slog.Logger, p *pod, ctrs []*ContainerRecord) []*container {
+	var live []*container
+	for _, cr := range ctrs {
+		if cr.State == ContainerCreating {
+			log.WarnContext(ctx, "releasing a container whose creation was interrupted", "container", cr.ID)
+			if p.handle != nil {
+				actx, cancel := agentCtx(ctx, agentTimeout)
+				if err := p.handle.RemoveContainer(actx, cr.ID); err != nil && !errdefs.IsNotFound(err) {
+					log.ErrorContext(ctx, "forgetting a half-created container in the agent", "container", cr.ID, "err", err)
+				}
+				cancel()
+			}
+			b.discardContainer(cr)
+			continue
+		}
+		c := &container{rec: cr, created: make(chan struct{})}
+		close(c.created)
+		if cr.App != nil {
+			lsm.ReserveSELinux(cr.App.SELinuxProcessLabel)
+		}
+		b.mu.Lock()
+		b.ctrs[cr.ID] = c
+		b.ctrNames[ctrNameKey(cr.PodID, cr.Config.Metadata)] = c
+		b.mu.Unlock()
+		live = append(live, c)
+	}
+	return live
 }
 
 // collectCgroups releases the pod cgroups beneath the node's cgroup

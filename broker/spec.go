@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -138,26 +139,9 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 		return nil, errdefs.InvalidArgument("config.command: the image %s has no entrypoint or cmd, and none was given", cfg.Image)
 	}
 	sec := &cfg.Security
-	if sec.RunAsUser != nil && *sec.RunAsUser < 0 {
-		return nil, errdefs.InvalidArgument("config.linux.security_context.run_as_user: %d is negative", *sec.RunAsUser)
-	}
-	uid, gid, groups, err := image.ResolveUser(rootfs, userOf(sec, img.Config.User))
+	uid, gid, groups, err := appUser(sec, img, rootfs)
 	if err != nil {
 		return nil, err
-	}
-	if sec.RunAsGroup != nil {
-		if *sec.RunAsGroup < 0 {
-			return nil, errdefs.InvalidArgument("config.linux.security_context.run_as_group: %d is negative", *sec.RunAsGroup)
-		}
-		gid = uint32(*sec.RunAsGroup)
-	}
-	for _, g := range sec.SupplementalGroups {
-		if g < 0 || g > 1<<32-1 {
-			return nil, errdefs.InvalidArgument("config.linux.security_context.supplemental_groups: %d is out of range", g)
-		}
-		if !slices.Contains(groups, uint32(g)) {
-			groups = append(groups, uint32(g))
-		}
 	}
 	for _, c := range append(slices.Clone(sec.AddCapabilities), sec.DropCapabilities...) {
 		if n := normalizeCap(c); n != "ALL" && !validCap(n) {
@@ -168,26 +152,11 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 	if sec.Privileged {
 		caps = slices.Clone(AllCapabilities)
 	}
-	cwd := cfg.WorkingDir
-	if cwd == "" {
-		cwd = img.Config.WorkingDir
-	}
-	if cwd == "" {
-		cwd = "/"
-	}
+	cwd := cmp.Or(cfg.WorkingDir, img.Config.WorkingDir, "/")
 	if !filepath.IsAbs(cwd) {
 		return nil, errdefs.InvalidArgument("config.working_dir: %q must be absolute", cwd)
 	}
-	var mounts []api.Mount
-	for _, m := range cfg.Mounts {
-		mounts = append(mounts, api.Mount{
-			Source:            m.HostPath,
-			Destination:       m.ContainerPath,
-			Readonly:          m.Readonly,
-			Propagation:       m.Propagation,
-			RecursiveReadonly: m.RecursiveReadonly,
-		})
-	}
+	mounts := appMounts(cfg.Mounts)
 	logPath := ""
 	if pod.LogDirectory != "" && cfg.LogPath != "" {
 		logPath = filepath.Join(pod.LogDirectory, cfg.LogPath)
@@ -196,16 +165,9 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 	if !pod.HostNetwork {
 		hostname = pod.Hostname
 	}
-	pidns := ""
-	switch sec.PIDMode {
-	case PIDModeContainer:
-		pidns = api.PIDNamespaceContainer
-	case PIDModeNode:
-		if !pod.HostPID {
-			return nil, errdefs.InvalidArgument("config.linux.security_context.namespace_options.pid: NODE, but the pod sandbox does not share the host's PID namespace")
-		}
-	case PIDModeTarget:
-		pidns = api.PIDNamespaceTarget
+	pidns, err := pidNamespace(sec.PIDMode, pod)
+	if err != nil {
+		return nil, err
 	}
 	// Last: where SELinux is enabled, the labels reserve an MCS level that
 	// the container's removal gives back.
@@ -213,33 +175,24 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 	if err != nil {
 		return nil, err
 	}
-	r := cfg.Resources
 	spec := &api.AppSpec{
-		ID:             id,
-		Name:           cfg.Metadata.Name,
-		Rootfs:         rootfs,
-		Args:           args,
-		Env:            mergeEnv(img.Config.Env, cfg.Env),
-		Cwd:            cwd,
-		Hostname:       hostname,
-		PrivateUTS:     !pod.HostNetwork,
-		UID:            uid,
-		GID:            gid,
-		AdditionalGIDs: groups,
-		Capabilities:   caps,
-		Privileged:     sec.Privileged,
-		NoNewPrivs:     sec.NoNewPrivs && !sec.Privileged,
-		ReadonlyRootfs: sec.ReadonlyRootfs,
-		Mounts:         mounts,
-		Resources: api.Resources{
-			CPUShares:   r.CPUShares,
-			CPUQuota:    r.CPUQuota,
-			CPUPeriod:   r.CPUPeriod,
-			MemoryLimit: r.MemoryLimit,
-			OOMScoreAdj: int(r.OOMScoreAdj),
-			CpusetCpus:  r.CpusetCpus,
-			CpusetMems:  r.CpusetMems,
-		},
+		ID:                  id,
+		Name:                cfg.Metadata.Name,
+		Rootfs:              rootfs,
+		Args:                args,
+		Env:                 mergeEnv(img.Config.Env, cfg.Env),
+		Cwd:                 cwd,
+		Hostname:            hostname,
+		PrivateUTS:          !pod.HostNetwork,
+		UID:                 uid,
+		GID:                 gid,
+		AdditionalGIDs:      groups,
+		Capabilities:        caps,
+		Privileged:          sec.Privileged,
+		NoNewPrivs:          sec.NoNewPrivs && !sec.Privileged,
+		ReadonlyRootfs:      sec.ReadonlyRootfs,
+		Mounts:              mounts,
+		Resources:           appResources(cfg.Resources),
 		PIDNamespace:        pidns,
 		PIDTarget:           sec.PIDTarget,
 		MaskedPaths:         slices.Clone(sec.MaskedPaths),
@@ -254,16 +207,94 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 		Stdin:               cfg.Stdin,
 		StdinOnce:           cfg.Stdin && cfg.StdinOnce,
 	}
-	if hasEnv(spec.Env, "HOSTNAME") == "" && hostname != "" {
-		spec.Env = append(spec.Env, "HOSTNAME="+hostname)
-	}
-	if cfg.TTY && hasEnv(spec.Env, "TERM") == "" {
-		spec.Env = append(spec.Env, "TERM=xterm") // as Docker and containerd give a terminal
-	}
-	if hasEnv(spec.Env, "PATH") == "" {
-		spec.Env = append(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	}
+	spec.Env = defaultEnv(spec.Env, hostname, cfg.TTY)
 	return spec, nil
+}
+
+// appMounts are the CRI mounts as the agent takes them.
+func appMounts(ms []Mount) []api.Mount {
+	var out []api.Mount
+	for _, m := range ms {
+		out = append(out, api.Mount{
+			Source:            m.HostPath,
+			Destination:       m.ContainerPath,
+			Readonly:          m.Readonly,
+			Propagation:       m.Propagation,
+			RecursiveReadonly: m.RecursiveReadonly,
+		})
+	}
+	return out
+}
+
+// appResources are a container's limits as the agent applies them.
+func appResources(r Resources) api.Resources {
+	return api.Resources{
+		CPUShares:   r.CPUShares,
+		CPUQuota:    r.CPUQuota,
+		CPUPeriod:   r.CPUPeriod,
+		MemoryLimit: r.MemoryLimit,
+		OOMScoreAdj: int(r.OOMScoreAdj),
+		CpusetCpus:  r.CpusetCpus,
+		CpusetMems:  r.CpusetMems,
+	}
+}
+
+// pidNamespace is the app's api.AppSpec.PIDNamespace for a CRI PID mode.
+func pidNamespace(mode string, pod *PodConfig) (string, error) {
+	switch mode {
+	case PIDModeContainer:
+		return api.PIDNamespaceContainer, nil
+	case PIDModeNode:
+		if !pod.HostPID {
+			return "", errdefs.InvalidArgument("config.linux.security_context.namespace_options.pid: NODE, but the pod sandbox does not share the host's PID namespace")
+		}
+	case PIDModeTarget:
+		return api.PIDNamespaceTarget, nil
+	}
+	return "", nil
+}
+
+// appUser is the app's user, group and supplementary groups: the security
+// context's, else the image's, resolved in rootfs.
+func appUser(sec *Security, img *image.Image, rootfs string) (uid, gid uint32, groups []uint32, err error) {
+	if sec.RunAsUser != nil && *sec.RunAsUser < 0 {
+		return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.run_as_user: %d is negative", *sec.RunAsUser)
+	}
+	uid, gid, groups, err = image.ResolveUser(rootfs, userOf(sec, img.Config.User))
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	if sec.RunAsGroup != nil {
+		if *sec.RunAsGroup < 0 {
+			return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.run_as_group: %d is negative", *sec.RunAsGroup)
+		}
+		gid = uint32(*sec.RunAsGroup)
+	}
+	for _, g := range sec.SupplementalGroups {
+		if g < 0 || g > 1<<32-1 {
+			return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.supplemental_groups: %d is out of range", g)
+		}
+		if !slices.Contains(groups, uint32(g)) {
+			groups = append(groups, uint32(g))
+		}
+	}
+	return uid, gid, groups, nil
+}
+
+// defaultEnv adds what an app's environment lacks: HOSTNAME (the pod's,
+// outside the host network), TERM for a terminal, as Docker and containerd
+// give it, and a PATH.
+func defaultEnv(env []string, hostname string, tty bool) []string {
+	if hasEnv(env, "HOSTNAME") == "" && hostname != "" {
+		env = append(env, "HOSTNAME="+hostname)
+	}
+	if tty && hasEnv(env, "TERM") == "" {
+		env = append(env, "TERM=xterm")
+	}
+	if hasEnv(env, "PATH") == "" {
+		env = append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	return env
 }
 
 func hasEnv(env []string, key string) string {

@@ -81,62 +81,70 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 		}
 		cc.Resources = res
 		if sc := l.GetSecurityContext(); sc != nil {
-			sec := &cc.Security
-			sec.Privileged = sc.GetPrivileged()
-			if u := sc.GetRunAsUser(); u != nil {
-				v := u.GetValue()
-				sec.RunAsUser = &v
-			}
-			sec.RunAsUsername = sc.GetRunAsUsername()
-			if g := sc.GetRunAsGroup(); g != nil {
-				v := g.GetValue()
-				sec.RunAsGroup = &v
-			}
-			sec.SupplementalGroups = sc.GetSupplementalGroups()
-			sec.ReadonlyRootfs = sc.GetReadonlyRootfs()
-			sec.NoNewPrivs = sc.GetNoNewPrivs()
-			if ns := sc.GetNamespaceOptions(); ns != nil {
-				if sec.UserNS, err = userNS(ns, "config.linux.security_context.namespace_options"); err != nil {
-					return nil, err
-				}
-				switch ns.GetPid() {
-				case runtimeapi.NamespaceMode_CONTAINER:
-					sec.PIDMode = broker.PIDModeContainer
-				case runtimeapi.NamespaceMode_POD:
-					sec.PIDMode = broker.PIDModePod
-				case runtimeapi.NamespaceMode_NODE:
-					sec.PIDMode = broker.PIDModeNode
-				case runtimeapi.NamespaceMode_TARGET:
-					if ns.GetTargetId() == "" {
-						return nil, errdefs.InvalidArgument("config.linux.security_context.namespace_options: pid TARGET without target_id")
-					}
-					sec.PIDMode = broker.PIDModeTarget
-					sec.PIDTarget = ns.GetTargetId()
-				}
-			}
-			if caps := sc.GetCapabilities(); caps != nil {
-				sec.AddCapabilities = caps.GetAddCapabilities()
-				sec.DropCapabilities = caps.GetDropCapabilities()
-			}
-			var err error
-			// The deprecated profile fields are what kubelets before 1.19's
-			// structured profiles send.
-			//lint:ignore SA1019 read for older kubelets
-			if sec.Seccomp, err = securityProfile("seccomp", sc.GetSeccomp(), sc.GetSeccompProfilePath(), true); err != nil {
+			if err := securityFrom(sc, &cc.Security); err != nil {
 				return nil, err
-			}
-			//lint:ignore SA1019 read for older kubelets
-			if sec.AppArmor, err = securityProfile("apparmor", sc.GetApparmor(), sc.GetApparmorProfile(), false); err != nil {
-				return nil, err
-			}
-			sec.MaskedPaths = sc.GetMaskedPaths()
-			sec.ReadonlyPaths = sc.GetReadonlyPaths()
-			if o := sc.GetSelinuxOptions(); o != nil {
-				sec.SELinux = &broker.SELinuxOptions{User: o.GetUser(), Role: o.GetRole(), Type: o.GetType(), Level: o.GetLevel()}
 			}
 		}
 	}
 	return cc, nil
+}
+
+// securityFrom reads a container's security context into sec.
+func securityFrom(sc *runtimeapi.LinuxContainerSecurityContext, sec *broker.Security) error {
+	sec.Privileged = sc.GetPrivileged()
+	if u := sc.GetRunAsUser(); u != nil {
+		v := u.GetValue()
+		sec.RunAsUser = &v
+	}
+	sec.RunAsUsername = sc.GetRunAsUsername()
+	if g := sc.GetRunAsGroup(); g != nil {
+		v := g.GetValue()
+		sec.RunAsGroup = &v
+	}
+	sec.SupplementalGroups = sc.GetSupplementalGroups()
+	sec.ReadonlyRootfs = sc.GetReadonlyRootfs()
+	sec.NoNewPrivs = sc.GetNoNewPrivs()
+	if ns := sc.GetNamespaceOptions(); ns != nil {
+		var err error
+		if sec.UserNS, err = userNS(ns, "config.linux.security_context.namespace_options"); err != nil {
+			return err
+		}
+		switch ns.GetPid() {
+		case runtimeapi.NamespaceMode_CONTAINER:
+			sec.PIDMode = broker.PIDModeContainer
+		case runtimeapi.NamespaceMode_POD:
+			sec.PIDMode = broker.PIDModePod
+		case runtimeapi.NamespaceMode_NODE:
+			sec.PIDMode = broker.PIDModeNode
+		case runtimeapi.NamespaceMode_TARGET:
+			if ns.GetTargetId() == "" {
+				return errdefs.InvalidArgument("config.linux.security_context.namespace_options: pid TARGET without target_id")
+			}
+			sec.PIDMode = broker.PIDModeTarget
+			sec.PIDTarget = ns.GetTargetId()
+		}
+	}
+	if caps := sc.GetCapabilities(); caps != nil {
+		sec.AddCapabilities = caps.GetAddCapabilities()
+		sec.DropCapabilities = caps.GetDropCapabilities()
+	}
+	var err error
+	// The deprecated profile fields are what kubelets before 1.19's
+	// structured profiles send.
+	//lint:ignore SA1019 read for older kubelets
+	if sec.Seccomp, err = securityProfile("seccomp", sc.GetSeccomp(), sc.GetSeccompProfilePath(), true); err != nil {
+		return err
+	}
+	//lint:ignore SA1019 read for older kubelets
+	if sec.AppArmor, err = securityProfile("apparmor", sc.GetApparmor(), sc.GetApparmorProfile(), false); err != nil {
+		return err
+	}
+	sec.MaskedPaths = sc.GetMaskedPaths()
+	sec.ReadonlyPaths = sc.GetReadonlyPaths()
+	if o := sc.GetSelinuxOptions(); o != nil {
+		sec.SELinux = &broker.SELinuxOptions{User: o.GetUser(), Role: o.GetRole(), Type: o.GetType(), Level: o.GetLevel()}
+	}
+	return nil
 }
 
 // securityProfile reads a seccomp or AppArmor choice: the SecurityProfile

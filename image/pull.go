@@ -181,24 +181,9 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		remote.WithPlatform(platform),
 		remote.WithUserAgent("stagelet"),
 	}
-	var (
-		desc    *remote.Descriptor
-		src     name.Reference
-		lastErr error
-		msgs    []string
-	)
-	for _, ep := range eps {
-		d, err := remote.Get(ep, opts...)
-		if err == nil {
-			desc, src = d, ep
-			break
-		}
-		lastErr = err
-		msgs = append(msgs, fmt.Sprintf("%s: %v", ep.Context().RegistryStr(), err))
-		s.log.DebugContext(ctx, "pull: endpoint failed", "ref", ref, "endpoint", ep.String(), "err", err)
-	}
-	if desc == nil {
-		return nil, fmt.Errorf("pull %s: %w: %s", ref, classify(ctx, lastErr), strings.Join(msgs, "; "))
+	desc, src, err := s.resolve(ctx, ref, eps, opts)
+	if err != nil {
+		return nil, err
 	}
 	top := desc.Digest.String()
 
@@ -210,9 +195,122 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		return img, nil
 	}
 
-	var img v1.Image
-	var manifestRaw []byte
 	blobs := map[string][]byte{}
+	img, err := platformImage(ctx, ref, desc, src, opts, blobs)
+	if err != nil {
+		return nil, err
+	}
+	manifestRaw, err := img.RawManifest()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+	}
+	mdig, err := img.Digest()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w: %v", ref, errdefs.ErrInvalidArgument, err)
+	}
+	blobs[mdig.String()] = manifestRaw
+	manifest, cfgDigest, cf, err := imageConfig(ctx, ref, img, blobs)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+	}
+	if len(layers) != len(cf.RootFS.DiffIDs) || len(layers) != len(manifest.Layers) {
+		return nil, errdefs.InvalidArgument("pull %s: manifest has %d layers, config %d diff IDs", ref, len(manifest.Layers), len(cf.RootFS.DiffIDs))
+	}
+	diffIDs, size, err := s.fetchLayers(ctx, ref, layers, cf.RootFS.DiffIDs, manifest.Layers)
+	if err != nil {
+		return nil, err
+	}
+	for d, b := range blobs {
+		if err := s.putBlob(d, b); err != nil {
+			return nil, fmt.Errorf("pull %s: store blob: %w", ref, err)
+		}
+	}
+	rec := newRecord(cfgDigest, mdig.String(), size, diffIDs, cf, blobs)
+	out, err := s.commit(rec, p, top)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	s.log.InfoContext(ctx, "image pulled", "ref", ref, "from", src.Context().RegistryStr(), "id", out.ID, "layers", len(diffIDs), "took", time.Since(start))
+	return out, nil
+}
+
+// newRecord is the store's record of a pulled image.
+func newRecord(id, manifest string, size uint64, diffIDs []string, cf *v1.ConfigFile, blobs map[string][]byte) *record {
+	rec := &record{
+		Version:  recordVersion,
+		ID:       id,
+		Size:     size,
+		Layers:   diffIDs,
+		Manifest: manifest,
+		Config: ImageConfig{
+			Entrypoint: cf.Config.Entrypoint,
+			Cmd:        cf.Config.Cmd,
+			Env:        cf.Config.Env,
+			WorkingDir: cf.Config.WorkingDir,
+			User:       cf.Config.User,
+			StopSignal: cf.Config.StopSignal,
+			Labels:     cf.Config.Labels,
+		},
+	}
+	for d := range blobs {
+		rec.Blobs = append(rec.Blobs, d)
+	}
+	slices.Sort(rec.Blobs)
+	return rec
+}
+
+// imageConfig reads img's manifest and its config, checked against the
+// manifest's digest of it (the config goes to blobs under that digest).
+func imageConfig(ctx context.Context, ref string, img v1.Image, blobs map[string][]byte) (*v1.Manifest, string, *v1.ConfigFile, error) {
+	manifest, err := img.Manifest()
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("pull %s: %w: bad manifest: %v", ref, errdefs.ErrInvalidArgument, err)
+	}
+	cfgRaw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("pull %s: config: %w: %v", ref, classify(ctx, err), err)
+	}
+	cfgDigest := manifest.Config.Digest.String()
+	if sum := sha256.Sum256(cfgRaw); "sha256:"+hex.EncodeToString(sum[:]) != cfgDigest {
+		return nil, "", nil, errdefs.InvalidArgument("pull %s: config does not match its digest %s", ref, cfgDigest)
+	}
+	blobs[cfgDigest] = cfgRaw
+	var cf v1.ConfigFile
+	if err := json.Unmarshal(cfgRaw, &cf); err != nil {
+		return nil, "", nil, errdefs.InvalidArgument("pull %s: bad image config: %v", ref, err)
+	}
+	return manifest, cfgDigest, &cf, nil
+}
+
+// resolve gets ref's descriptor from the first of its endpoints (mirrors,
+// then the registry) that answers.
+func (s *Store) resolve(ctx context.Context, ref string, eps []name.Reference, opts []remote.Option) (*remote.Descriptor, name.Reference, error) {
+	var (
+		lastErr error
+		msgs    []string
+	)
+	for _, ep := range eps {
+		d, err := remote.Get(ep, opts...)
+		if err == nil {
+			return d, ep, nil
+		}
+		lastErr = err
+		msgs = append(msgs, fmt.Sprintf("%s: %v", ep.Context().RegistryStr(), err))
+		s.log.DebugContext(ctx, "pull: endpoint failed", "ref", ref, "endpoint", ep.String(), "err", err)
+	}
+	return nil, nil, fmt.Errorf("pull %s: %w: %s", ref, classify(ctx, lastErr), strings.Join(msgs, "; "))
+}
+
+// platformImage is the image desc names for this machine's platform: the
+// index's entry for it (the index's manifest goes to blobs), or desc's own
+// image. Docker schema 1 images are refused.
+func platformImage(ctx context.Context, ref string, desc *remote.Descriptor, src name.Reference, opts []remote.Option, blobs map[string][]byte) (v1.Image, error) {
+	var img v1.Image
+	var err error
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()
 		if err != nil {
@@ -233,7 +331,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		if child == nil {
 			return nil, errdefs.NotFound("pull %s: the index has no image for %s/%s", ref, platform.OS, platform.Architecture)
 		}
-		blobs[top] = desc.Manifest
+		blobs[desc.Digest.String()] = desc.Manifest
 		img, err = remote.Image(src.Context().Digest(child.Digest.String()), opts...)
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
@@ -246,85 +344,28 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
 		}
 	}
-	manifestRaw, err = img.RawManifest()
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
-	}
-	mdig, err := img.Digest()
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w: %v", ref, errdefs.ErrInvalidArgument, err)
-	}
-	blobs[mdig.String()] = manifestRaw
-	manifest, err := img.Manifest()
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w: bad manifest: %v", ref, errdefs.ErrInvalidArgument, err)
-	}
-	cfgRaw, err := img.RawConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: config: %w: %v", ref, classify(ctx, err), err)
-	}
-	cfgDigest := manifest.Config.Digest.String()
-	if sum := sha256.Sum256(cfgRaw); "sha256:"+hex.EncodeToString(sum[:]) != cfgDigest {
-		return nil, errdefs.InvalidArgument("pull %s: config does not match its digest %s", ref, cfgDigest)
-	}
-	blobs[cfgDigest] = cfgRaw
-	var cf v1.ConfigFile
-	if err := json.Unmarshal(cfgRaw, &cf); err != nil {
-		return nil, errdefs.InvalidArgument("pull %s: bad image config: %v", ref, err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
-	}
-	if len(layers) != len(cf.RootFS.DiffIDs) || len(layers) != len(manifest.Layers) {
-		return nil, errdefs.InvalidArgument("pull %s: manifest has %d layers, config %d diff IDs", ref, len(manifest.Layers), len(cf.RootFS.DiffIDs))
-	}
+	return img, nil
+}
+
+// fetchLayers unpacks the layers the store lacks and returns their diff
+// IDs and the image's compressed size.
+func (s *Store) fetchLayers(ctx context.Context, ref string, layers []v1.Layer, diffs []v1.Hash, descs []v1.Descriptor) ([]string, uint64, error) {
 	var size uint64
 	diffIDs := make([]string, len(layers))
 	for i, l := range layers {
-		d := cf.RootFS.DiffIDs[i]
+		d := diffs[i]
 		if d.Algorithm != "sha256" || len(d.Hex) != 64 || !isHex(d.Hex) {
-			return nil, errdefs.InvalidArgument("pull %s: bad diff ID %q", ref, d.String())
+			return nil, 0, errdefs.InvalidArgument("pull %s: bad diff ID %q", ref, d.String())
 		}
 		diffIDs[i] = d.String()
-		if manifest.Layers[i].Size > 0 {
-			size += uint64(manifest.Layers[i].Size)
+		if descs[i].Size > 0 {
+			size += uint64(descs[i].Size)
 		}
 		if err := s.ensureLayer(ctx, d.String(), l); err != nil {
-			return nil, fmt.Errorf("pull %s: layer %s: %w", ref, d.String(), err)
+			return nil, 0, fmt.Errorf("pull %s: layer %s: %w", ref, d.String(), err)
 		}
 	}
-	for d, b := range blobs {
-		if err := s.putBlob(d, b); err != nil {
-			return nil, fmt.Errorf("pull %s: store blob: %w", ref, err)
-		}
-	}
-	rec := &record{
-		Version:  recordVersion,
-		ID:       cfgDigest,
-		Size:     size,
-		Layers:   diffIDs,
-		Manifest: mdig.String(),
-		Config: ImageConfig{
-			Entrypoint: cf.Config.Entrypoint,
-			Cmd:        cf.Config.Cmd,
-			Env:        cf.Config.Env,
-			WorkingDir: cf.Config.WorkingDir,
-			User:       cf.Config.User,
-			StopSignal: cf.Config.StopSignal,
-			Labels:     cf.Config.Labels,
-		},
-	}
-	for d := range blobs {
-		rec.Blobs = append(rec.Blobs, d)
-	}
-	slices.Sort(rec.Blobs)
-	out, err := s.commit(rec, p, top)
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", ref, err)
-	}
-	s.log.InfoContext(ctx, "image pulled", "ref", ref, "from", src.Context().RegistryStr(), "id", out.ID, "layers", len(diffIDs), "took", time.Since(start))
-	return out, nil
+	return diffIDs, size, nil
 }
 
 // cached returns the stored image whose manifest or pulled digest is top,

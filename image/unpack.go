@@ -69,32 +69,8 @@ func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error)
 
 		// Whiteouts first: they are named by convention, not by type.
 		if strings.HasPrefix(base, whiteoutPrefix) {
-			parent, err := mkdirParents(dir, parentRel)
-			if err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			if base == whiteoutOpaque {
-				if !root {
-					return st, errdefs.New(errdefs.ErrPermissionDenied, "layer entry %q: opaque directories need root", hdr.Name)
-				}
-				if err := unix.Lsetxattr(parent, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
-					return st, entryErr(hdr.Name, fmt.Errorf("set opaque: %w", err))
-				}
-				continue
-			}
-			target := strings.TrimPrefix(base, whiteoutPrefix)
-			if target == "" || target == "." || target == ".." || strings.Contains(target, "/") {
-				return st, errdefs.InvalidArgument("layer entry %q: bad whiteout name", hdr.Name)
-			}
-			if !root {
-				return st, errdefs.New(errdefs.ErrPermissionDenied, "layer entry %q: whiteouts need root", hdr.Name)
-			}
-			p := filepath.Join(parent, target)
-			if err := removeExisting(p); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			if err := unix.Mknod(p, unix.S_IFCHR, 0); err != nil {
-				return st, entryErr(hdr.Name, fmt.Errorf("create whiteout: %w", err))
+			if err := applyWhiteout(dir, parentRel, base, hdr.Name, root); err != nil {
+				return st, err
 			}
 			continue
 		}
@@ -115,79 +91,14 @@ func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error)
 		}
 		p := filepath.Join(parent, base)
 
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			fi, err := os.Lstat(p)
-			if err == nil && !fi.IsDir() {
-				if err := removeExisting(p); err != nil {
-					return st, entryErr(hdr.Name, err)
-				}
-				err = os.ErrNotExist
-			}
-			if err != nil {
-				if err := os.Mkdir(p, 0o755); err != nil {
-					return st, entryErr(hdr.Name, err)
-				}
-			}
+		isDir, apply, err := writeEntry(p, dir, hdr, tr, &st, log)
+		if err != nil {
+			return st, err
+		}
+		if isDir {
 			dirs = append(dirs, dirTime{p, hdr})
-		//lint:ignore SA1019 old archives still carry TypeRegA
-		case tar.TypeReg, tar.TypeRegA:
-			if err := removeExisting(p); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
-			if err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			n, err := io.Copy(f, tr)
-			cerr := f.Close()
-			if err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			if cerr != nil {
-				return st, entryErr(hdr.Name, cerr)
-			}
-			st.Bytes += n
-		case tar.TypeSymlink:
-			if err := removeExisting(p); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			// The target text is kept as is: it is interpreted inside the
-			// container, and every later write resolves it inside dir.
-			if err := os.Symlink(hdr.Linkname, p); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-		case tar.TypeLink:
-			target, err := linkTarget(dir, hdr.Linkname)
-			if err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			if target == p {
-				continue
-			}
-			if err := removeExisting(p); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			if err := os.Link(target, p); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			continue // a hard link shares the target's metadata
-		case tar.TypeFifo:
-			if err := removeExisting(p); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-			if err := unix.Mkfifo(p, 0o600); err != nil {
-				return st, entryErr(hdr.Name, err)
-			}
-		case tar.TypeChar, tar.TypeBlock:
-			// /dev is provided by the runtime; device nodes from images are
-			// never created.
-			st.Skipped++
-			log.Debug("skipping device node in layer", "entry", hdr.Name)
-			continue
-		default:
-			st.Skipped++
-			log.Debug("skipping unsupported layer entry", "entry", hdr.Name, "type", string(hdr.Typeflag))
+		}
+		if !apply {
 			continue
 		}
 		if err := applyMeta(p, hdr, root); err != nil {
@@ -201,6 +112,123 @@ func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error)
 		}
 	}
 	return st, nil
+}
+
+// applyWhiteout applies the whiteout entry name (base in parentRel): an
+// opaque directory marker, or a whiteout of one entry, as overlayfs reads
+// them. Both need root.
+func applyWhiteout(dir, parentRel, base, name string, root bool) error {
+	parent, err := mkdirParents(dir, parentRel)
+	if err != nil {
+		return entryErr(name, err)
+	}
+	if base == whiteoutOpaque {
+		if !root {
+			return errdefs.New(errdefs.ErrPermissionDenied, "layer entry %q: opaque directories need root", name)
+		}
+		if err := unix.Lsetxattr(parent, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+			return entryErr(name, fmt.Errorf("set opaque: %w", err))
+		}
+		return nil
+	}
+	target := strings.TrimPrefix(base, whiteoutPrefix)
+	if target == "" || target == "." || target == ".." || strings.Contains(target, "/") {
+		return errdefs.InvalidArgument("layer entry %q: bad whiteout name", name)
+	}
+	if !root {
+		return errdefs.New(errdefs.ErrPermissionDenied, "layer entry %q: whiteouts need root", name)
+	}
+	p := filepath.Join(parent, target)
+	if err := removeExisting(p); err != nil {
+		return entryErr(name, err)
+	}
+	if err := unix.Mknod(p, unix.S_IFCHR, 0); err != nil {
+		return entryErr(name, fmt.Errorf("create whiteout: %w", err))
+	}
+	return nil
+}
+
+// writeEntry creates the layer entry hdr describes at p, its content read
+// from tr. It says whether p is a directory (whose times are set once its
+// children are in) and whether hdr's metadata is to be applied to p (not
+// for hard links, which share their target's, nor skipped entries).
+func writeEntry(p, dir string, hdr *tar.Header, tr io.Reader, st *unpackStats, log *slog.Logger) (isDir, apply bool, err error) {
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		fi, err := os.Lstat(p)
+		if err == nil && !fi.IsDir() {
+			if err := removeExisting(p); err != nil {
+				return false, false, entryErr(hdr.Name, err)
+			}
+			err = os.ErrNotExist
+		}
+		if err != nil {
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return false, false, entryErr(hdr.Name, err)
+			}
+		}
+		return true, true, nil
+	//lint:ignore SA1019 old archives still carry TypeRegA
+	case tar.TypeReg, tar.TypeRegA:
+		if err := removeExisting(p); err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		n, err := io.Copy(f, tr)
+		cerr := f.Close()
+		if err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		if cerr != nil {
+			return false, false, entryErr(hdr.Name, cerr)
+		}
+		st.Bytes += n
+	case tar.TypeSymlink:
+		if err := removeExisting(p); err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		// The target text is kept as is: it is interpreted inside the
+		// container, and every later write resolves it inside dir.
+		if err := os.Symlink(hdr.Linkname, p); err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+	case tar.TypeLink:
+		target, err := linkTarget(dir, hdr.Linkname)
+		if err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		if target == p {
+			return false, false, nil
+		}
+		if err := removeExisting(p); err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		if err := os.Link(target, p); err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		return false, false, nil // a hard link shares the target's metadata
+	case tar.TypeFifo:
+		if err := removeExisting(p); err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+		if err := unix.Mkfifo(p, 0o600); err != nil {
+			return false, false, entryErr(hdr.Name, err)
+		}
+	case tar.TypeChar, tar.TypeBlock:
+		// /dev is provided by the runtime; device nodes from images are
+		// never created.
+		st.Skipped++
+		log.Debug("skipping device node in layer", "entry", hdr.Name)
+		return false, false, nil
+	default:
+		st.Skipped++
+		log.Debug("skipping unsupported layer entry", "entry", hdr.Name, "type", string(hdr.Typeflag))
+		return false, false, nil
+	}
+	return false, true, nil
 }
 
 // entryPath validates a tar entry name and returns it cleaned and relative

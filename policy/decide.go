@@ -174,34 +174,8 @@ func (p *Policy) Decide(pod Pod, declared map[string]caps.Capabilities) (Decisio
 	// 2. The base stage1: handler, else first rule, else default.
 	switch {
 	case pod.Handler != "":
-		h, ok := p.RuntimeHandlers[pod.Handler]
-		if !ok {
-			return Decision{}, d.refuse(errdefs.ErrInvalidArgument, "handlers", "",
-				"runtime handler %q is not configured on this node (handlers: %s)", pod.Handler, listOrNone(p.Handlers()))
-		}
-		by := "handlers." + pod.Handler
-		if !namespaceIn(pod.Namespace, h.Namespaces, h.NotNamespaces) {
-			return Decision{}, d.refuse(errdefs.ErrPermissionDenied, by, "",
-				"runtime handler %q (%s → %s) is not allowed in namespace %q (%s)",
-				pod.Handler, by, h.Stage1, pod.Namespace, describeNamespaces(h.Namespaces, h.NotNamespaces))
-		}
-		if d.locked != nil && d.locked.Stage1 != h.Stage1 {
-			return Decision{}, d.refuse(errdefs.ErrPermissionDenied, fmt.Sprintf("rule %q", d.locked.Name), d.locked.Name,
-				"runtime handler %q (%s → %s) cannot override locked rule %q, which gives this pod stage1 %q",
-				pod.Handler, by, h.Stage1, d.locked.Name, d.locked.Stage1)
-		}
-		d.chosen, d.asked = fmt.Sprintf("runtime handler %q", pod.Handler), true
-		if d.locked != nil {
-			// The locked rule decides, options included; the handler agrees.
-			d.Stage1, d.Options, d.Rule = rule.Stage1, cloneOptions(rule.Options), rule.Name
-			d.because("runtime handler %q (%s) asks for stage1 %q, which locked rule %q (%s) gives anyway",
-				pod.Handler, by, h.Stage1, rule.Name, rule.Match.describe())
-			break
-		}
-		d.Stage1, d.Options = h.Stage1, cloneOptions(h.Options)
-		d.because("runtime handler %q chose stage1 %q (%s)", pod.Handler, h.Stage1, by)
-		if rule != nil && rule.Stage1 != h.Stage1 {
-			d.because("rule %q (stage1 %q) also matched; the runtime handler takes precedence", rule.Name, rule.Stage1)
+		if err := p.byHandler(d, pod, rule); err != nil {
+			return Decision{}, err
 		}
 	case rule != nil:
 		d.Stage1, d.Options, d.Rule = rule.Stage1, cloneOptions(rule.Options), rule.Name
@@ -225,6 +199,51 @@ func (p *Policy) Decide(pod Pod, declared map[string]caps.Capabilities) (Decisio
 	}
 
 	// 4. Capabilities: what the pod needs against what the stage1 declares.
+	if err := p.meetNeeds(d, pod, declared); err != nil {
+		return Decision{}, err
+	}
+	return d.Decision, nil
+}
+
+// byHandler decides by the pod's runtime handler: refused when the node
+// has no such handler, the pod's namespace may not use it, or a locked
+// rule gives the pod another stage1.
+func (p *Policy) byHandler(d *decision, pod Pod, rule *Rule) error {
+	h, ok := p.RuntimeHandlers[pod.Handler]
+	if !ok {
+		return d.refuse(errdefs.ErrInvalidArgument, "handlers", "",
+			"runtime handler %q is not configured on this node (handlers: %s)", pod.Handler, listOrNone(p.Handlers()))
+	}
+	by := "handlers." + pod.Handler
+	if !namespaceIn(pod.Namespace, h.Namespaces, h.NotNamespaces) {
+		return d.refuse(errdefs.ErrPermissionDenied, by, "",
+			"runtime handler %q (%s → %s) is not allowed in namespace %q (%s)",
+			pod.Handler, by, h.Stage1, pod.Namespace, describeNamespaces(h.Namespaces, h.NotNamespaces))
+	}
+	if d.locked != nil && d.locked.Stage1 != h.Stage1 {
+		return d.refuse(errdefs.ErrPermissionDenied, fmt.Sprintf("rule %q", d.locked.Name), d.locked.Name,
+			"runtime handler %q (%s → %s) cannot override locked rule %q, which gives this pod stage1 %q",
+			pod.Handler, by, h.Stage1, d.locked.Name, d.locked.Stage1)
+	}
+	d.chosen, d.asked = fmt.Sprintf("runtime handler %q", pod.Handler), true
+	if d.locked != nil {
+		// The locked rule decides, options included; the handler agrees.
+		d.Stage1, d.Options, d.Rule = rule.Stage1, cloneOptions(rule.Options), rule.Name
+		d.because("runtime handler %q (%s) asks for stage1 %q, which locked rule %q (%s) gives anyway",
+			pod.Handler, by, h.Stage1, rule.Name, rule.Match.describe())
+		return nil
+	}
+	d.Stage1, d.Options = h.Stage1, cloneOptions(h.Options)
+	d.because("runtime handler %q chose stage1 %q (%s)", pod.Handler, h.Stage1, by)
+	if rule != nil && rule.Stage1 != h.Stage1 {
+		d.because("rule %q (stage1 %q) also matched; the runtime handler takes precedence", rule.Name, rule.Stage1)
+	}
+	return nil
+}
+
+// meetNeeds checks what the pod needs against what d's stage1 declares,
+// following the conflicts' fallbacks (each stage1 once) or refusing.
+func (p *Policy) meetNeeds(d *decision, pod Pod, declared map[string]caps.Capabilities) error {
 	tried := map[string]bool{d.Stage1: true}
 	for {
 		c := declared[d.Stage1]
@@ -241,7 +260,7 @@ func (p *Policy) Decide(pod Pod, declared map[string]caps.Capabilities) (Decisio
 		n := needs[missing]
 		key := "conflicts." + n.key
 		if d.asked {
-			return Decision{}, d.refuse(errdefs.ErrInvalidArgument, d.chosen, d.Rule,
+			return d.refuse(errdefs.ErrInvalidArgument, d.chosen, d.Rule,
 				"%s asks for stage1 %q, which declares no %s; the pod sets %s", d.chosen, d.Stage1, n.what, podFlag(n.key))
 		}
 		route := n.conf(&p.Conflicts)
@@ -252,15 +271,15 @@ func (p *Policy) Decide(pod Pod, declared map[string]caps.Capabilities) (Decisio
 			} else {
 				msg += fmt.Sprintf("%s is not set, so such pods are refused", key)
 			}
-			return Decision{}, d.refuse(errdefs.ErrInvalidArgument, key, d.Rule, "%s", msg)
+			return d.refuse(errdefs.ErrInvalidArgument, key, d.Rule, "%s", msg)
 		}
 		fc, ok := declared[route.Fallback]
 		if !ok {
-			return Decision{}, d.refuse(errdefs.ErrFailedPrecondition, key, d.Rule,
+			return d.refuse(errdefs.ErrFailedPrecondition, key, d.Rule,
 				"%s.fallback names stage1 %q, which is not available on this node (available: %s)", key, route.Fallback, listOrNone(sortedKeys(declared)))
 		}
 		if tried[route.Fallback] || !n.met(fc) {
-			return Decision{}, d.refuse(errdefs.ErrInvalidArgument, key, d.Rule,
+			return d.refuse(errdefs.ErrInvalidArgument, key, d.Rule,
 				"stage1 %q declares no %s, which the pod needs (%s), and %s.fallback %q cannot run the pod either", d.Stage1, n.what, podFlag(n.key), key, route.Fallback)
 		}
 		tried[route.Fallback] = true
@@ -268,7 +287,7 @@ func (p *Policy) Decide(pod Pod, declared map[string]caps.Capabilities) (Decisio
 		d.dropOptions(route.Fallback)
 		d.Stage1, d.chosen = route.Fallback, key
 	}
-	return d.Decision, nil
+	return nil
 }
 
 // annotation applies the pod's stage1 annotation, if any, to d.

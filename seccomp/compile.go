@@ -100,12 +100,35 @@ func Compile(p *Profile) (*Filter, error) {
 		}
 	}
 	defRet := actionRet(p.DefaultAction, p.DefaultErrnoRet)
+	g, err := groupSyscalls(p, f)
+	if err != nil {
+		return nil, err
+	}
+	prog, err := program(g, defRet)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := bpf.Assemble(prog)
+	if err != nil {
+		return nil, fmt.Errorf("assemble: %w", err)
+	}
+	f.Program = raw
+	return f, nil
+}
 
-	// Group the entries by system call number, in order of first mention.
-	var order []uint32
-	conds := map[uint32][]rule{}
-	plain := map[uint32]*uint32{}
-	plainName := map[uint32]string{}
+// syscallRules are a profile's entries by system call number, in order of
+// first mention: the entries with argument comparisons, and the action of
+// the one without, if any.
+type syscallRules struct {
+	order []uint32
+	conds map[uint32][]rule
+	plain map[uint32]*uint32
+}
+
+// groupSyscalls groups p's entries by system call number; names unknown on
+// x86_64 are noted in f and skipped.
+func groupSyscalls(p *Profile, f *Filter) (*syscallRules, error) {
+	g := &syscallRules{conds: map[uint32][]rule{}, plain: map[uint32]*uint32{}}
 	unknown := map[string]bool{}
 	for _, s := range p.Syscalls {
 		ret := actionRet(s.Action, s.ErrnoRet)
@@ -118,25 +141,29 @@ func Compile(p *Profile) (*Filter, error) {
 				}
 				continue
 			}
-			if _, seen := conds[nr]; !seen && plain[nr] == nil {
-				order = append(order, nr)
-				conds[nr] = nil
+			if _, seen := g.conds[nr]; !seen && g.plain[nr] == nil {
+				g.order = append(g.order, nr)
+				g.conds[nr] = nil
 			}
 			if len(s.Args) > 0 {
-				conds[nr] = append(conds[nr], rule{ret: ret, args: s.Args})
+				g.conds[nr] = append(g.conds[nr], rule{ret: ret, args: s.Args})
 				continue
 			}
-			if prev := plain[nr]; prev != nil {
+			if prev := g.plain[nr]; prev != nil {
 				if *prev != ret {
 					return nil, fmt.Errorf("system call %q has two entries without argument comparisons and different actions", name)
 				}
 				continue
 			}
-			plain[nr] = &ret
-			plainName[nr] = name
+			g.plain[nr] = &ret
 		}
 	}
+	return g, nil
+}
 
+// program is the filter's code: the architecture check, then one test
+// and body per system call, then the default action.
+func program(g *syscallRules, defRet uint32) ([]bpf.Instruction, error) {
 	var prog []bpf.Instruction
 	prog = append(prog,
 		bpf.LoadAbsolute{Off: offArch, Size: 4},
@@ -146,12 +173,12 @@ func Compile(p *Profile) (*Filter, error) {
 		bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: x32SyscallBit, SkipFalse: 1},
 		bpf.RetConstant{Val: retKillProcess},
 	)
-	for _, nr := range order {
+	for _, nr := range g.order {
 		final := defRet
-		if r := plain[nr]; r != nil {
+		if r := g.plain[nr]; r != nil {
 			final = *r
 		}
-		rules := conds[nr]
+		rules := g.conds[nr]
 		if len(rules) == 0 && final == defRet {
 			continue // the default decides anyway
 		}
@@ -179,12 +206,7 @@ func Compile(p *Profile) (*Filter, error) {
 	if len(prog) > maxInstructions {
 		return nil, fmt.Errorf("the profile compiles to %d instructions, more than the kernel's %d", len(prog), maxInstructions)
 	}
-	raw, err := bpf.Assemble(prog)
-	if err != nil {
-		return nil, fmt.Errorf("assemble: %w", err)
-	}
-	f.Program = raw
-	return f, nil
+	return prog, nil
 }
 
 // actionRet is the filter return value for a (validated) action.

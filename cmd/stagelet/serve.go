@@ -87,6 +87,116 @@ func serveMain(args []string) int {
 	return 0
 }
 
+// untilSignal recovers the pods, then serves until SIGTERM or SIGINT (or
+// a server fails: errc), reloading the policy meanwhile (reload). Pods
+// outlive the daemon: it stops serving and leaves them running.
+func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Server, errc <-chan error, reload func(context.Context)) error {
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	if _, err := b.Recover(ctx); err != nil {
+		g.Stop()
+		return fmt.Errorf("recovery: %w", err)
+	}
+	// Backends that probe the node (kvm's accelerator) do it now, not
+	// when the first pod waits for it; what they find is logged.
+	go b.BackendInfo(ctx)
+	go reload(ctx)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Pods outlive the daemon: stop serving, leave them running.
+	log.Info("stopping the CRI server; pods keep running")
+	srv.Stop()
+	g.GracefulStop()
+	b.Close()
+	return nil
+}
+
+// criServers makes the CRI gRPC server over b and its streaming server
+// (exec, attach, port-forward), which logs through klog into log.
+func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
+	klog.SetSlogLogger(log.With("component", "streaming"))
+	streams, err := cri.NewStreamServer(b, cfg.StreamingAddr(), log.With("component", "streaming"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
+	unary, stream := srv.Interceptors()
+	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream), grpc.StatsHandler(srv.StatsHandler()))
+	srv.Register(g)
+	return streams, srv, g, nil
+}
+
+// agentBinary is this binary, which every pod runs as its agent, in roots
+// that hold no C library: a dynamic build would fail every nspawn and kvm
+// pod, so it must be static.
+func agentBinary() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("finding the stagelet binary for pod agents: %w", err)
+	}
+	if err := staticbin.Check("/proc/self/exe"); err != nil {
+		return "", fmt.Errorf("the stagelet binary %s cannot run as the pods' agent: %w; build it static (CGO_ENABLED=0, as make build does)", self, err)
+	}
+	return self, nil
+}
+
+// openNetwork sets up the pod network manager; a node without a usable
+// CNI configuration yet is logged, not an error.
+func openNetwork(log *slog.Logger, cfg *config.Config, state, run string) (*network.Manager, error) {
+	netm, err := network.New(network.Config{
+		ConfDir:    cfg.CNI.ConfDir,
+		PluginDirs: cfg.CNI.PluginDirs,
+		RunDir:     run,
+		CacheDir:   filepath.Join(state, "cni"),
+	}, log)
+	if err != nil {
+		return nil, fmt.Errorf("pod network: %w", err)
+	}
+	if ok, reason := netm.Status(); !ok {
+		log.Warn("pod network not ready: only pods in the host network can run", "reason", reason)
+	}
+	return netm, nil
+}
+
+// openImages opens the image store under state with the configured
+// registries.
+func openImages(log *slog.Logger, cfg *config.Config, state string) (*image.Store, error) {
+	regs := image.Config{Registries: map[string]image.RegistryHost{}}
+	for host, r := range cfg.Registries {
+		regs.Registries[host] = image.RegistryHost{Mirrors: r.Mirrors, Insecure: r.Insecure}
+	}
+	images, err := image.NewStore(filepath.Join(state, "images"), regs, log)
+	if err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
+	}
+	return images, nil
+}
+
+// listenCRI listens on the unix socket sock, replacing a stale one, with
+// mode 0660.
+func listenCRI(sock string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	oldMask := syscall.Umask(0o117)
+	lis, err := net.Listen("unix", sock)
+	syscall.Umask(oldMask)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(sock, 0o660); err != nil {
+		lis.Close()
+		return nil, err
+	}
+	return lis, nil
+}
+
 func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run string) error {
 	hup := notifyHUP()
 	defer signal.Stop(hup)
@@ -95,22 +205,13 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 			return err
 		}
 	}
-	self, err := os.Executable()
+	self, err := agentBinary()
 	if err != nil {
-		return fmt.Errorf("finding the stagelet binary for pod agents: %w", err)
+		return err
 	}
-	// The same binary is every pod's agent, in roots that hold no C
-	// library: a dynamic build would fail every nspawn and kvm pod.
-	if err := staticbin.Check("/proc/self/exe"); err != nil {
-		return fmt.Errorf("the stagelet binary %s cannot run as the pods' agent: %w; build it static (CGO_ENABLED=0, as make build does)", self, err)
-	}
-	regs := image.Config{Registries: map[string]image.RegistryHost{}}
-	for host, r := range cfg.Registries {
-		regs.Registries[host] = image.RegistryHost{Mirrors: r.Mirrors, Insecure: r.Insecure}
-	}
-	images, err := image.NewStore(filepath.Join(state, "images"), regs, log)
+	images, err := openImages(log, cfg, state)
 	if err != nil {
-		return fmt.Errorf("image store: %w", err)
+		return err
 	}
 	launcher, parent, err := placePods(log, cfg)
 	if err != nil {
@@ -126,17 +227,9 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return fmt.Errorf("policy: %w", err)
 	}
-	netm, err := network.New(network.Config{
-		ConfDir:    cfg.CNI.ConfDir,
-		PluginDirs: cfg.CNI.PluginDirs,
-		RunDir:     run,
-		CacheDir:   filepath.Join(state, "cni"),
-	}, log)
+	netm, err := openNetwork(log, cfg, state, run)
 	if err != nil {
-		return fmt.Errorf("pod network: %w", err)
-	}
-	if ok, reason := netm.Status(); !ok {
-		log.Warn("pod network not ready: only pods in the host network can run", "reason", reason)
+		return err
 	}
 	b, err := broker.New(broker.Options{
 		Network:       netm,
@@ -156,32 +249,15 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 
 	// Listen first, so a restarted daemon answers Unavailable while it
 	// recovers instead of refusing connections.
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		return err
-	}
-	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	oldMask := syscall.Umask(0o117)
-	lis, err := net.Listen("unix", sock)
-	syscall.Umask(oldMask)
+	lis, err := listenCRI(sock)
 	if err != nil {
 		return err
 	}
-	if err := os.Chmod(sock, 0o660); err != nil {
-		return err
-	}
-	// The streaming library logs through klog: send it to our log.
-	klog.SetSlogLogger(log.With("component", "streaming"))
-	streams, err := cri.NewStreamServer(b, cfg.StreamingAddr(), log.With("component", "streaming"))
+	streams, srv, g, err := criServers(log, cfg, b)
 	if err != nil {
 		return err
 	}
 	defer streams.Close()
-	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
-	unary, stream := srv.Interceptors()
-	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream), grpc.StatsHandler(srv.StatsHandler()))
-	srv.Register(g)
 
 	errc := make(chan error, 2)
 	go func() { errc <- g.Serve(lis) }()
@@ -193,27 +269,9 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	log.Info("stagelet serving", "socket", sock, "streaming", streams.Addr(), "stateDir", state, "runDir", run, "config", cfg.Source,
 		"stage1s", b.Stage1s(), "policy", pol.Source, "default", pol.DefaultStage1, "handlers", b.Handlers(), "version", version)
 
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer cancel()
-	if _, err := b.Recover(ctx); err != nil {
-		g.Stop()
-		return fmt.Errorf("recovery: %w", err)
-	}
-	// Backends that probe the node (kvm's accelerator) do it now, not
-	// when the first pod waits for it; what they find is logged.
-	go b.BackendInfo(ctx)
-	go reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	// Pods outlive the daemon: stop serving, leave them running.
-	log.Info("stopping the CRI server; pods keep running")
-	srv.Stop()
-	g.GracefulStop()
-	b.Close()
-	return nil
+	return untilSignal(log, b, srv, g, errc, func(ctx context.Context) {
+		reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)
+	})
 }
 
 // systemdServiceRoot returns the cgroup of the systemd service the daemon

@@ -196,37 +196,43 @@ func (l *Ledger) Release(ctx context.Context, rel Releaser) error {
 	}
 	for i := len(l.Resources) - 1; i >= 0; i-- {
 		r := l.Resources[i]
-		var err error
-		switch r.Kind {
-		case KindProcess, KindUnit:
+		if r.Kind == KindProcess || r.Kind == KindUnit {
 			continue // done above
-		case KindCgroup:
-			if r.Cgroup != nil {
-				err = r.Cgroup.Delete()
-			}
-		case KindDir:
-			if r.Path != "" {
-				err = RemoveUnmounted(r.Path)
-			}
-		case KindFile:
-			if r.Path != "" {
-				if err = os.Remove(r.Path); errors.Is(err, os.ErrNotExist) {
-					err = nil
-				}
-			}
-		default:
-			f := rel.Custom[r.Kind]
-			if f == nil {
-				err = fmt.Errorf("no way to release a resource of kind %q", r.Kind)
-				break
-			}
-			err = f(ctx, r)
 		}
-		if err != nil {
+		if err := releaseOne(ctx, rel, r); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r.Role, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// releaseOne releases a resource that is neither a process nor a unit:
+// a cgroup, a directory (never through a mount), a file, or a kind the
+// backend releases itself (rel.Custom).
+func releaseOne(ctx context.Context, rel Releaser, r Resource) error {
+	switch r.Kind {
+	case KindCgroup:
+		if r.Cgroup != nil {
+			return r.Cgroup.Delete()
+		}
+	case KindDir:
+		if r.Path != "" {
+			return RemoveUnmounted(r.Path)
+		}
+	case KindFile:
+		if r.Path != "" {
+			if err := os.Remove(r.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	default:
+		f := rel.Custom[r.Kind]
+		if f == nil {
+			return fmt.Errorf("no way to release a resource of kind %q", r.Kind)
+		}
+		return f(ctx, r)
+	}
+	return nil
 }
 
 // LegacyField names where a backend's state from before its ledger kept

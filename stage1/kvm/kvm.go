@@ -381,33 +381,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
-	vm, err := b.vmConfig(spec.Options, spec.Resources)
+	vm, err := b.podVM(ctx, log, spec, res)
 	if err != nil {
 		return nil, err
 	}
 	cg, err := host.PodCgroup(spec)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
-	}
-	vm.Accelerator = b.accelerator(ctx, res)
-	vm.Kernel = res.kernelVersion
-	if vm.Accelerator != "kvm" {
-		vm.TBSizeMiB = b.cfg.TBSizeMiB
-	}
-	budget, err := host.PodBudget(spec)
-	if err != nil {
-		return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
-	}
-	limit, err := budget.MemoryLimit()
-	if err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
-	}
-	sized := vm.MemoryMiB
-	if err := fitVM(&vm, limit, spec.Options[OptionMemory] != "", spec.Resources); err != nil {
-		return nil, err
-	}
-	if vm.MemoryMiB != sized {
-		log.InfoContext(ctx, "kvm: VM memory lowered to fit the pod's cgroup", "memoryMiB", vm.MemoryMiB, "wanted", sized, "cgroupLimitMiB", limit>>20)
 	}
 
 	unitLaunch := b.UnitLaunch()
@@ -424,16 +404,8 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, err
 	}
 	defer undo(&retErr)
-	if !unitLaunch {
-		if err := cg.Create(); err != nil {
-			return nil, fmt.Errorf("kvm: %w", err)
-		}
-	}
-	if err := os.MkdirAll(st.dir(), 0o700); err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
-	}
-	if err := st.shared().Prepare(); err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
+	if err := prepareHost(st, cg, unitLaunch); err != nil {
+		return nil, err
 	}
 
 	guest := &agent.GuestConfig{
@@ -442,24 +414,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		FSTag:    fsTag,
 		FSType:   agent.FSVirtio9P,
 	}
-	var tapFile *os.File
-	tapMode := ""
-	if spec.NetNSPath != "" {
-		if err := st.Take(host.Resource{Kind: kindTap, Role: roleTap, Name: tapName, NetNS: spec.NetNSPath}, save); err != nil {
-			return nil, fmt.Errorf("kvm: persist: %w", err)
-		}
-		nc, tap, err := setupTap(spec.NetNSPath, tapName, unitLaunch)
-		if err != nil {
-			return nil, fmt.Errorf("kvm: pod network: %w", err)
-		}
-		defer tap.Close() // qemu holds its own copy, or opens it by name
-		tapFile, tapMode = tap, "fd"
-		if unitLaunch {
-			tapFile, tapMode = nil, "name"
-		}
-		guest.MAC, guest.IPs, guest.Routes, guest.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
-		st.VM.MAC = nc.MAC.String()
+	tap, tapMode, err := attachTap(spec, st, save, unitLaunch, guest)
+	if err != nil {
+		return nil, err
 	}
+	defer tap.Close() // qemu holds its own copy, or opens it by name
 
 	var tpl *template
 	if b.cfg.TemplateDir != "" {
@@ -470,6 +429,51 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			log.WarnContext(ctx, "kvm: no VM template: booting the guest kernel", "err", err)
 		}
 	}
+	vs := podVMSpec(spec, st, guest, tpl, tapMode)
+	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
+		return nil, fmt.Errorf("kvm: persist: %w", err)
+	}
+	launch := qemuLaunch(spec, st, res, vs, cg, tap, unitLaunch)
+	launched := time.Now()
+	qemu, err := b.launchQEMU(ctx, st, launch, unitLaunch, save)
+	if err != nil {
+		return nil, err
+	}
+	pod := b.newPod(spec, st)
+	restored, ready, err := b.bringUp(ctx, pod, qemu, tpl, guest, vs.console, launch.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+	log.InfoContext(ctx, "kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
+		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", tpl != nil,
+		"network", pod.Details()["network"], "launch+restore", ms(restored.Sub(launched)),
+		"agent", ms(ready.Sub(restored)), "setup", ms(time.Since(ready)))
+	return pod, nil
+}
+
+// prepareHost makes what a pod needs on the host before qemu runs: its
+// cgroup (under the plain launcher), its directory and the shared
+// directory.
+func prepareHost(st *state, cg *cgroups.Cgroup, unitLaunch bool) error {
+	if !unitLaunch {
+		if err := cg.Create(); err != nil {
+			return fmt.Errorf("kvm: %w", err)
+		}
+	}
+	if err := os.MkdirAll(st.dir(), 0o700); err != nil {
+		return fmt.Errorf("kvm: %w", err)
+	}
+	if err := st.shared().Prepare(); err != nil {
+		return fmt.Errorf("kvm: %w", err)
+	}
+	return nil
+}
+
+// podVMSpec is the qemu command line's view of a pod's VM: restored from
+// tpl when there is one (st.VM names it), else booting the guest kernel
+// with guest as its command line.
+func podVMSpec(spec *stage1.PodSpec, st *state, guest *agent.GuestConfig, tpl *template, tapMode string) vmSpec {
 	vs := vmSpec{
 		name:    "stagelet-" + spec.ID,
 		vm:      st.VM,
@@ -488,9 +492,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	} else {
 		vs.cmdline = guest.Cmdline()
 	}
-	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
-		return nil, fmt.Errorf("kvm: persist: %w", err)
-	}
+	return vs
+}
+
+// qemuLaunch is how qemu is started for a pod: in its cgroup (or unit, in
+// the pod's network namespace), with the tap as file descriptor 3 when
+// qemu is to get it so (vs.tap "fd").
+func qemuLaunch(spec *stage1.PodSpec, st *state, res *tools, vs vmSpec, cg *cgroups.Cgroup, tap *os.File, unitLaunch bool) host.LaunchSpec {
 	launch := host.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    res.qemu,
@@ -501,13 +509,72 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Cgroup:  cg,
 		Slice:   host.PodSlice(spec),
 	}
-	if tapFile != nil {
-		launch.ExtraFiles = []*os.File{tapFile}
+	if vs.tap == "fd" {
+		launch.ExtraFiles = []*os.File{tap}
 	}
 	if unitLaunch {
 		launch.NetNS = spec.NetNSPath
 	}
-	launched := time.Now()
+	return launch
+}
+
+// podVM is the VM a pod gets (vmConfig), on this node's accelerator,
+// kept within the memory limit of the pod's cgroup (fitVM).
+func (b *Backend) podVM(ctx context.Context, log *slog.Logger, spec *stage1.PodSpec, res *tools) (vmInfo, error) {
+	vm, err := b.vmConfig(spec.Options, spec.Resources)
+	if err != nil {
+		return vm, err
+	}
+	vm.Accelerator = b.accelerator(ctx, res)
+	vm.Kernel = res.kernelVersion
+	if vm.Accelerator != "kvm" {
+		vm.TBSizeMiB = b.cfg.TBSizeMiB
+	}
+	budget, err := host.PodBudget(spec)
+	if err != nil {
+		return vm, fmt.Errorf("kvm: pod cgroup: %w", err)
+	}
+	limit, err := budget.MemoryLimit()
+	if err != nil {
+		return vm, fmt.Errorf("kvm: %w", err)
+	}
+	sized := vm.MemoryMiB
+	if err := fitVM(&vm, limit, spec.Options[OptionMemory] != "", spec.Resources); err != nil {
+		return vm, err
+	}
+	if vm.MemoryMiB != sized {
+		log.InfoContext(ctx, "kvm: VM memory lowered to fit the pod's cgroup", "memoryMiB", vm.MemoryMiB, "wanted", sized, "cgroupLimitMiB", limit>>20)
+	}
+	return vm, nil
+}
+
+// attachTap wires a tap device to the pod's network namespace (recorded
+// first) and gives the guest the pod's addresses. It returns the tap and
+// how qemu gets it: "fd" (passed to it), "name" (a unit opens it by name
+// in the pod's namespace), or "" and a nil tap when the pod has no network
+// namespace of its own.
+func attachTap(spec *stage1.PodSpec, st *state, save func() error, unitLaunch bool, guest *agent.GuestConfig) (*os.File, string, error) {
+	if spec.NetNSPath == "" {
+		return nil, "", nil
+	}
+	if err := st.Take(host.Resource{Kind: kindTap, Role: roleTap, Name: tapName, NetNS: spec.NetNSPath}, save); err != nil {
+		return nil, "", fmt.Errorf("kvm: persist: %w", err)
+	}
+	nc, tap, err := setupTap(spec.NetNSPath, tapName, unitLaunch)
+	if err != nil {
+		return nil, "", fmt.Errorf("kvm: pod network: %w", err)
+	}
+	guest.MAC, guest.IPs, guest.Routes, guest.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
+	st.VM.MAC = nc.MAC.String()
+	if unitLaunch {
+		return tap, "name", nil
+	}
+	return tap, "fd", nil
+}
+
+// launchQEMU starts qemu and records it (and under a UnitLauncher its
+// unit's cgroup, the pod's) in st, persisted.
+func (b *Backend) launchQEMU(ctx context.Context, st *state, launch host.LaunchSpec, unitLaunch bool, save func() error) (*host.Process, error) {
 	qemu, err := b.Launcher.Launch(ctx, launch)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: qemu: %w", err)
@@ -519,36 +586,37 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err := save(); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
+	return qemu, nil
+}
+
+// bringUp makes a launched VM a running pod: it restores the template's
+// state into it (when restored from one), waits for its agent, and sets
+// up a restored guest as the pod's (its network, hostname, clock, entropy).
+// It returns when the VM was restored and when its agent answered.
+func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl *template, guest *agent.GuestConfig, console, qemuLog string) (restored, ready time.Time, err error) {
 	if tpl != nil {
-		if err := restore(ctx, st.qmpSocket(), qemu, tpl); err != nil {
+		if err := restore(ctx, pod.st.qmpSocket(), qemu, tpl); err != nil {
 			if ctx.Err() == nil {
 				// A template this qemu cannot load would fail every pod:
 				// the next one builds it afresh.
 				b.discardTemplate(tpl, err)
 			}
-			return nil, fmt.Errorf("kvm: restoring the VM (qemu log %s): %w", launch.LogPath, err)
+			return restored, ready, fmt.Errorf("kvm: restoring the VM (qemu log %s): %w", qemuLog, err)
 		}
 	}
-	restored := time.Now()
-	pod := b.newPod(spec, st)
+	restored = time.Now()
 	// Each probe dials: a serial session whose handshake the guest
 	// answers once its agent serves the port.
 	if err := host.WaitAgentReady(ctx, pod.client.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
-		return nil, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w",
-			vs.console, launch.LogPath, err)
+		return restored, ready, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w", console, qemuLog, err)
 	}
-	ready := time.Now()
+	ready = time.Now()
 	if tpl != nil {
 		if err := pod.client.Setup(ctx, guest.Cmdline(), time.Now(), seed()); err != nil {
-			return nil, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", vs.console, err)
+			return restored, ready, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", console, err)
 		}
 	}
-	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
-	log.InfoContext(ctx, "kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
-		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", tpl != nil,
-		"network", pod.Details()["network"], "launch+restore", ms(restored.Sub(launched)),
-		"agent", ms(ready.Sub(restored)), "setup", ms(time.Since(ready)))
-	return pod, nil
+	return restored, ready, nil
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its qemu

@@ -235,32 +235,11 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 		qmp:     "qmp.sock",
 		share:   filepath.Join(tmp, templateShare),
 	})
-	logf, err := os.Create(filepath.Join(tmp, "qemu.log"))
+	alive, exited, stop, err := templateQEMU(t, tmp, args)
 	if err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
+		return nil, err
 	}
-	defer logf.Close()
-	cmd := exec.Command(t.qemu, args...)
-	cmd.Dir = tmp
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("kvm: template: qemu: %w", err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-	}()
-	alive := func() bool {
-		select {
-		case <-exited:
-			return false
-		default:
-			return true
-		}
-	}
+	defer stop()
 	if err := waitConsole(ctx, console, agent.GuestReady, alive); err != nil {
 		return nil, fmt.Errorf("kvm: template boot: %w (qemu: %s; console: %s)", err,
 			lastLine(filepath.Join(tmp, "qemu.log")), lastLine(console))
@@ -271,55 +250,107 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 		return nil, fmt.Errorf("kvm: template: %w", err)
 	}
 	defer q.Close()
-	if err := q.ignoreShared(ctx); err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
-	}
-	if _, err := q.run(ctx, "stop", nil); err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
-	}
-	if _, err := q.run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + templateState}); err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
-	}
-	for {
-		st, desc, err := q.migrationStatus(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("kvm: template: %w", err)
-		}
-		if st == "completed" {
-			break
-		}
-		if st == "failed" || st == "cancelled" {
-			return nil, fmt.Errorf("kvm: template: saving the VM %s: %s", st, desc)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("kvm: template: saving the VM: %w", ctx.Err())
-		case <-time.After(5 * time.Millisecond): // polling qemu for the save's end
-		}
+	if err := saveVM(ctx, q); err != nil {
+		return nil, err
 	}
 	q.run(ctx, "quit", nil) // the deferred kill ends it if this fails
 	<-exited
 	info := templateInfo{Key: key, Assets: assets, VM: vm, Created: time.Now().UTC(), Boot: boot}
-	ib, err := json.Marshal(info)
-	if err != nil {
+	if err := publishTemplate(tmp, dir, info); err != nil {
 		return nil, err
 	}
+	b.Log.InfoContext(ctx, "kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
+		"total", time.Since(start).Round(time.Millisecond), "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs)
+	return &template{dir: dir, info: info}, nil
+}
+
+// templateQEMU starts qemu with args for a template build in tmp, its
+// output in tmp/qemu.log, killed with its starter thread (Pdeathsig).
+// alive tells whether it runs, exited closes when it ends, and stop kills
+// it and waits for it.
+func templateQEMU(t *tools, tmp string, args []string) (alive func() bool, exited <-chan struct{}, stop func(), err error) {
+	logf, err := os.Create(filepath.Join(tmp, "qemu.log"))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("kvm: template: %w", err)
+	}
+	cmd := exec.Command(t.qemu, args...)
+	cmd.Dir = tmp
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, nil, nil, fmt.Errorf("kvm: template: qemu: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	alive = func() bool {
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	}
+	stop = func() {
+		cmd.Process.Kill()
+		<-done
+		logf.Close()
+	}
+	return alive, done, stop, nil
+}
+
+// saveVM stops the VM and saves its state to templateState in its
+// directory (qemu migration to a file), waiting for the save to end.
+func saveVM(ctx context.Context, q *qmp) error {
+	if err := q.ignoreShared(ctx); err != nil {
+		return fmt.Errorf("kvm: template: %w", err)
+	}
+	if _, err := q.run(ctx, "stop", nil); err != nil {
+		return fmt.Errorf("kvm: template: %w", err)
+	}
+	if _, err := q.run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + templateState}); err != nil {
+		return fmt.Errorf("kvm: template: %w", err)
+	}
+	for {
+		st, desc, err := q.migrationStatus(ctx)
+		if err != nil {
+			return fmt.Errorf("kvm: template: %w", err)
+		}
+		if st == "completed" {
+			return nil
+		}
+		if st == "failed" || st == "cancelled" {
+			return fmt.Errorf("kvm: template: saving the VM %s: %s", st, desc)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kvm: template: saving the VM: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond): // polling qemu for the save's end
+		}
+	}
+}
+
+// publishTemplate writes info beside a built template in tmp and renames
+// it to dir, replacing an incomplete directory of that name.
+func publishTemplate(tmp, dir string, info templateInfo) error {
+	ib, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(tmp, templateInfoFile), ib, 0o600); err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
+		return fmt.Errorf("kvm: template: %w", err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		// A directory of this key that is no complete template (template
 		// found none): replaced.
 		if rerr := host.RemoveUnmounted(dir); rerr != nil {
-			return nil, fmt.Errorf("kvm: template: %w (removing the incomplete %s: %v)", err, dir, rerr)
+			return fmt.Errorf("kvm: template: %w (removing the incomplete %s: %v)", err, dir, rerr)
 		}
 		if err := os.Rename(tmp, dir); err != nil {
-			return nil, fmt.Errorf("kvm: template: %w", err)
+			return fmt.Errorf("kvm: template: %w", err)
 		}
 	}
-	b.Log.InfoContext(ctx, "kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
-		"total", time.Since(start).Round(time.Millisecond), "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs)
-	return &template{dir: dir, info: info}, nil
+	return nil
 }
 
 // discardTemplate removes a template a VM could not be restored from

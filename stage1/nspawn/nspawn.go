@@ -452,31 +452,8 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, err
 	}
 	defer undo(&retErr)
-	if !unitLaunch {
-		if err := cg.Create(); err != nil {
-			return nil, fmt.Errorf("nspawn: %w", err)
-		}
-	}
-	if scg := st.systemdCgroup(); scg != nil {
-		if err := scg.Create(); err != nil {
-			return nil, fmt.Errorf("nspawn: %w", err)
-		}
-	}
-	if err := makeTree(st); err != nil {
-		return nil, fmt.Errorf("nspawn: stage1 tree: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Join(st.agentDir(), "state"), 0o700); err != nil {
-		return nil, fmt.Errorf("nspawn: %w", err)
-	}
-	if u := st.UserNS; u != nil {
-		// The agent is the pod's root: its directory and the stage1 root
-		// are its own.
-		if err := chownTree(st, int(u.HostID)); err != nil {
-			return nil, fmt.Errorf("nspawn: %w", err)
-		}
-	}
-	if err := st.shared().Prepare(); err != nil {
-		return nil, fmt.Errorf("nspawn: %w", err)
+	if err := prepareHost(st, cg, unitLaunch); err != nil {
+		return nil, err
 	}
 	// What nspawn leaves behind if it is killed, and its unit, before it
 	// runs.
@@ -485,22 +462,9 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("nspawn: persist: %w", err)
 	}
 
-	launch := host.LaunchSpec{
-		Name:    launchName(spec.ID),
-		Path:    nspawnPath,
-		Args:    nspawnArgs(spec, st),
-		Env:     nspawnEnv(cgroups.PureV2()),
-		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
-		Cgroup:  cg,
-		Slice:   host.PodSlice(spec),
-	}
-	if spec.UserNS != nil && spec.NetNSPath != "" {
-		if launch, err = inNetNS(launch, spec.NetNSPath, unitLaunch); err != nil {
-			return nil, err
-		}
-	}
-	if scg := st.systemdCgroup(); scg != nil {
-		launch = joinFirst(launch, scg)
+	launch, err := nspawnLaunch(spec, st, nspawnPath, cg, unitLaunch)
+	if err != nil {
+		return nil, err
 	}
 	proc, err := b.Launcher.Launch(ctx, launch)
 	if err != nil {
@@ -538,6 +502,67 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	log.DebugContext(ctx, "nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String(), "network", st.Network)
 	return pod, nil
+}
+
+// nspawnLaunch is how systemd-nspawn is started for a pod: in the pod's
+// cgroup (or unit); for a pod with a user namespace, already inside the
+// pod's network namespace (inNetNS); joining the cgroups of
+// systemd-nspawn's own hierarchies first where it has them
+// (systemdCgroup).
+func nspawnLaunch(spec *stage1.PodSpec, st *state, nspawnPath string, cg *cgroups.Cgroup, unitLaunch bool) (host.LaunchSpec, error) {
+	launch := host.LaunchSpec{
+		Name:    launchName(spec.ID),
+		Path:    nspawnPath,
+		Args:    nspawnArgs(spec, st),
+		Env:     nspawnEnv(cgroups.PureV2()),
+		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
+		Cgroup:  cg,
+		Slice:   host.PodSlice(spec),
+	}
+	if spec.UserNS != nil && spec.NetNSPath != "" {
+		var err error
+		if launch, err = inNetNS(launch, spec.NetNSPath, unitLaunch); err != nil {
+			return launch, err
+		}
+	}
+	if scg := st.systemdCgroup(); scg != nil {
+		launch = joinFirst(launch, scg)
+	}
+	return launch, nil
+}
+
+// prepareHost makes what a pod needs on the host before nspawn runs: its
+// cgroups (the plain launcher's and systemd-nspawn's own), the stage1
+// tree, the agent's state directory, owned by the pod's root in a user
+// namespace, and the shared directory.
+func prepareHost(st *state, cg *cgroups.Cgroup, unitLaunch bool) error {
+	if !unitLaunch {
+		if err := cg.Create(); err != nil {
+			return fmt.Errorf("nspawn: %w", err)
+		}
+	}
+	if scg := st.systemdCgroup(); scg != nil {
+		if err := scg.Create(); err != nil {
+			return fmt.Errorf("nspawn: %w", err)
+		}
+	}
+	if err := makeTree(st); err != nil {
+		return fmt.Errorf("nspawn: stage1 tree: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(st.agentDir(), "state"), 0o700); err != nil {
+		return fmt.Errorf("nspawn: %w", err)
+	}
+	if u := st.UserNS; u != nil {
+		// The agent is the pod's root: its directory and the stage1 root
+		// are its own.
+		if err := chownTree(st, int(u.HostID)); err != nil {
+			return fmt.Errorf("nspawn: %w", err)
+		}
+	}
+	if err := st.shared().Prepare(); err != nil {
+		return fmt.Errorf("nspawn: %w", err)
+	}
+	return nil
 }
 
 // logTail is how much of nspawn's log a start failure quotes.
