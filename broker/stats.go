@@ -2,12 +2,11 @@ package broker
 
 import (
 	"context"
-	"io/fs"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/internal/diskusage"
 	"github.com/stagelet/stagelet/network"
 )
 
@@ -45,7 +44,8 @@ func (b *Broker) containerStats(ctx context.Context, c *container, p *pod) *Cont
 			}
 		}
 	}
-	out.WritableBytes, out.WritableInodes = duOf(filepath.Join(rec.Dir, "upper"))
+	// What cannot be read counts as nothing: a figure, not a failure.
+	out.WritableBytes, out.WritableInodes, _ = diskusage.Of(filepath.Join(rec.Dir, "upper"))
 	return out
 }
 
@@ -112,34 +112,4 @@ func (b *Broker) ListPodStats(ctx context.Context, f PodFilter) []*PodStats {
 		out = append(out, b.podStats(ctx, st))
 	}
 	return out
-}
-
-// duOf counts the bytes allocated (blocks, as du does; a hard-linked file
-// once) and the inodes below dir, as containerd's and CRI-O's writable
-// layer figures count them (missing dir: zeros).
-func duOf(dir string) (bytes, inodes uint64) {
-	seen := map[uint64]bool{}
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
-		}
-		st, ok := info.Sys().(*syscall.Stat_t)
-		if !ok {
-			return nil
-		}
-		if st.Nlink > 1 && !d.IsDir() {
-			if seen[st.Ino] {
-				return nil
-			}
-			seen[st.Ino] = true
-		}
-		inodes++
-		bytes += uint64(st.Blocks) * 512
-		return nil
-	})
-	return bytes, inodes
 }

@@ -113,8 +113,12 @@ type env struct {
 	mounts []mount
 }
 
-func loadEnv() (*env, error) {
-	pc, err := os.Open("/proc/self/cgroup")
+func loadEnv() (*env, error) { return loadEnvOf("/proc/self/cgroup") }
+
+// loadEnvOf reads the cgroups a process's cgroup file (procCgroup) names
+// and the caller's cgroup mounts.
+func loadEnvOf(procCgroup string) (*env, error) {
+	pc, err := os.Open(procCgroup)
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
@@ -318,17 +322,7 @@ func Self() (*Cgroup, error) {
 // (one a service manager started). An error wrapping fs.ErrNotExist means
 // no such process.
 func OfProcess(pid int) (*Cgroup, error) {
-	pc, err := os.Open("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil {
-		return nil, fmt.Errorf("cgroups: %w", err)
-	}
-	defer pc.Close()
-	mi, err := os.Open("/proc/thread-self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("cgroups: %w", err)
-	}
-	defer mi.Close()
-	e, err := parseEnv(pc, mi, hostV2())
+	e, err := loadEnvOf("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -71,12 +70,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/diskusage"
 )
 
 // RegistryHost is the operator's configuration for one registry host.
@@ -459,39 +458,7 @@ func readMountInfo() []mountInfo {
 // Usage returns the bytes (allocated blocks) and inodes used under the
 // store's root, for CRI ImageFsInfo. Hard-linked files count once.
 func (s *Store) Usage() (bytes, inodes uint64, err error) {
-	seen := map[uint64]bool{}
-	err = filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil // removed while walking
-			}
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return nil
-		}
-		if st.Nlink > 1 && !d.IsDir() {
-			if seen[st.Ino] {
-				return nil
-			}
-			seen[st.Ino] = true
-		}
-		inodes++
-		bytes += uint64(st.Blocks) * 512
-		return nil
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("image store usage: %w", err)
-	}
-	return bytes, inodes, nil
+	return diskusage.Of(s.root)
 }
 
 func syncDir(dir string) error {

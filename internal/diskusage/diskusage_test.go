@@ -1,4 +1,4 @@
-package broker
+package diskusage
 
 import (
 	"os"
@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// duOf counts allocated blocks, as du and containerd do, and a hard-linked
+// Of counts allocated blocks, as du and containerd do, and a hard-linked
 // file once.
-func TestDuOf(t *testing.T) {
+func TestOf(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
 		t.Fatal(err)
@@ -29,14 +29,17 @@ func TestDuOf(t *testing.T) {
 		}
 		want += uint64(st.Blocks) * 512
 	}
-	bytes, inodes := duOf(dir)
+	bytes, inodes, err := Of(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if bytes != want || inodes != 3 {
-		t.Errorf("duOf = %d bytes, %d inodes; want %d bytes (the blocks of 2 directories and 1 file), 3 inodes", bytes, inodes, want)
+		t.Errorf("Of = %d bytes, %d inodes; want %d bytes (the blocks of 2 directories and 1 file), 3 inodes", bytes, inodes, want)
 	}
 	if bytes < 10000 {
-		t.Errorf("duOf = %d bytes for a file of 10000", bytes)
+		t.Errorf("Of = %d bytes for a file of 10000", bytes)
 	}
-	if b, i := duOf(filepath.Join(dir, "missing")); b != 0 || i != 0 {
-		t.Errorf("duOf(missing) = %d, %d", b, i)
+	if b, i, err := Of(filepath.Join(dir, "missing")); b != 0 || i != 0 || err != nil {
+		t.Errorf("Of(missing) = %d, %d, %v", b, i, err)
 	}
 }
