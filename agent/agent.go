@@ -163,7 +163,7 @@ func (a *Agent) serveConn(c net.Conn) {
 	var resp *api.Response
 	dec := json.NewDecoder(c)
 	if err := dec.Decode(&req); err != nil {
-		resp = errResponse(errdefs.InvalidArgument("bad request: %v", err))
+		resp = errResponse(errdefs.InvalidArgument("bad request: %w", err))
 	} else if isSession(req.Op) {
 		a.serveSession(c, io.MultiReader(dec.Buffered(), c), &req)
 		return

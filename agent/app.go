@@ -65,7 +65,7 @@ func validateSpec(s *api.AppSpec) error {
 		return errdefs.InvalidArgument("app %s: no rootfs", s.ID)
 	}
 	if st, err := os.Stat(s.Rootfs); err != nil {
-		return errdefs.InvalidArgument("app %s: rootfs: %v", s.ID, err)
+		return errdefs.InvalidArgument("app %s: rootfs: %w", s.ID, err)
 	} else if !st.IsDir() {
 		return errdefs.InvalidArgument("app %s: rootfs %s is not a directory", s.ID, s.Rootfs)
 	}
@@ -79,11 +79,11 @@ func validateSpec(s *api.AppSpec) error {
 		return errdefs.InvalidArgument("app %s: log path %q is not absolute", s.ID, s.LogPath)
 	}
 	if _, err := parseCaps(s.Capabilities); err != nil {
-		return errdefs.InvalidArgument("app %s: %v", s.ID, err)
+		return errdefs.InvalidArgument("app %s: %w", s.ID, err)
 	}
 	if s.Seccomp != nil {
 		if _, err := seccomp.Compile(s.Seccomp); err != nil {
-			return errdefs.InvalidArgument("app %s: seccomp profile %s: %v", s.ID, s.SeccompProfile, err)
+			return errdefs.InvalidArgument("app %s: seccomp profile %s: %w", s.ID, s.SeccompProfile, err)
 		}
 		if !seccomp.Supported() {
 			return errdefs.FailedPrecondition("app %s: seccomp profile %s requested, but the kernel has no seccomp filters", s.ID, s.SeccompProfile)
@@ -211,7 +211,7 @@ func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
 		CpusetCpus:  r.CpusetCpus,
 		CpusetMems:  r.CpusetMems,
 	}); err != nil {
-		return nil, errdefs.FailedPrecondition("update %s: %v", id, err)
+		return nil, errdefs.FailedPrecondition("update %s: %w", id, err)
 	}
 	a.log.Info("app limits changed", "app", id, "resources", *r)
 	st := ap.st
@@ -238,7 +238,7 @@ func (a *Agent) setupCgroup(ap *app) error {
 		CpusetCpus:  r.CpusetCpus,
 		CpusetMems:  r.CpusetMems,
 	}); err != nil {
-		return errdefs.InvalidArgument("app %s: resources: %v", ap.spec.ID, err)
+		return errdefs.InvalidArgument("app %s: resources: %w", ap.spec.ID, err)
 	}
 	if n, err := ap.cg.OOMKills(); err == nil {
 		ap.oomBase = n
@@ -290,7 +290,7 @@ func (a *Agent) launch(ap *app) error {
 	spec := ap.spec
 	lg, err := openCRILog(spec.LogPath)
 	if err != nil {
-		return a.failEarly(ap, errdefs.FailedPrecondition("%v", err))
+		return a.failEarly(ap, errdefs.FailedPrecondition("%w", err))
 	}
 	cloneflags := uintptr(syscall.CLONE_NEWNS)
 	if spec.OwnUTS() {
@@ -382,7 +382,7 @@ func (a *Agent) launch(ap *app) error {
 func (a *Agent) spawnInTarget(spec *api.AppSpec, spawn func() (*child, error)) (*child, error) {
 	target, err := a.get(spec.PIDTarget)
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace: %v", spec.ID, spec.PIDTarget, err)
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace: %w", spec.ID, spec.PIDTarget, err)
 	}
 	target.mu.Lock()
 	running, pid := target.st.State == api.StateRunning, target.st.PID
@@ -514,7 +514,7 @@ func (a *Agent) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, extra .
 	}
 	p, wait, err := a.reaper.start(a.exe, []string{"stagelet", "agent", cmd}, attr)
 	if err != nil {
-		return fail(errdefs.FailedPrecondition("start %s: %v", cmd, err))
+		return fail(errdefs.FailedPrecondition("start %s: %w", cmd, err))
 	}
 	for _, f := range theirs {
 		f.Close()

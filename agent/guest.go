@@ -328,7 +328,7 @@ const (
 func setupRestored(req *api.Request, log *slog.Logger) error {
 	cfg, err := ParseGuestCmdline(req.Guest)
 	if err != nil {
-		return errdefs.InvalidArgument("setup: %v", err)
+		return errdefs.InvalidArgument("setup: %w", err)
 	}
 	if req.Time > 0 {
 		ts := unix.NsecToTimespec(req.Time)

@@ -48,7 +48,7 @@ func resolveSecurity(sec *Security, caps []string) (*security, error) {
 		}
 		out.seLinuxProcess, out.seLinuxMount, err = lsm.SELinuxLabels(o)
 		if err != nil {
-			return nil, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %v", err)
+			return nil, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
 		}
 	}
 	if out.appArmor, err = appArmorFor(sec); err != nil {
@@ -76,10 +76,10 @@ func seccompFor(sec *Security, caps []string) (*seccomp.Profile, string, error) 
 		}
 		p, err := seccomp.Load(ref)
 		if err != nil {
-			return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: %v", err)
+			return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: %w", err)
 		}
 		if _, err := seccomp.Compile(p); err != nil {
-			return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: profile %s: %v", ref, err)
+			return nil, "", errdefs.InvalidArgument("config.linux.security_context.seccomp: profile %s: %w", ref, err)
 		}
 		return p, "localhost/" + ref, nil
 	default:

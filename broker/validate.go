@@ -146,7 +146,7 @@ func checkResources(field string, r *Resources) error {
 	}
 	for _, f := range []struct{ name, v string }{{"cpuset_cpus", r.CpusetCpus}, {"cpuset_mems", r.CpusetMems}} {
 		if err := checkCPUList(f.v); err != nil {
-			return errdefs.InvalidArgument("%s.%s: %q: %v", field, f.name, f.v, err)
+			return errdefs.InvalidArgument("%s.%s: %q: %w", field, f.name, f.v, err)
 		}
 	}
 	return nil

@@ -21,19 +21,60 @@ var (
 	ErrDeadlineExceeded   = errors.New("deadline exceeded")
 )
 
-// classError carries a class and a message without repeating the class text.
+// classError carries a class and a message without repeating the class
+// text, and the errors the message wrapped with %w (cause).
 type classError struct {
 	class error
 	msg   string
+	cause error
 }
 
 func (e *classError) Error() string { return e.msg }
-func (e *classError) Unwrap() error { return e.class }
 
-// New returns an error of the given class whose text is the formatted message
-// alone (the class name is not appended), for messages shown to users.
+func (e *classError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.class}
+	}
+	return []error{e.class, cause{e.cause}}
+}
+
+// cause is what a classError wraps: errors.Is and errors.As reach through
+// it to the system and library errors beneath (syscall.ENOSPC, an
+// *os.PathError), but not to an error class: the class of an error is
+// its outermost one, whatever its cause was classed as below.
+type cause struct{ err error }
+
+func (c cause) Error() string { return c.err.Error() }
+
+func (c cause) Is(target error) bool { return !isClass(target) && errors.Is(c.err, target) }
+
+func (c cause) As(target any) bool { return errors.As(c.err, target) }
+
+var classes = []error{ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition,
+	ErrPermissionDenied, ErrUnavailable, ErrUnimplemented, ErrDeadlineExceeded}
+
+func isClass(err error) bool {
+	for _, c := range classes {
+		if err == c {
+			return true
+		}
+	}
+	return false
+}
+
+// New returns an error of the given class whose text is the formatted
+// message alone (the class name is not appended), for messages shown to
+// users. What the format wraps with %w stays reachable with errors.Is and
+// errors.As, its own class aside: errors.Is(err, syscall.ENOSPC) holds
+// for New(ErrUnavailable, "write: %w", syscall.ENOSPC).
 func New(class error, format string, args ...any) error {
-	return &classError{class: class, msg: fmt.Sprintf(format, args...)}
+	err := fmt.Errorf(format, args...)
+	e := &classError{class: class, msg: err.Error()}
+	switch err.(type) {
+	case interface{ Unwrap() error }, interface{ Unwrap() []error }:
+		e.cause = err
+	}
+	return e
 }
 
 // InvalidArgument is a shorthand for New(ErrInvalidArgument, ...).

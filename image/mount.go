@@ -33,7 +33,7 @@ func (s *Store) MountRootfs(imageID, dir string, userns *UserNS) (rootfs string,
 	}
 	dir, err = filepath.Abs(dir)
 	if err != nil {
-		return "", errdefs.InvalidArgument("rootfs dir %q: %v", dir, err)
+		return "", errdefs.InvalidArgument("rootfs dir %q: %w", dir, err)
 	}
 	rootfs = filepath.Join(dir, "rootfs")
 	upper := filepath.Join(dir, "upper")
@@ -105,7 +105,7 @@ func (s *Store) MountRootfs(imageID, dir string, userns *UserNS) (rootfs string,
 func (s *Store) UnmountRootfs(dir string) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
-		return errdefs.InvalidArgument("rootfs dir %q: %v", dir, err)
+		return errdefs.InvalidArgument("rootfs dir %q: %w", dir, err)
 	}
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -131,7 +131,7 @@ func (s *Store) endpoints(p *parsed) ([]name.Reference, error) {
 		}
 		r, err := name.ParseReference(ms, opts...)
 		if err != nil {
-			return nil, errdefs.InvalidArgument("mirror %q for %s: %v", m, p.host, err)
+			return nil, errdefs.InvalidArgument("mirror %q for %s: %w", m, p.host, err)
 		}
 		out = append(out, r)
 	}
@@ -169,7 +169,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 	start := time.Now()
 	p, err := parse(ref)
 	if err != nil {
-		return nil, errdefs.InvalidArgument("pull %q: bad image reference: %v", ref, err)
+		return nil, errdefs.InvalidArgument("pull %q: bad image reference: %w", ref, err)
 	}
 	eps, err := s.endpoints(p)
 	if err != nil {
@@ -281,7 +281,7 @@ func imageConfig(ctx context.Context, ref string, img v1.Image, blobs map[string
 	blobs[cfgDigest] = cfgRaw
 	var cf v1.ConfigFile
 	if err := json.Unmarshal(cfgRaw, &cf); err != nil {
-		return nil, "", nil, errdefs.InvalidArgument("pull %s: bad image config: %v", ref, err)
+		return nil, "", nil, errdefs.InvalidArgument("pull %s: bad image config: %w", ref, err)
 	}
 	return manifest, cfgDigest, &cf, nil
 }

@@ -192,7 +192,7 @@ func NewStore(root string, cfg Config, log *slog.Logger) (*Store, error) {
 	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		return nil, errdefs.InvalidArgument("image store root %q: %v", root, err)
+		return nil, errdefs.InvalidArgument("image store root %q: %w", root, err)
 	}
 	s := &Store{root: abs, cfg: cfg, log: log.With("component", "image"), images: map[string]*record{}}
 	for _, d := range []string{s.blobDir(), s.layersDir(), s.imagesDir(), s.emptyDir()} {

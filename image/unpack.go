@@ -50,10 +50,10 @@ func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error)
 			break
 		}
 		if err != nil && !errors.Is(err, tar.ErrInsecurePath) {
-			return st, errdefs.InvalidArgument("read layer tar: %v", err)
+			return st, errdefs.InvalidArgument("read layer tar: %w", err)
 		}
 		if hdr == nil {
-			return st, errdefs.InvalidArgument("read layer tar: %v", err)
+			return st, errdefs.InvalidArgument("read layer tar: %w", err)
 		}
 		st.Entries++
 		switch hdr.Typeflag {
@@ -265,13 +265,13 @@ func mkdirParents(root, rel string) (string, error) {
 	}
 	p, err := securejoin.SecureJoin(root, rel)
 	if err != nil {
-		return "", errdefs.InvalidArgument("resolve %q in layer: %v", rel, err)
+		return "", errdefs.InvalidArgument("resolve %q in layer: %w", rel, err)
 	}
 	if !within(root, p) {
 		return "", errdefs.InvalidArgument("%q resolves outside the layer", rel)
 	}
 	if err := os.MkdirAll(p, 0o755); err != nil {
-		return "", errdefs.InvalidArgument("create parent %q: %v", rel, err)
+		return "", errdefs.InvalidArgument("create parent %q: %w", rel, err)
 	}
 	// MkdirAll follows symlinks; re-check that nothing was swapped in.
 	again, err := securejoin.SecureJoin(root, rel)

@@ -124,7 +124,7 @@ func parseID(s string) (uint32, bool) {
 func readDB[T any](rootfs, file string, parse func(string) (T, bool)) ([]T, error) {
 	p, err := securejoin.SecureJoin(rootfs, file)
 	if err != nil {
-		return nil, errdefs.InvalidArgument("resolve %s in %s: %v", file, rootfs, err)
+		return nil, errdefs.InvalidArgument("resolve %s in %s: %w", file, rootfs, err)
 	}
 	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
@@ -154,7 +154,7 @@ func readDB[T any](rootfs, file string, parse func(string) (T, bool)) ([]T, erro
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, errdefs.InvalidArgument("read %s of the container: %v", file, err)
+		return nil, errdefs.InvalidArgument("read %s of the container: %w", file, err)
 	}
 	return out, nil
 }

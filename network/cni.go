@@ -165,7 +165,7 @@ func (m *Manager) Teardown(ctx context.Context, pn PodNetwork) error {
 	for _, a := range atts {
 		list, err := libcni.ConfListFromBytes(a.Config)
 		if err != nil {
-			return errdefs.New(errdefs.ErrFailedPrecondition, "pod %s: cached CNI config of network %q: %v", pn.PodID, a.Network, err)
+			return errdefs.New(errdefs.ErrFailedPrecondition, "pod %s: cached CNI config of network %q: %w", pn.PodID, a.Network, err)
 		}
 		rt := &libcni.RuntimeConf{
 			ContainerID:    a.ContainerID,
@@ -293,9 +293,9 @@ func classify(ctx context.Context, what string, err error) error {
 	}
 	var cerr *types.Error
 	if errors.As(err, &cerr) && cerr.Code == types.ErrTryAgainLater {
-		return errdefs.New(errdefs.ErrUnavailable, "%s: %v", what, err)
+		return errdefs.New(errdefs.ErrUnavailable, "%s: %w", what, err)
 	}
-	return errdefs.New(errdefs.ErrFailedPrecondition, "%s: %v", what, err)
+	return errdefs.New(errdefs.ErrFailedPrecondition, "%s: %w", what, err)
 }
 
 func convertResult(res types.Result) (*Result, error) {

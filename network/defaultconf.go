@@ -34,7 +34,7 @@ func DefaultConflist(subnet string) ([]byte, error) {
 	}
 	pfx, err := netip.ParsePrefix(subnet)
 	if err != nil {
-		return nil, errdefs.InvalidArgument("CNI subnet %q: %v", subnet, err)
+		return nil, errdefs.InvalidArgument("CNI subnet %q: %w", subnet, err)
 	}
 	pfx = pfx.Masked()
 	if (pfx.Addr().Is4() && pfx.Bits() > 30) || (pfx.Addr().Is6() && pfx.Bits() > 126) {

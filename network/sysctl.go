@@ -98,9 +98,9 @@ func ApplySysctls(netnsPath string, sysctls map[string]string) error {
 					return errdefs.InvalidArgument("sysctl %q does not exist in the pod's network namespace (it is host-wide or unknown)", k)
 				}
 				if errors.Is(err, fs.ErrPermission) {
-					return errdefs.New(errdefs.ErrPermissionDenied, "sysctl %q: %v", k, err)
+					return errdefs.New(errdefs.ErrPermissionDenied, "sysctl %q: %w", k, err)
 				}
-				return errdefs.InvalidArgument("sysctl %q=%q: %v", k, sysctls[k], err)
+				return errdefs.InvalidArgument("sysctl %q=%q: %w", k, sysctls[k], err)
 			}
 		}
 		return nil

@@ -346,7 +346,7 @@ func BindIDMapped(src, dst string, userns *os.File) error {
 func makeTarget(src, dst string) error {
 	fi, err := os.Stat(src)
 	if err != nil {
-		return errdefs.FailedPrecondition("mount source: %v", err)
+		return errdefs.FailedPrecondition("mount source: %w", err)
 	}
 	if fi.IsDir() {
 		return os.MkdirAll(dst, 0o755)

@@ -94,7 +94,7 @@ func (b *Backend) vmConfig(opts map[string]string, res stage1.PodResources) (vmI
 	if v, ok := opts[OptionMemory]; ok {
 		m, err := parseMemory(v)
 		if err != nil {
-			return vm, errdefs.InvalidArgument("kvm: option %s=%q: %v", OptionMemory, v, err)
+			return vm, errdefs.InvalidArgument("kvm: option %s=%q: %w", OptionMemory, v, err)
 		}
 		vm.MemoryMiB = m
 	}

@@ -431,7 +431,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	nspawnPath, err := exec.LookPath("systemd-nspawn")
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("nspawn: systemd-nspawn is not installed: %v", err)
+		return nil, errdefs.FailedPrecondition("nspawn: systemd-nspawn is not installed: %w", err)
 	}
 	cg, err := host.PodCgroup(spec)
 	if err != nil {

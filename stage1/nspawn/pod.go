@@ -42,7 +42,7 @@ func (p *Pod) bindShared(src, host string) error {
 	}
 	ns, err := os.Open("/proc/" + strconv.Itoa(leader.PID) + "/ns/mnt")
 	if err != nil {
-		return errdefs.FailedPrecondition("nspawn: the pod's mount namespace: %v", err)
+		return errdefs.FailedPrecondition("nspawn: the pod's mount namespace: %w", err)
 	}
 	defer ns.Close()
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
