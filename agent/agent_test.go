@@ -23,7 +23,6 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
-
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 

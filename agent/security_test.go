@@ -13,9 +13,8 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/seccomp"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/seccomp"
 )
 
 // denyMkdir is a Localhost-style profile: everything but mkdir.

@@ -17,7 +17,6 @@ import (
 	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
-
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 

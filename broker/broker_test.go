@@ -16,11 +16,10 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/fake"
-
-	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 type env struct {

@@ -14,9 +14,8 @@ import (
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/test/testregistry"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/testregistry"
 )
 
 func requireRoot(t testing.TB) {

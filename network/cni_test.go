@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
-
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 

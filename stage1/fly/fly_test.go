@@ -18,12 +18,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
-
-	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 var (

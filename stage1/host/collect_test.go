@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/cgroups"
-
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
-
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 

@@ -16,7 +16,6 @@ import (
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
-
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
-
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 

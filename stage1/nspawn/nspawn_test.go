@@ -25,11 +25,10 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
-
-	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 var (

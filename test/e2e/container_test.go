@@ -16,10 +16,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
-
-	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 const (

@@ -24,10 +24,9 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
-
-	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // stageletBin is the binary built once by TestMain.

@@ -11,9 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/stagelet/stagelet/test/e2e/harness"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // allStage1sPolicy lets a pod choose any stage1 by runtime handler.

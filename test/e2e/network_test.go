@@ -19,9 +19,8 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/stagelet/stagelet/test/e2e/harness"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // bothStage1sPolicy lets a pod choose fly or nspawn by runtime handler.

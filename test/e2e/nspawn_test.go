@@ -15,9 +15,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/broker"
-	"github.com/stagelet/stagelet/test/e2e/harness"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // newNspawnEnv is a daemon whose policy maps the handler "nspawn" (and

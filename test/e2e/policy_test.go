@@ -13,9 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/stagelet/stagelet/test/e2e/harness"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // workedPolicy is the README's worked example for the stage1s this node

@@ -24,9 +24,8 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/stagelet/stagelet/test/e2e/harness"
-
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // The streaming tests use client-go's clients of the kubelet's streaming
