@@ -102,7 +102,7 @@ test-node: deps build
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command.
 bench: deps build guest
-	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/ ./network/ ./stage1/nspawn/
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/supervisor/ ./network/ ./stage1/nspawn/
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -run '^$$' -bench . -benchtime 10x ./stage1/kvm/
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet

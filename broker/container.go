@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/host"
 )
 
@@ -779,7 +779,7 @@ func (b *Broker) ReopenLog(ctx context.Context, id string) error {
 // pod's handle. The record is not refreshed first: the agent refuses a call
 // for an app that has exited (FailedPrecondition), and refreshOnRefusal
 // then brings the record up to date, so a call costs one agent round trip.
-func (b *Broker) runningContainer(ctx context.Context, id string) (*container, *pod, *agentconn.Pod, error) {
+func (b *Broker) runningContainer(ctx context.Context, id string) (*container, *pod, *client.Pod, error) {
 	c, p, err := b.containerAndPod(ctx, id)
 	if err != nil {
 		return nil, nil, nil, err

@@ -13,13 +13,13 @@ import (
 
 	"github.com/stagelet/stagelet/stage1/host"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 func podNameKey(m PodMetadata) string {
@@ -298,7 +298,7 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	if err != nil {
 		return fmt.Errorf("stage1 %s: start pod: %w", be.Name(), err)
 	}
-	h := agentconn.Open(started, b.log.With("pod", rec.ID))
+	h := client.Open(started, b.log.With("pod", rec.ID))
 	if ipc := sysctlsOf(&rec.Config, network.SysctlIPC); len(ipc) > 0 {
 		// In the pod's IPC namespace, which the agent runs in; before
 		// any container can start.
@@ -593,7 +593,7 @@ func sortByCreated[T any](s []T, key func(T) (time.Time, string)) {
 }
 
 // podHandle returns the running pod's handle or FailedPrecondition.
-func (b *Broker) podHandle(p *pod) (*agentconn.Pod, error) {
+func (b *Broker) podHandle(p *pod) (*client.Pod, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if p.handle == nil || p.rec.State != PodReady {
@@ -604,7 +604,7 @@ func (b *Broker) podHandle(p *pod) (*agentconn.Pod, error) {
 
 // podGone records that a running pod's agent is gone. The pod's resources
 // stay until StopPodSandbox/RemovePodSandbox.
-func (b *Broker) podGone(p *pod, h *agentconn.Pod, why error) {
+func (b *Broker) podGone(p *pod, h *client.Pod, why error) {
 	b.mu.Lock()
 	if p.handle != h || h == nil {
 		b.mu.Unlock()

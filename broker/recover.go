@@ -11,11 +11,11 @@ import (
 
 	"github.com/stagelet/stagelet/stage1/host"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // Recover reloads the persisted records, reattaches to every pod that
@@ -232,7 +232,7 @@ func (b *Broker) reattach(ctx context.Context, log *slog.Logger, rec *PodRecord,
 		rec.State = PodNotReady
 		result = "unrecovered"
 	} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
-		p.handle = agentconn.Open(h, b.log.With("pod", rec.ID))
+		p.handle = client.Open(h, b.log.With("pod", rec.ID))
 		result = "ready"
 	} else {
 		// Gone: StopPodSandbox asks the backend to release what is

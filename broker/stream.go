@@ -4,8 +4,8 @@ import (
 	"context"
 	"io"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // Streaming sessions: exec with streamed stdio, attach and port-forward.
@@ -30,7 +30,7 @@ func (b *Broker) CheckPodReady(ctx context.Context, podID string) error {
 }
 
 // StreamIO are the streams of an exec or attach session.
-type StreamIO = agentconn.StreamIO
+type StreamIO = client.StreamIO
 
 // Exec runs cmd in a running container with its stdio connected to sio
 // and returns its exit code. InvalidArgument (empty command), NotFound,
@@ -80,7 +80,7 @@ func (b *Broker) PortForward(ctx context.Context, podID string, port int32, stre
 }
 
 // readyPod returns a ready pod with its handle.
-func (b *Broker) readyPod(ctx context.Context, podID string) (*pod, *agentconn.Pod, error) {
+func (b *Broker) readyPod(ctx context.Context, podID string) (*pod, *client.Pod, error) {
 	p, err := b.lookupPod(podID)
 	if err != nil {
 		return nil, nil, err

@@ -387,7 +387,7 @@ func (s *Server) ListContainers(ctx context.Context, r *runtimeapi.ListContainer
 }
 
 // ExecSync runs a command in a container and returns its output: at most
-// agent.ExecOutputLimit bytes of stdout and stderr together, so that the
+// supervisor.ExecOutputLimit bytes of stdout and stderr together, so that the
 // reply fits the kubelet's 16 MiB receive limit.
 func (s *Server) ExecSync(ctx context.Context, r *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
 	if r.GetContainerId() == "" {

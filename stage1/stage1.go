@@ -1,10 +1,10 @@
 // Package stage1 defines the one interface every isolation backend (a
 // "stage1", after rkt) implements, the capability facts a backend declares so
-// that policy can decide without knowing backends by name, the registry of
-// backends by name, and the bookkeeping every backend shares (launching
-// detached host processes, shared directories, state). A backend owns a
-// pod's isolation only: the connection to the pod's agent is the
-// broker's (package agentconn), given an AgentEndpoint.
+// that policy can decide without knowing backends by name, and the
+// versioned state every backend persists (the bookkeeping the host-side
+// backends share is package stage1/host). A backend owns a pod's
+// isolation only: the connection to the pod's agent is the broker's
+// (package agent/client), given an AgentEndpoint.
 //
 // Implementations live in stage1/<name> and import this package, never
 // broker, cri or policy.
@@ -118,7 +118,7 @@ var ErrPodGone = fmt.Errorf("pod is gone")
 // Pod is a running pod's isolation, as its backend holds it. The broker
 // owns the connection to the agent inside it (every container call, the
 // event subscription, exec, attach and port-forward sessions: package
-// agentconn); Agent tells it how to reach the agent and how a
+// agent/client); Agent tells it how to reach the agent and how a
 // container's host paths reach the pod.
 type Pod interface {
 	// State is the backend's opaque, versioned state to persist.

@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/guestinit"
+	"github.com/stagelet/stagelet/agent/supervisor"
 	"github.com/stagelet/stagelet/cgroups"
 )
 
@@ -33,7 +34,11 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "agent":
-		os.Exit(agent.Main(os.Args[2:]))
+		if len(os.Args) > 2 && os.Args[2] == "guest" {
+			// The init of a kvm pod's VM.
+			os.Exit(guestinit.Main(os.Args[3:]))
+		}
+		os.Exit(supervisor.Main(os.Args[2:]))
 	case "cgroup-exec":
 		// Internal: places a process in its cgroup before it executes
 		// its program, on kernels without CLONE_INTO_CGROUP.

@@ -1,9 +1,9 @@
 // Package fake is a stage1 for tests that need no root: pods are kept in
 // memory, and each pod's agent is an in-process server speaking the
-// agent's own protocol (package agent's requests, responses, events and
-// session frames) over in-memory streams. Whoever talks to a fake pod
-// goes through the same code as with a real one: AgentEndpoint, the
-// broker's connection (agentconn), agent.Client.
+// agent's own protocol (package agent/api's requests, responses, events
+// and session frames, package agent/wire's framing) over in-memory
+// streams. Whoever talks to a fake pod goes through the same code as with
+// a real one: AgentEndpoint, then package agent/client.
 //
 // Apps do not run: a started app is "running" until the test makes it
 // exit (Pod.Exit), it is stopped, or its pod stops. Exec sessions write
@@ -26,8 +26,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -507,14 +507,14 @@ func (p *Pod) serve(c net.Conn) {
 	case api.OpExec:
 		resp, err := p.exec(&req)
 		if err != nil {
-			resp = agent.ErrorResponse(err)
+			resp = wire.ErrorResponse(err)
 		}
 		_ = json.NewEncoder(c).Encode(resp)
 		return
 	}
 	resp, err := p.handle(&req)
 	if err != nil {
-		resp = agent.ErrorResponse(err)
+		resp = wire.ErrorResponse(err)
 	}
 	_ = json.NewEncoder(c).Encode(resp)
 	if req.Op == api.OpShutdown && err == nil {
@@ -661,7 +661,7 @@ func (p *Pod) serveEvents(c net.Conn, in io.Reader) {
 	p.mu.Lock()
 	if p.noEvents {
 		p.mu.Unlock()
-		_ = enc.Encode(agent.ErrorResponse(errdefs.InvalidArgument("unknown operation %q", api.OpEvents)))
+		_ = enc.Encode(wire.ErrorResponse(errdefs.InvalidArgument("unknown operation %q", api.OpEvents)))
 		return
 	}
 	ch := make(chan *api.Event, 1000)
@@ -712,12 +712,12 @@ func (p *Pod) serveSession(c net.Conn, in io.Reader, req *api.Request) {
 	}
 	p.mu.Unlock()
 	if err != nil {
-		_ = json.NewEncoder(c).Encode(agent.ErrorResponse(err))
+		_ = json.NewEncoder(c).Encode(wire.ErrorResponse(err))
 		return
 	}
 	switch req.Op {
 	case api.OpExecStream:
-		_ = agent.ServeStdioSession(c, in, func(stdin io.Reader, stdout, stderr io.Writer) int32 {
+		_ = wire.ServeStdioSession(c, in, func(stdin io.Reader, stdout, stderr io.Writer) int32 {
 			if req.Stdio == nil || !req.Stdio.Stdin {
 				stdin = nil
 			}
@@ -726,12 +726,12 @@ func (p *Pod) serveSession(c net.Conn, in io.Reader, req *api.Request) {
 	case api.OpAttach:
 		// The toy app's own output goes to its log only: an attach
 		// echoes what it is sent.
-		_ = agent.ServeStdioSession(c, in, func(stdin io.Reader, stdout, stderr io.Writer) int32 {
+		_ = wire.ServeStdioSession(c, in, func(stdin io.Reader, stdout, stderr io.Writer) int32 {
 			_, _ = io.Copy(stdout, stdin)
 			return 0
 		})
 	case api.OpPortForward:
-		_ = agent.ServePortSession(c, in, func(stream io.ReadWriter) {
+		_ = wire.ServePortSession(c, in, func(stream io.ReadWriter) {
 			fmt.Fprintf(stream, "port %d: ", req.Port)
 			_, _ = io.Copy(stream, stream)
 		})

@@ -22,8 +22,7 @@ import (
 
 	"github.com/stagelet/stagelet/stage1/host"
 
-	"github.com/stagelet/stagelet/agent"
-	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -209,7 +208,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return host.WaitAgentReady(ctx, p.client.Info, p.st.agent(), AgentReadyTimeout, "the agent")
+	return host.WaitAgentReady(ctx, p, p.st.agent(), AgentReadyTimeout, "the agent")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its agent
@@ -217,9 +216,8 @@ func waitReady(ctx context.Context, p *Pod) error {
 // error wraps stage1.ErrPodGone.
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
 	return host.Recover(ctx, Name, spec, stateBytes, parseState, "agent", host.ProbeTimeout,
-		func(st *state) (stage1.Pod, *host.Process, func(context.Context) (*api.Info, error)) {
-			pod := b.newPod(spec, st)
-			return pod, st.agent(), pod.client.Info
+		func(st *state) (stage1.Pod, *host.Process) {
+			return b.newPod(spec, st), st.agent()
 		})
 }
 
@@ -252,29 +250,25 @@ func (b *Backend) release(ctx context.Context, st *state) error {
 
 // Pod is a running fly pod.
 type Pod struct {
-	// client reaches the agent while the pod starts or recovers; the
-	// broker has its own connection (Agent).
-	client *agent.Client
-	id     string
-	st     *state
-	log    *slog.Logger
+	id  string
+	st  *state
+	log *slog.Logger
 }
 
 var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	return &Pod{
-		client: agent.NewClient(agent.UnixDialer(st.socket())),
-		id:     spec.ID,
-		st:     st,
-		log:    b.Log.With("pod", spec.ID),
+		id:  spec.ID,
+		st:  st,
+		log: b.Log.With("pod", spec.ID),
 	}
 }
 
 // Agent implements stage1.Pod: the agent's unix socket; the agent runs on
 // the host's file system, so container paths need no mapping.
 func (p *Pod) Agent() stage1.AgentEndpoint {
-	return stage1.AgentEndpoint{Dial: agent.UnixDialer(p.st.socket())}
+	return stage1.AgentEndpoint{Dial: client.UnixDialer(p.st.socket())}
 }
 
 // State implements stage1.Pod.

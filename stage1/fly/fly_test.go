@@ -18,10 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -183,7 +183,7 @@ func TestPodNetNS(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	pod, err := agentconn.Opened(b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil }))
+	pod, err := client.Opened(b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestAgentInPodCgroup(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	pod, err := agentconn.Opened(b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil }))
+	pod, err := client.Opened(b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/stage1"
 
-	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 )
@@ -17,12 +17,14 @@ import (
 // ProbeTimeout bounds one question to an agent about whether it runs.
 const ProbeTimeout = 2 * time.Second
 
-// WaitAgentReady waits until the pod's agent answers info, the pod's host
+// WaitAgentReady waits until the pod's agent answers Info (over the
+// broker's connection to it, package client), the pod's host
 // process proc (the agent, systemd-nspawn, qemu) exits, or timeout passes.
 // what names proc in the error. Errors: Unavailable (proc exited first),
 // DeadlineExceeded (no answer in time), or what info returned that is
 // neither (an agent answering with an error).
-func WaitAgentReady(ctx context.Context, info func(context.Context) (*api.Info, error), proc *Process, timeout time.Duration, what string) error {
+func WaitAgentReady(ctx context.Context, pod stage1.Pod, proc *Process, timeout time.Duration, what string) error {
+	info := client.Connect(pod, nil).Info
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	exited := make(chan struct{})
@@ -60,7 +62,7 @@ func WaitAgentReady(ctx context.Context, info func(context.Context) (*api.Info, 
 // runs after a daemon restart: its host process proc (what names it) must
 // be alive with its recorded start time, and its agent must answer within
 // timeout. Otherwise the error wraps stage1.ErrPodGone.
-func CheckRecovered(ctx context.Context, proc *Process, what string, info func(context.Context) (*api.Info, error), timeout time.Duration) error {
+func CheckRecovered(ctx context.Context, proc *Process, what string, pod stage1.Pod, timeout time.Duration) error {
 	if proc == nil {
 		return fmt.Errorf("no %s recorded: %w", what, stage1.ErrPodGone)
 	}
@@ -69,7 +71,7 @@ func CheckRecovered(ctx context.Context, proc *Process, what string, info func(c
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := info(pctx); err != nil {
+	if _, err := client.Connect(pod, nil).Info(pctx); err != nil {
 		return fmt.Errorf("agent does not answer: %v: %w", err, stage1.ErrPodGone)
 	}
 	return nil

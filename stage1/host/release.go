@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -45,18 +44,18 @@ func Destroy[S any](ctx context.Context, log *slog.Logger, backend string, spec 
 
 // Recover is a backend's RecoverPod for a pod whose isolation is one host
 // process: the state is read, open makes the pod of it and names that
-// process and the agent's Info, and the pod is back when the process
-// still runs (PID and start time) and the agent answers within timeout.
+// process, and the pod is back when the process still runs (PID and start
+// time) and its agent answers Info within timeout.
 // Otherwise the error wraps stage1.ErrPodGone (what names the process).
-func Recover[S, P any](ctx context.Context, backend string, spec *stage1.PodSpec, b []byte, parse func([]byte) (*S, error),
-	what string, timeout time.Duration, open func(*S) (P, *Process, func(context.Context) (*api.Info, error))) (P, error) {
+func Recover[S any, P stage1.Pod](ctx context.Context, backend string, spec *stage1.PodSpec, b []byte, parse func([]byte) (*S, error),
+	what string, timeout time.Duration, open func(*S) (P, *Process)) (P, error) {
 	var none P
 	st, err := parse(b)
 	if err != nil {
 		return none, err
 	}
-	pod, proc, info := open(st)
-	if err := CheckRecovered(ctx, proc, what, info, timeout); err != nil {
+	pod, proc := open(st)
+	if err := CheckRecovered(ctx, proc, what, pod, timeout); err != nil {
 		return none, fmt.Errorf("%s: pod %s: %w", backend, spec.ID, err)
 	}
 	return pod, nil

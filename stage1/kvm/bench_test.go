@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 )
 
 // Benchmarks of the kvm stage1 (root, qemu; run with -benchtime 10x):
@@ -60,7 +60,7 @@ func medianMS(ds []time.Duration) float64 {
 // benchPod is a pod started for a benchmark.
 type benchPod struct {
 	spec  *stage1.PodSpec
-	pod   *agentconn.Pod
+	pod   *client.Pod
 	mu    sync.Mutex
 	state []byte
 }
@@ -96,7 +96,7 @@ func startBenchPod(b *testing.B, be *Backend, i int) *benchPod {
 		b.Fatalf("StartPod: %v", err)
 	}
 	bp.mu.Lock()
-	bp.pod = agentconn.Open(pod, nil)
+	bp.pod = client.Open(pod, nil)
 	bp.state = pod.State()
 	bp.mu.Unlock()
 	return bp
@@ -152,7 +152,7 @@ func benchRootfsDir(b *testing.B) string {
 	return root
 }
 
-func startContainer(b *testing.B, pod *agentconn.Pod, rootfs, id string, args ...string) {
+func startContainer(b *testing.B, pod *client.Pod, rootfs, id string, args ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: id, Name: id, Rootfs: rootfs, Args: args, Env: []string{"PATH=/bin"},

@@ -15,7 +15,7 @@
 //     serves (<RunDir>/vm/ctl.sock). It is one byte stream: the agent
 //     protocol is multiplexed over it with yamux, one stream per call,
 //     behind a handshake that lets a restarted daemon start a new session
-//     with a running guest (agent.SerialDialer, agent.SerialListener).
+//     with a running guest (transport.SerialDialer, transport.SerialListener).
 //   - files: the pod's shared directory <RunDir>/mounts is a shared mount,
 //     exported by qemu itself over virtio-9p and mounted in the guest at
 //     /mnt/stagelet. CreateContainer binds a container's rootfs, log
@@ -53,8 +53,9 @@ import (
 
 	"github.com/stagelet/stagelet/stage1/host"
 
-	"github.com/stagelet/stagelet/agent"
-	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
+	"github.com/stagelet/stagelet/agent/guest"
+	"github.com/stagelet/stagelet/agent/transport"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -190,8 +191,8 @@ type Backend struct {
 	accel     string
 
 	mu      sync.Mutex
-	dialers map[string]*agent.SerialDialer // by control socket path
-	builds  map[string]*templateBuild      // templates being built, by key
+	dialers map[string]*transport.SerialDialer // by control socket path
+	builds  map[string]*templateBuild          // templates being built, by key
 	// templateGC is the assets fingerprint stale templates were last
 	// removed for.
 	templateGC string
@@ -226,7 +227,7 @@ func New(log *slog.Logger, cfg Config) *Backend {
 	return &Backend{
 		Base:    host.NewBase(log, cfg.Launcher),
 		cfg:     cfg,
-		dialers: map[string]*agent.SerialDialer{},
+		dialers: map[string]*transport.SerialDialer{},
 		builds:  map[string]*templateBuild{},
 	}
 }
@@ -408,13 +409,13 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, err
 	}
 
-	guest := &agent.GuestConfig{
-		Port:     agent.DefaultGuestPort,
+	gcfg := &guest.Config{
+		Port:     guest.DefaultPort,
 		Hostname: spec.Hostname,
 		FSTag:    fsTag,
-		FSType:   agent.FSVirtio9P,
+		FSType:   guest.FSVirtio9P,
 	}
-	tap, tapMode, err := attachTap(spec, st, save, unitLaunch, guest)
+	tap, tapMode, err := attachTap(spec, st, save, unitLaunch, gcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -429,7 +430,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 			log.WarnContext(ctx, "kvm: no VM template: booting the guest kernel", "err", err)
 		}
 	}
-	vs := podVMSpec(spec, st, guest, tpl, tapMode)
+	vs := podVMSpec(spec, st, gcfg, tpl, tapMode)
 	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
@@ -440,7 +441,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, err
 	}
 	pod := b.newPod(spec, st)
-	restored, ready, err := b.bringUp(ctx, pod, qemu, tpl, guest, vs.console, launch.LogPath)
+	restored, ready, err := b.bringUp(ctx, pod, qemu, tpl, gcfg, vs.console, launch.LogPath)
 	if err != nil {
 		return nil, err
 	}
@@ -473,11 +474,11 @@ func prepareHost(st *state, cg *cgroups.Cgroup, unitLaunch bool) error {
 // podVMSpec is the qemu command line's view of a pod's VM: restored from
 // tpl when there is one (st.VM names it), else booting the guest kernel
 // with guest as its command line.
-func podVMSpec(spec *stage1.PodSpec, st *state, guest *agent.GuestConfig, tpl *template, tapMode string) vmSpec {
+func podVMSpec(spec *stage1.PodSpec, st *state, gcfg *guest.Config, tpl *template, tapMode string) vmSpec {
 	vs := vmSpec{
 		name:    "stagelet-" + spec.ID,
 		vm:      st.VM,
-		port:    guest.Port,
+		port:    gcfg.Port,
 		console: filepath.Join(st.dir(), "console.log"),
 		ctl:     st.sockName(ctlSocketName),
 		qmp:     st.sockName(qmpSocketName),
@@ -490,7 +491,7 @@ func podVMSpec(spec *stage1.PodSpec, st *state, guest *agent.GuestConfig, tpl *t
 		vs.mem, vs.memDir, vs.incoming = memRestored, tpl.dir, true
 		st.VM.Template = tpl.dir
 	} else {
-		vs.cmdline = guest.Cmdline()
+		vs.cmdline = gcfg.Cmdline()
 	}
 	return vs
 }
@@ -553,7 +554,7 @@ func (b *Backend) podVM(ctx context.Context, log *slog.Logger, spec *stage1.PodS
 // how qemu gets it: "fd" (passed to it), "name" (a unit opens it by name
 // in the pod's namespace), or "" and a nil tap when the pod has no network
 // namespace of its own.
-func attachTap(spec *stage1.PodSpec, st *state, save func() error, unitLaunch bool, guest *agent.GuestConfig) (*os.File, string, error) {
+func attachTap(spec *stage1.PodSpec, st *state, save func() error, unitLaunch bool, gcfg *guest.Config) (*os.File, string, error) {
 	if spec.NetNSPath == "" {
 		return nil, "", nil
 	}
@@ -564,7 +565,7 @@ func attachTap(spec *stage1.PodSpec, st *state, save func() error, unitLaunch bo
 	if err != nil {
 		return nil, "", fmt.Errorf("kvm: pod network: %w", err)
 	}
-	guest.MAC, guest.IPs, guest.Routes, guest.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
+	gcfg.MAC, gcfg.IPs, gcfg.Routes, gcfg.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
 	st.VM.MAC = nc.MAC.String()
 	if unitLaunch {
 		return tap, "name", nil
@@ -593,7 +594,7 @@ func (b *Backend) launchQEMU(ctx context.Context, st *state, launch host.LaunchS
 // state into it (when restored from one), waits for its agent, and sets
 // up a restored guest as the pod's (its network, hostname, clock, entropy).
 // It returns when the VM was restored and when its agent answered.
-func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl *template, guest *agent.GuestConfig, console, qemuLog string) (restored, ready time.Time, err error) {
+func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl *template, gcfg *guest.Config, console, qemuLog string) (restored, ready time.Time, err error) {
 	if tpl != nil {
 		if err := restore(ctx, pod.st.qmpSocket(), qemu, tpl); err != nil {
 			if ctx.Err() == nil {
@@ -607,12 +608,12 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 	restored = time.Now()
 	// Each probe dials: a serial session whose handshake the guest
 	// answers once its agent serves the port.
-	if err := host.WaitAgentReady(ctx, pod.client.Info, qemu, AgentReadyTimeout, "qemu"); err != nil {
+	if err := host.WaitAgentReady(ctx, pod, qemu, AgentReadyTimeout, "qemu"); err != nil {
 		return restored, ready, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w", console, qemuLog, err)
 	}
 	ready = time.Now()
 	if tpl != nil {
-		if err := pod.client.Setup(ctx, guest.Cmdline(), time.Now(), seed()); err != nil {
+		if err := client.Connect(pod, b.Log).Setup(ctx, gcfg.Cmdline(), time.Now(), seed()); err != nil {
 			return restored, ready, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", console, err)
 		}
 	}
@@ -625,9 +626,8 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 // stage1.ErrPodGone.
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
 	return host.Recover(ctx, Name, spec, stateBytes, parseState, "qemu", recoverTimeout,
-		func(st *state) (stage1.Pod, *host.Process, func(context.Context) (*api.Info, error)) {
-			pod := b.newPod(spec, st)
-			return pod, st.qemu(), pod.client.Info
+		func(st *state) (stage1.Pod, *host.Process) {
+			return b.newPod(spec, st), st.qemu()
 		})
 }
 
@@ -677,12 +677,12 @@ func (b *Backend) release(ctx context.Context, st *state) error {
 
 // dialer returns the serial session of the VM whose control socket is
 // path, shared by every Pod value of it in this daemon.
-func (b *Backend) dialer(path string) *agent.SerialDialer {
+func (b *Backend) dialer(path string) *transport.SerialDialer {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	d, ok := b.dialers[path]
 	if !ok {
-		d = agent.NewSerialDialer(path, b.Log)
+		d = transport.NewSerialDialer(path, b.Log)
 		b.dialers[path] = d
 	}
 	return d
@@ -705,7 +705,7 @@ func (b *Backend) dropDialer(path string) {
 func (b *Backend) CloseSessions() {
 	b.mu.Lock()
 	ds := b.dialers
-	b.dialers = map[string]*agent.SerialDialer{}
+	b.dialers = map[string]*transport.SerialDialer{}
 	b.mu.Unlock()
 	for _, d := range ds {
 		d.Close()

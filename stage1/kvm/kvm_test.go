@@ -23,9 +23,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -191,7 +191,7 @@ func killQemu(t *testing.T, b []byte) {
 // vmPod is a started pod for the tests below; cleanup destroys it.
 type vmPod struct {
 	spec *stage1.PodSpec
-	pod  *agentconn.Pod
+	pod  *client.Pod
 
 	mu    sync.Mutex
 	state []byte
@@ -237,7 +237,7 @@ func startVM(t *testing.T, b *Backend, netns string, opts map[string]string) *vm
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pod, err := agentconn.Opened(b.StartPod(ctx, vp.spec, persist))
+	pod, err := client.Opened(b.StartPod(ctx, vp.spec, persist))
 	if err != nil {
 		t.Fatalf("StartPod: %v", err)
 	}
@@ -451,7 +451,7 @@ func TestReconnect(t *testing.T) {
 	for i := range 2 {
 		b.CloseSessions() // the old daemon's connection dies with it
 		nb := New(testLogger(t), Config{AssetsDir: assetsDir, Accelerator: vp.pod.Details()["accelerator"]})
-		pod, err := agentconn.Opened(nb.RecoverPod(ctx, vp.spec, state))
+		pod, err := client.Opened(nb.RecoverPod(ctx, vp.spec, state))
 		if err != nil {
 			t.Fatalf("RecoverPod #%d: %v", i+1, err)
 		}
@@ -693,7 +693,7 @@ func daemonMain(arg string) int {
 	b := New(slog.New(slog.NewTextHandler(os.Stderr, nil)), Config{AssetsDir: da.Assets})
 	ctx := context.Background()
 	persist := func(st []byte) error { return os.WriteFile(da.StateFile, st, 0o600) }
-	pod, err := agentconn.Opened(b.StartPod(ctx, &da.Spec, persist))
+	pod, err := client.Opened(b.StartPod(ctx, &da.Spec, persist))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "StartPod:", err)
 		return 1
@@ -762,7 +762,7 @@ func TestDaemonKill9(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pod, err := agentconn.Opened(b.RecoverPod(ctx, &da.Spec, state))
+	pod, err := client.Opened(b.RecoverPod(ctx, &da.Spec, state))
 	if err != nil {
 		t.Fatalf("RecoverPod after kill -9: %v", err)
 	}

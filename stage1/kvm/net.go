@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/guest"
 	"github.com/stagelet/stagelet/internal/osthread"
 )
 
@@ -27,7 +27,7 @@ type netConfig struct {
 	MAC    net.HardwareAddr
 	MTU    int
 	IPs    []netip.Prefix
-	Routes []agent.GuestRoute
+	Routes []guest.Route
 }
 
 // errNoNetNS says a path does not name a network namespace (any more).
@@ -132,7 +132,7 @@ func readNetConfig(l netlink.Link) (*netConfig, error) {
 		if r.Protocol == unix.RTPROT_KERNEL || r.Table != unix.RT_TABLE_MAIN && r.Table != 0 {
 			continue
 		}
-		gr := agent.GuestRoute{}
+		gr := guest.Route{}
 		if r.Dst != nil {
 			ip, _ := netip.AddrFromSlice(r.Dst.IP)
 			ones, _ := r.Dst.Mask.Size()

@@ -11,8 +11,8 @@ import (
 
 	"github.com/stagelet/stagelet/stage1/host"
 
-	"github.com/stagelet/stagelet/agent"
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -21,15 +21,13 @@ import (
 // Pod is a running kvm pod: its VM and the agent inside it, reached over
 // the VM's serial session.
 type Pod struct {
-	// client reaches the agent while the pod starts or recovers; the
-	// broker has its own connection (Agent), over the same serial
-	// session.
-	client *agent.Client
-	dial   agent.Dialer
-	id     string
-	st     *state
-	log    *slog.Logger
-	b      *Backend
+	// dial opens a stream of the VM's serial session (shared by every
+	// connection to the agent: Agent).
+	dial client.Dialer
+	id   string
+	st   *state
+	log  *slog.Logger
+	b    *Backend
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -41,7 +39,7 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	return &Pod{client: agent.NewClient(d.Dial), dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b}
+	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b}
 }
 
 // Agent implements stage1.Pod: streams over the VM's serial session, and

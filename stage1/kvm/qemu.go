@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/guest"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -335,7 +335,7 @@ func (b *Backend) Accelerator(ctx context.Context) (string, error) {
 }
 
 // probeKVM boots the guest under KVM in probe mode (the agent prints
-// agent.GuestReady once it found its port, then powers off) and waits for
+// guest.Ready once it found its port, then powers off) and waits for
 // that line on the console. Any failure (no /dev/kvm, qemu refusing the
 // CPU, a boot that hangs) is an error.
 func probeKVM(ctx context.Context, t *tools, machine string, timeout time.Duration) error {
@@ -346,12 +346,12 @@ func probeKVM(ctx context.Context, t *tools, machine string, timeout time.Durati
 }
 
 // bootProbe boots the guest in probe mode under accel and returns once the
-// agent printed agent.GuestReady; an error when qemu exits first or
+// agent printed guest.Ready; an error when qemu exits first or
 // timeout passes.
 func bootProbe(ctx context.Context, t *tools, accel, machine string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	guest := &agent.GuestConfig{Port: agent.DefaultGuestPort, Probe: true}
+	gcfg := &guest.Config{Port: guest.DefaultPort, Probe: true}
 	m := "microvm"
 	if machine == "q35" {
 		m = "q35"
@@ -366,11 +366,11 @@ func bootProbe(ctx context.Context, t *tools, accel, machine string, timeout tim
 	args = append(args,
 		"-m", "128M", "-smp", "1",
 		"-kernel", t.kernel, "-initrd", t.initrd,
-		"-append", strings.Join(append(append(kernelArgs(m), guest.Cmdline()...), "--", "agent", "guest"), " "),
+		"-append", strings.Join(append(append(kernelArgs(m), gcfg.Cmdline()...), "--", "agent", "guest"), " "),
 		"-serial", "stdio",
 		"-chardev", "null,id=ctl",
 		"-device", serial,
-		"-device", dev+",chardev=ctl,name="+guest.Port,
+		"-device", dev+",chardev=ctl,name="+gcfg.Port,
 	)
 	cmd := exec.Command(t.qemu, args...)
 	cmd.Stdin = nil
@@ -389,7 +389,7 @@ func bootProbe(ctx context.Context, t *tools, accel, machine string, timeout tim
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			line := sc.Text()
-			if strings.Contains(line, agent.GuestReady) {
+			if strings.Contains(line, guest.Ready) {
 				found <- true
 				io.Copy(io.Discard, out)
 				return

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stagelet/stagelet/stage1/host"
 
-	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/transport"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -29,7 +29,7 @@ type qmp struct {
 func dialQMP(ctx context.Context, path string, alive func() bool) (*qmp, error) {
 	delay := time.Millisecond
 	for {
-		conn, err := agent.DialUnix(ctx, path)
+		conn, err := transport.DialUnix(ctx, path)
 		if err == nil {
 			q := &qmp{conn: conn, r: bufio.NewReader(conn)}
 			if err := q.greet(ctx); err != nil {

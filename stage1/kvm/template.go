@@ -4,7 +4,7 @@ package kvm
 // booting its kernel (as Kata Containers' VM factory does). A template is
 // booted once per (guest assets, qemu, machine, memory, vCPUs,
 // accelerator): its agent comes up without a pod's identity
-// (agent.GuestConfig.Template), and the VM is saved with qemu's migration
+// (guest.Config.Template), and the VM is saved with qemu's migration
 // to a file while its memory lives in a file of its own (x-ignore-shared:
 // the memory is not in the stream). A pod's qemu maps that memory file
 // privately and loads the stream: the guest runs on from where the
@@ -41,7 +41,7 @@ import (
 
 	"github.com/stagelet/stagelet/stage1/host"
 
-	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/guest"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -221,15 +221,15 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	if err := os.Mkdir(filepath.Join(tmp, templateShare), 0o700); err != nil {
 		return nil, fmt.Errorf("kvm: template: %w", err)
 	}
-	guest := &agent.GuestConfig{Port: agent.DefaultGuestPort, Template: true}
+	gcfg := &guest.Config{Port: guest.DefaultPort, Template: true}
 	console := filepath.Join(tmp, "console.log")
 	args := qemuArgs(t, vmSpec{
 		name:    "stagelet-template-" + key,
 		vm:      vm,
 		mem:     memTemplate,
 		memDir:  tmp,
-		cmdline: guest.Cmdline(),
-		port:    guest.Port,
+		cmdline: gcfg.Cmdline(),
+		port:    gcfg.Port,
 		console: console,
 		ctl:     "ctl.sock",
 		qmp:     "qmp.sock",
@@ -240,7 +240,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 		return nil, err
 	}
 	defer stop()
-	if err := waitConsole(ctx, console, agent.GuestReady, alive); err != nil {
+	if err := waitConsole(ctx, console, guest.Ready, alive); err != nil {
 		return nil, fmt.Errorf("kvm: template boot: %w (qemu: %s; console: %s)", err,
 			lastLine(filepath.Join(tmp, "qemu.log")), lastLine(console))
 	}

@@ -52,8 +52,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/stagelet/stagelet/agent"
-	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -648,7 +647,7 @@ func findLeader(nspawnPID int) (*host.Process, error) {
 // waitReady waits until the agent answers Info, the pod's process exits,
 // or AgentReadyTimeout passes.
 func waitReady(ctx context.Context, p *Pod) error {
-	return host.WaitAgentReady(ctx, p.client.Info, p.st.nspawn(), AgentReadyTimeout, "systemd-nspawn")
+	return host.WaitAgentReady(ctx, p, p.st.nspawn(), AgentReadyTimeout, "systemd-nspawn")
 }
 
 // RecoverPod implements stage1.Backend: the pod is back when its
@@ -657,9 +656,8 @@ func waitReady(ctx context.Context, p *Pod) error {
 // whose nspawn died is gone even if its init lingers: DestroyPod reaps it).
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
 	return host.Recover(ctx, Name, spec, stateBytes, parseState, "systemd-nspawn", host.ProbeTimeout,
-		func(st *state) (stage1.Pod, *host.Process, func(context.Context) (*api.Info, error)) {
-			pod := b.newPod(spec, st)
-			return pod, st.nspawn(), pod.client.Info
+		func(st *state) (stage1.Pod, *host.Process) {
+			return b.newPod(spec, st), st.nspawn()
 		})
 }
 
@@ -697,19 +695,16 @@ func (b *Backend) release(ctx context.Context, st *state) error {
 
 // Pod is a running nspawn pod.
 type Pod struct {
-	// client reaches the agent while the pod starts or recovers; the
-	// broker has its own connection (Agent).
-	client *agent.Client
-	dir    host.SharedDir
-	id     string
-	st     *state
-	log    *slog.Logger
+	dir host.SharedDir
+	id  string
+	st  *state
+	log *slog.Logger
 }
 
 var _ stage1.Pod = (*Pod)(nil)
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
-	p := &Pod{client: agent.NewClient(agent.UnixDialer(st.socket())), id: spec.ID, st: st, log: b.Log.With("pod", spec.ID)}
+	p := &Pod{id: spec.ID, st: st, log: b.Log.With("pod", spec.ID)}
 	p.dir = st.shared()
 	p.dir.UnbindSourcesOnStart = true
 	p.dir.BindShared = p.bindShared
@@ -719,7 +714,7 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 // Agent implements stage1.Pod: the agent's unix socket (bound into the
 // container), and the pod's propagating directory for container paths.
 func (p *Pod) Agent() stage1.AgentEndpoint {
-	return stage1.AgentEndpoint{Dial: agent.UnixDialer(p.st.socket()), Paths: p.dir}
+	return stage1.AgentEndpoint{Dial: client.UnixDialer(p.st.socket()), Paths: p.dir}
 }
 
 // State implements stage1.Pod.

@@ -24,10 +24,10 @@ import (
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/agentconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -236,7 +236,7 @@ type pod struct {
 	t    testing.TB
 	b    stage1.Backend
 	spec *stage1.PodSpec
-	pod  *agentconn.Pod
+	pod  *client.Pod
 
 	mu    sync.Mutex
 	state []byte
@@ -281,7 +281,7 @@ func startPod(tb testing.TB, b stage1.Backend, mut func(*stage1.PodSpec)) *pod {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sp, err := agentconn.Opened(b.StartPod(ctx, p.spec, persist))
+	sp, err := client.Opened(b.StartPod(ctx, p.spec, persist))
 	if err != nil {
 		tb.Fatalf("StartPod: %v", err)
 	}
@@ -464,7 +464,7 @@ func TestSurvivesDaemonKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	pod, err := agentconn.Opened(b.RecoverPod(ctx, spec, state))
+	pod, err := client.Opened(b.RecoverPod(ctx, spec, state))
 	if err != nil {
 		t.Fatalf("RecoverPod after the daemon's SIGKILL: %v", err)
 	}
@@ -494,7 +494,7 @@ func TestHelperDaemon(t *testing.T) {
 	}
 	persist := func(s []byte) error { return os.WriteFile(stateFile, s, 0o600) }
 	ctx := context.Background()
-	pod, err := agentconn.Opened(New(nil).StartPod(ctx, spec, persist))
+	pod, err := client.Opened(New(nil).StartPod(ctx, spec, persist))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/stagelet/stagelet/agent"
+	"github.com/stagelet/stagelet/agent/supervisor"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
@@ -321,8 +321,8 @@ func TestExecSyncLargeOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.execSync(id, "sh", "-c", "head -c 30000000 /dev/zero | tr '\\0' x; head -c 30000000 /dev/zero | tr '\\0' y >&2")
-	if n := len(r.Stdout) + len(r.Stderr); n != agent.ExecOutputLimit || strings.Trim(string(r.Stdout), "x") != "" || strings.Trim(string(r.Stderr), "y") != "" {
-		t.Errorf("ExecSync of 60 MB: %d bytes of stdout and %d of stderr, want %d together", len(r.Stdout), len(r.Stderr), agent.ExecOutputLimit)
+	if n := len(r.Stdout) + len(r.Stderr); n != supervisor.ExecOutputLimit || strings.Trim(string(r.Stdout), "x") != "" || strings.Trim(string(r.Stderr), "y") != "" {
+		t.Errorf("ExecSync of 60 MB: %d bytes of stdout and %d of stderr, want %d together", len(r.Stdout), len(r.Stderr), supervisor.ExecOutputLimit)
 	}
 	if r.ExitCode != 0 {
 		t.Errorf("ExecSync of 60 MB: exit code %d", r.ExitCode)

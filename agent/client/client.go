@@ -1,0 +1,427 @@
+// Package client is the daemon's side of a pod's agent: Client makes the
+// protocol's calls (package api) over one stream each, Conn adds what the
+// broker needs around them (a container's host paths made reachable in
+// the pod), Pod is a running pod with its connection. Every host-side
+// caller of an agent, the broker and the backends waiting for their
+// agent, goes through here.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/transport"
+	"github.com/stagelet/stagelet/agent/wire"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// Dialer opens one stream to an agent.
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// UnixDialer dials the agent's unix socket at path, which may be longer
+// than a socket address holds.
+func UnixDialer(path string) Dialer {
+	return func(ctx context.Context) (net.Conn, error) {
+		return transport.DialUnix(ctx, path)
+	}
+}
+
+// Client calls an agent. It is safe for concurrent use: every call is its
+// own stream.
+type Client struct {
+	dial Dialer
+}
+
+// NewClient returns a client that opens streams with dial.
+func NewClient(dial Dialer) *Client { return &Client{dial: dial} }
+
+// Call sends one request and returns the agent's response. Agent error codes
+// come back as errdefs classes; a transport failure is ErrUnavailable.
+func (c *Client) Call(ctx context.Context, req *api.Request) (*api.Response, error) {
+	conn, resp, _, err := c.roundTrip(ctx, req)
+	if conn != nil {
+		conn.Close()
+	}
+	return resp, err
+}
+
+// roundTrip opens a stream, sends req and reads the response. It returns
+// the stream (nil when it failed before a response) and a reader of what
+// follows the response on it. The stream's deadline is ctx's for the
+// exchange and cleared after it.
+func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *api.Response, io.Reader, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("agent: dial: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (net.Conn, *api.Response, io.Reader, error) {
+		stop()
+		conn.Close()
+		return nil, nil, nil, err
+	}
+	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		return fail(fmt.Errorf("agent: %s: send: %v: %w", req.Op, err, errdefs.ErrUnavailable))
+	}
+	dec := json.NewDecoder(conn)
+	var resp api.Response
+	if err := dec.Decode(&resp); err != nil {
+		if ctx.Err() != nil {
+			return fail(fmt.Errorf("agent: %s: %v: %w", req.Op, ctx.Err(), errdefs.ErrDeadlineExceeded))
+		}
+		return fail(fmt.Errorf("agent: %s: receive: %v: %w", req.Op, err, errdefs.ErrUnavailable))
+	}
+	stop() // when ctx ended meanwhile, a session on the stream ends with it
+	if resp.Code != api.CodeOK {
+		conn.Close()
+		return nil, &resp, nil, errdefs.New(wire.ClassOf(resp.Code), "%s", resp.Error)
+	}
+	conn.SetDeadline(time.Time{})
+	return conn, &resp, io.MultiReader(dec.Buffered(), conn), nil
+}
+
+// Info asks the agent who it is.
+func (c *Client) Info(ctx context.Context) (*api.Info, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpInfo})
+	if err != nil {
+		return nil, err
+	}
+	return r.Info, nil
+}
+
+// Create registers an app (not started).
+func (c *Client) Create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpCreate, ID: spec.ID, App: spec})
+	if err != nil {
+		return nil, err
+	}
+	return r.App, nil
+}
+
+// Start starts a created app.
+func (c *Client) Start(ctx context.Context, id string) (*api.AppStatus, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpStart, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	return r.App, nil
+}
+
+// Stop sends SIGTERM, waits up to timeout, then SIGKILL; it returns once
+// the app has exited.
+func (c *Client) Stop(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpStop, ID: id, Timeout: timeout})
+	if err != nil {
+		return nil, err
+	}
+	return r.App, nil
+}
+
+// Signal sends a signal to an app's process.
+func (c *Client) Signal(ctx context.Context, id string, sig int) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpSignal, ID: id, Signal: sig})
+	return err
+}
+
+// Remove forgets an app; idempotent.
+func (c *Client) Remove(ctx context.Context, id string) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpRemove, ID: id})
+	return err
+}
+
+// Status returns one app's status.
+func (c *Client) Status(ctx context.Context, id string) (*api.AppStatus, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpStatus, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	return r.App, nil
+}
+
+// List returns every app's status.
+func (c *Client) List(ctx context.Context) ([]*api.AppStatus, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpList})
+	if err != nil {
+		return nil, err
+	}
+	return r.Apps, nil
+}
+
+// Exec runs cmd in an app's environment and waits for it (up to timeout, 0
+// meaning no limit).
+func (c *Client) Exec(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpExec, ID: id, Cmd: cmd, Timeout: timeout})
+	if err != nil {
+		return nil, err
+	}
+	return r.Exec, nil
+}
+
+// ReopenLog reopens an app's log file (after the kubelet rotated it).
+func (c *Client) ReopenLog(ctx context.Context, id string) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpReopenLog, ID: id})
+	return err
+}
+
+// SetSysctls sets IPC sysctls in the pod's IPC namespace: InvalidArgument
+// for a name the IPC namespace does not isolate.
+func (c *Client) SetSysctls(ctx context.Context, sysctls map[string]string) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpSysctl, Sysctls: sysctls})
+	return err
+}
+
+// Setup gives a guest restored from a template its identity: guest is its
+// configuration as stagelet.* kernel parameters (GuestConfig.Cmdline),
+// now the host's clock, seed entropy for its random number generator.
+func (c *Client) Setup(ctx context.Context, guest []string, now time.Time, seed []byte) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpSetup, Guest: strings.Join(guest, " "), Time: now.UnixNano(), Seed: seed})
+	return err
+}
+
+// Stats returns an app's usage, or the pod's for id "".
+func (c *Client) Stats(ctx context.Context, id string) (*api.Stats, error) {
+	r, err := c.Call(ctx, &api.Request{Op: api.OpStats, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	return r.Stats, nil
+}
+
+// Shutdown stops every app (SIGTERM, timeout, SIGKILL) and ends the agent.
+func (c *Client) Shutdown(ctx context.Context, timeout time.Duration) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpShutdown, Timeout: timeout})
+	return err
+}
+
+// Update changes a created or running app's limits (zero fields stay):
+// NotFound, InvalidArgument, FailedPrecondition.
+func (c *Client) Update(ctx context.Context, id string, r api.Resources) (*api.AppStatus, error) {
+	resp, err := c.Call(ctx, &api.Request{Op: api.OpUpdate, ID: id, Resources: &r})
+	if err != nil {
+		return nil, err
+	}
+	return resp.App, nil
+}
+
+// Watch subscribes to the agent's app events (OpEvents): snapshot is
+// called once with every app, then event with each change after it, in
+// order, on the caller's goroutine, until ctx ends (Watch returns nil) or
+// the stream does: ErrUnavailable when the agent went away or dropped the
+// subscription because it was read too slowly (subscribe again), the
+// agent's error otherwise (InvalidArgument from an agent that has no
+// events).
+func (c *Client) Watch(ctx context.Context, snapshot func([]*api.AppStatus), event func(*api.Event)) error {
+	conn, resp, rd, err := c.roundTrip(ctx, &api.Request{Op: api.OpEvents})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	snapshot(resp.Apps)
+	dec := json.NewDecoder(rd)
+	for {
+		var ev api.Event
+		if err := dec.Decode(&ev); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("agent: events: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		if ev.App == nil {
+			return fmt.Errorf("agent: events: an event without an app: %w", errdefs.ErrUnavailable)
+		}
+		event(&ev)
+	}
+}
+
+// StreamIO are the streams of an exec or attach session. Nil streams are
+// not used: without Stdin no input is sent, without Stdout or Stderr that
+// output is not asked for.
+type StreamIO struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// TTY: the exec'd command runs on a terminal (its output comes on
+	// Stdout); for attach, the app's own setting decides.
+	TTY bool
+	// Resize delivers terminal sizes; nil means none.
+	Resize <-chan api.TerminalSize
+}
+
+func (s *StreamIO) stdio() *api.Stdio {
+	return &api.Stdio{Stdin: s.Stdin != nil, Stdout: s.Stdout != nil, Stderr: s.Stderr != nil, TTY: s.TTY}
+}
+
+// ExecStream runs cmd in a running app with its stdio connected to sio
+// and returns its exit code once it exited and its output was copied.
+// Stdin is read until it ends (its end is passed on: a terminal gets its
+// end-of-file character); the caller unblocks a pending read by closing
+// it after the call. Ending ctx ends the session, and the agent kills the
+// command. NotFound, InvalidArgument, FailedPrecondition (the app does not
+// run, the command cannot be executed), ErrUnavailable (the agent went
+// away).
+func (c *Client) ExecStream(ctx context.Context, id string, cmd []string, sio StreamIO) (int32, error) {
+	end, err := c.session(ctx, &api.Request{Op: api.OpExecStream, ID: id, Cmd: cmd, Stdio: sio.stdio()}, &sio)
+	if err != nil {
+		return 0, err
+	}
+	return end.ExitCode, nil
+}
+
+// Attach connects sio to a running app's stdio until the app exits (and
+// its output was copied), Stdin ends (the client detaches; an app with
+// StdinOnce and no terminal then has its stdin closed and the session
+// lasts until it exits) or ctx ends (detaching). NotFound,
+// FailedPrecondition (not running), ErrUnavailable.
+func (c *Client) Attach(ctx context.Context, id string, sio StreamIO) error {
+	_, err := c.session(ctx, &api.Request{Op: api.OpAttach, ID: id, Stdio: sio.stdio()}, &sio)
+	return err
+}
+
+// session runs an exec or attach session and returns how it ended.
+func (c *Client) session(ctx context.Context, req *api.Request, sio *StreamIO) (*api.SessionEnd, error) {
+	conn, _, in, err := c.roundTrip(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	fw := wire.NewWriter(conn)
+	done := make(chan struct{})
+	defer close(done)
+	if sio.Stdin != nil {
+		go func() {
+			_, _ = io.Copy(fw.Stream(api.FrameStdin), sio.Stdin)
+			_ = fw.Send(api.FrameEOF, nil)
+		}()
+	}
+	if sio.Resize != nil {
+		go func() {
+			for {
+				select {
+				case size, ok := <-sio.Resize:
+					if !ok {
+						return
+					}
+					if fw.SendJSON(api.FrameResize, size) != nil {
+						return
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	fr := wire.NewReader(in)
+	for {
+		typ, p, err := fr.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("agent: %s: %w", req.Op, ctx.Err())
+			}
+			return nil, fmt.Errorf("agent: %s: session: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+		}
+		var w io.Writer
+		switch typ {
+		case api.FrameStdout:
+			w = sio.Stdout
+		case api.FrameStderr:
+			w = sio.Stderr
+		case api.FrameEnd:
+			var end api.SessionEnd
+			if err := json.Unmarshal(p, &end); err != nil {
+				return nil, fmt.Errorf("agent: %s: bad end of session: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+			}
+			if end.Code != api.CodeOK {
+				return &end, errdefs.New(wire.ClassOf(end.Code), "%s", end.Error)
+			}
+			return &end, nil
+		}
+		if w != nil {
+			if _, err := w.Write(p); err != nil {
+				return nil, fmt.Errorf("agent: %s: client stream: %w", req.Op, err)
+			}
+		}
+	}
+}
+
+// PortForwardLinger is how long a port-forward waits for the pod's side to
+// finish once the client's side ended (as socat and containerd do): a
+// server that never answers a half-closed connection does not hold the
+// session forever.
+const PortForwardLinger = 5 * time.Second
+
+// PortForward connects stream to TCP port on the loopback of the pod's
+// network namespace, dialled by the agent inside the pod, and copies
+// bytes both ways until the pod's side ends (then the caller closes
+// stream), or the client's side ended and the pod's side followed within
+// PortForwardLinger, or ctx ends. InvalidArgument (bad port),
+// FailedPrecondition (nothing accepts connections on the port),
+// ErrUnavailable.
+func (c *Client) PortForward(ctx context.Context, port int32, stream io.ReadWriter) error {
+	req := &api.Request{Op: api.OpPortForward, Port: port}
+	conn, _, in, err := c.roundTrip(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	fw := wire.NewWriter(conn)
+	up := make(chan struct{})
+	go func() {
+		defer close(up)
+		_, _ = io.Copy(fw.Stream(api.FrameData), stream)
+		_ = fw.Send(api.FrameEOF, nil)
+	}()
+	down := make(chan error, 1)
+	go func() {
+		fr := wire.NewReader(in)
+		for {
+			typ, p, err := fr.Next()
+			if err != nil {
+				if ctx.Err() != nil {
+					err = ctx.Err()
+				} else {
+					err = fmt.Errorf("session: %v: %w", err, errdefs.ErrUnavailable)
+				}
+				down <- fmt.Errorf("agent: %s: %w", req.Op, err)
+				return
+			}
+			switch typ {
+			case api.FrameData:
+				if _, err := stream.Write(p); err != nil {
+					down <- fmt.Errorf("agent: %s: client stream: %w", req.Op, err)
+					return
+				}
+			case api.FrameEOF:
+				down <- nil
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-down:
+		return err
+	case <-up:
+	}
+	t := time.NewTimer(PortForwardLinger)
+	defer t.Stop()
+	select {
+	case err := <-down:
+		return err
+	case <-t.C:
+		return nil
+	}
+}

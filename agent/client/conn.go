@@ -1,0 +1,205 @@
+package client
+
+// Conn is the broker's side of a running pod's agent: the connection
+// every container call, the event subscription and every exec, attach
+// and port-forward session go over, whatever isolation the pod has, and
+// the one a backend waits for its agent's readiness on. A backend only
+// tells how to reach its agent and how a container's host paths reach
+// the pod (stage1.AgentEndpoint); the calls themselves are the same for
+// every stage1, and written once here.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// Conn calls a pod's agent. It holds no state beyond its endpoint; it is
+// safe for concurrent use (every call is its own stream). The embedded
+// client's calls (Info, Watch, Stats, ExecStream, Attach, PortForward,
+// Shutdown) are used as they are; the container calls below add the
+// mapping of host paths.
+type Conn struct {
+	*Client
+	paths stage1.ContainerPaths
+	log   *slog.Logger
+}
+
+// New returns a connection to the agent ep describes. log receives what
+// goes wrong after a call succeeded (nil: slog.Default()).
+func New(ep stage1.AgentEndpoint, log *slog.Logger) *Conn {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Conn{Client: NewClient(ep.Dial), paths: ep.Paths, log: log}
+}
+
+// Connect returns a connection to pod's agent.
+func Connect(pod stage1.Pod, log *slog.Logger) *Conn { return New(pod.Agent(), log) }
+
+// CreateContainer makes the spec's rootfs, log directory and mount
+// sources reachable in the pod (through the endpoint's ContainerPaths)
+// and registers the app with the agent under the paths it sees them at.
+// The caller's spec is not modified. On failure what was shared is
+// undone.
+func (c *Conn) CreateContainer(ctx context.Context, spec *stage1.ContainerSpec) (*api.AppStatus, error) {
+	if spec == nil || spec.ID == "" {
+		return nil, errdefs.InvalidArgument("create container: no id")
+	}
+	if c.paths == nil {
+		app := spec.AppSpec
+		return c.Client.Create(ctx, &app)
+	}
+	inPod, err := c.paths.Share(ctx, spec, c.known)
+	if err != nil {
+		return nil, err
+	}
+	app := inPod.AppSpec
+	st, err := c.Client.Create(ctx, &app)
+	if err != nil {
+		if uerr := c.paths.Unshare(spec.ID); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("undoing what was shared: %w", uerr))
+		}
+		return nil, err
+	}
+	return st, nil
+}
+
+// known tells whether the agent knows a container.
+func (c *Conn) known(ctx context.Context, id string) (bool, error) {
+	_, err := c.Client.Status(ctx, id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errdefs.IsNotFound(err):
+		return false, nil
+	}
+	return false, err
+}
+
+// StartContainer starts a created app; the endpoint's ContainerPaths then
+// drops what the started app no longer needs on the host. The app runs
+// either way: what cannot be dropped is logged and stays until
+// RemoveContainer.
+func (c *Conn) StartContainer(ctx context.Context, id string) (*api.AppStatus, error) {
+	st, err := c.Client.Start(ctx, id)
+	if err != nil || c.paths == nil {
+		return st, err
+	}
+	if err := c.paths.Started(id); err != nil {
+		c.log.WarnContext(ctx, "container started; the host's binds of its mount sources stay until it is removed", "container", id, "err", err)
+	}
+	return st, nil
+}
+
+// StopContainer sends SIGTERM, waits up to timeout, then SIGKILL; an
+// exited app is returned as it is.
+func (c *Conn) StopContainer(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error) {
+	return c.Client.Stop(ctx, id, timeout)
+}
+
+// RemoveContainer forgets an app, then undoes what was shared for it.
+// Idempotent: an unknown app is not an error.
+func (c *Conn) RemoveContainer(ctx context.Context, id string) error {
+	if err := c.Client.Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if c.paths == nil {
+		return nil
+	}
+	return c.paths.Unshare(id)
+}
+
+// ContainerStatus returns an app's status; ErrNotFound for an unknown one.
+func (c *Conn) ContainerStatus(ctx context.Context, id string) (*api.AppStatus, error) {
+	return c.Client.Status(ctx, id)
+}
+
+// ListContainers returns every app's status.
+func (c *Conn) ListContainers(ctx context.Context) ([]*api.AppStatus, error) {
+	return c.Client.List(ctx)
+}
+
+// UpdateContainerResources changes a created or running app's limits
+// (zero fields stay).
+func (c *Conn) UpdateContainerResources(ctx context.Context, id string, r api.Resources) error {
+	_, err := c.Client.Update(ctx, id, r)
+	return err
+}
+
+// ExecSync runs cmd in an app and waits up to timeout (0: no limit).
+func (c *Conn) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+	return c.Client.Exec(ctx, id, cmd, timeout)
+}
+
+// ReopenLog reopens an app's log file.
+func (c *Conn) ReopenLog(ctx context.Context, id string) error {
+	return c.Client.ReopenLog(ctx, id)
+}
+
+// PodStats are the whole pod's figures: the agent's, or, for a pod whose
+// cost on the host is not what its agent sees (a VM: stage1.HostStatser),
+// the host's with the agent's process count. When the host's figures
+// cannot be read the agent's are returned (logged).
+func (c *Conn) PodStats(ctx context.Context, pod stage1.Pod) (*api.Stats, error) {
+	inPod, err := c.Client.Stats(ctx, "")
+	hs, ok := pod.(stage1.HostStatser)
+	if !ok {
+		return inPod, err
+	}
+	host, herr := hs.HostStats()
+	if herr != nil {
+		if err != nil {
+			return nil, err
+		}
+		c.log.DebugContext(ctx, "the pod's host figures", "err", herr)
+		return inPod, nil
+	}
+	if inPod != nil {
+		host.Pids = inPod.Pids
+	}
+	return host, nil
+}
+
+// Pod is a running pod as the broker holds it: the backend's isolation
+// (State, Details, Agent) and the connection to its agent (every call of
+// Conn).
+type Pod struct {
+	stage1.Pod
+	*Conn
+}
+
+// Open returns pod with a connection to its agent.
+func Open(pod stage1.Pod, log *slog.Logger) *Pod {
+	return &Pod{Pod: pod, Conn: Connect(pod, log)}
+}
+
+// Stop stops every app and the pod's isolation, its agent asked to shut
+// down over the connection (stage1.Pod's Stop).
+func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
+	return p.Pod.Stop(ctx, timeout, p.Conn.Shutdown)
+}
+
+// Stats are a container's figures, or the whole pod's (PodStats) for id
+// "".
+func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
+	if id == "" {
+		return p.Conn.PodStats(ctx, p.Pod)
+	}
+	return p.Conn.Client.Stats(ctx, id)
+}
+
+// Opened is Open of what StartPod or RecoverPod returned: the error as it
+// is when there is one.
+func Opened(pod stage1.Pod, err error) (*Pod, error) {
+	if err != nil {
+		return nil, err
+	}
+	return Open(pod, nil), nil
+}

@@ -1,0 +1,180 @@
+// Package guest is what the kvm stage1's host side and the VM's init
+// (package guestinit) agree on: the configuration the host passes on the
+// kernel command line as stagelet.KEY=VALUE parameters, and the guest's
+// paths and console markers.
+package guest
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Paths of the guest, shared with the host side that builds the VM.
+const (
+	// Mounts is where the pod's shared directory is mounted.
+	Mounts = "/mnt/stagelet"
+	// Modules lists the kernel modules to load, one file name per
+	// line, in order; the files are beside it.
+	Modules = "/lib/modules/stagelet.load"
+	// Ready is printed on the console once the agent serves its
+	// port (and, in a probe boot, just before powering off).
+	Ready = "STAGELET-GUEST-READY"
+	// DefaultPort is the name of the agent's virtio-serial port.
+	DefaultPort = "stagelet.0"
+)
+
+// File systems of the pod's shared directory (Config.FSType).
+const (
+	// FSVirtio9P is 9P over virtio (qemu's virtio-9p): qemu serves it
+	// itself, and the guest's memory need not be shared with another
+	// process, so a VM restored from a template may map the template's
+	// memory privately.
+	FSVirtio9P = "9p"
+	// FSVirtiofs is virtio-fs, served by a virtiofsd (vhost-user); it
+	// needs the guest's memory shared with virtiofsd.
+	FSVirtiofs = "virtiofs"
+)
+
+// Route is a route the guest adds on its interface: Dst via Gw (no
+// Gw: on link).
+type Route struct {
+	Dst netip.Prefix
+	Gw  netip.Addr
+}
+
+// Config is what the host tells the guest on the kernel command line,
+// as stagelet.KEY=VALUE parameters.
+type Config struct {
+	// Port is the virtio-serial port name (stagelet.port).
+	Port string
+	// Probe: boot, print Ready, power off (stagelet.probe=1).
+	Probe bool
+	// Template: boot without a pod's identity (no hostname, network or
+	// shared directory), print Ready and serve; the host saves the
+	// VM then, and each pod's VM restored from it gets its identity from
+	// an OpSetup call (stagelet.template=1).
+	Template bool
+	// Hostname of the guest (stagelet.hostname).
+	Hostname string
+	// FSTag is the tag of the pod's shared directory, mounted at
+	// Mounts (stagelet.fs); FSType its file system: FSVirtio9P or
+	// FSVirtiofs, the default (stagelet.fstype).
+	FSTag  string
+	FSType string
+	// MAC selects the interface to configure (stagelet.mac); it is named
+	// eth0. IPs (stagelet.ip, repeated) are its addresses with prefix
+	// length, Routes (stagelet.route=DST,GW, repeated) its routes, MTU
+	// (stagelet.mtu) its MTU.
+	MAC    net.HardwareAddr
+	IPs    []netip.Prefix
+	Routes []Route
+	MTU    int
+	// LogLevel of the agent (stagelet.loglevel).
+	LogLevel slog.Level
+}
+
+// Cmdline renders c as kernel command line parameters.
+func (c *Config) Cmdline() []string {
+	var out []string
+	add := func(k, v string) { out = append(out, "stagelet."+k+"="+v) }
+	if c.Port != "" {
+		add("port", c.Port)
+	}
+	if c.Probe {
+		add("probe", "1")
+	}
+	if c.Hostname != "" {
+		add("hostname", c.Hostname)
+	}
+	if c.Template {
+		add("template", "1")
+	}
+	if c.FSTag != "" {
+		add("fs", c.FSTag)
+	}
+	if c.FSType != "" {
+		add("fstype", c.FSType)
+	}
+	if c.MAC != nil {
+		add("mac", c.MAC.String())
+	}
+	for _, ip := range c.IPs {
+		add("ip", ip.String())
+	}
+	for _, r := range c.Routes {
+		gw := ""
+		if r.Gw.IsValid() {
+			gw = r.Gw.String()
+		}
+		add("route", r.Dst.String()+","+gw)
+	}
+	if c.MTU > 0 {
+		add("mtu", strconv.Itoa(c.MTU))
+	}
+	if c.LogLevel != slog.LevelInfo {
+		add("loglevel", strings.ToLower(c.LogLevel.String()))
+	}
+	return out
+}
+
+// ParseCmdline reads the stagelet.* parameters of a kernel command
+// line; other words are ignored.
+func ParseCmdline(cmdline string) (*Config, error) {
+	c := &Config{Port: DefaultPort}
+	for _, w := range strings.Fields(cmdline) {
+		if w == "--" {
+			break
+		}
+		k, v, ok := strings.Cut(w, "=")
+		key, isOurs := strings.CutPrefix(k, "stagelet.")
+		if !ok || !isOurs {
+			continue
+		}
+		var err error
+		switch key {
+		case "port":
+			c.Port = v
+		case "probe":
+			c.Probe = v == "1"
+		case "hostname":
+			c.Hostname = v
+		case "template":
+			c.Template = v == "1"
+		case "fs":
+			c.FSTag = v
+		case "fstype":
+			if v != FSVirtio9P && v != FSVirtiofs {
+				err = fmt.Errorf("want %s or %s", FSVirtio9P, FSVirtiofs)
+			}
+			c.FSType = v
+		case "mac":
+			c.MAC, err = net.ParseMAC(v)
+		case "ip":
+			var p netip.Prefix
+			if p, err = netip.ParsePrefix(v); err == nil {
+				c.IPs = append(c.IPs, p)
+			}
+		case "route":
+			dst, gw, _ := strings.Cut(v, ",")
+			r := Route{}
+			if r.Dst, err = netip.ParsePrefix(dst); err == nil && gw != "" {
+				r.Gw, err = netip.ParseAddr(gw)
+			}
+			if err == nil {
+				c.Routes = append(c.Routes, r)
+			}
+		case "mtu":
+			c.MTU, err = strconv.Atoi(v)
+		case "loglevel":
+			err = c.LogLevel.UnmarshalText([]byte(v))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kernel parameter %s: %v", w, err)
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,42 @@
+package guest
+
+import "testing"
+
+func TestCmdline(t *testing.T) {
+	in := "console=ttyS0 stagelet.port=p0 stagelet.fs=fs stagelet.hostname=h stagelet.mac=02:00:00:00:00:01 " +
+		"stagelet.ip=10.1.0.5/16 stagelet.ip=fd00::5/64 stagelet.route=0.0.0.0/0,10.1.0.1 stagelet.route=10.2.0.0/16, " +
+		"stagelet.mtu=1400 stagelet.loglevel=debug -- agent guest stagelet.port=ignored"
+	c, err := ParseCmdline(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Port != "p0" || c.FSTag != "fs" || c.Hostname != "h" || c.MAC.String() != "02:00:00:00:00:01" ||
+		len(c.IPs) != 2 || len(c.Routes) != 2 || c.Routes[1].Gw.IsValid() || c.MTU != 1400 || c.Probe {
+		t.Fatalf("parsed %+v", c)
+	}
+	again, err := ParseCmdline(joinWords(c.Cmdline()))
+	if err != nil || again.Port != c.Port || again.Routes[0] != c.Routes[0] || again.IPs[1] != c.IPs[1] || again.LogLevel != c.LogLevel {
+		t.Errorf("round trip: %+v, %v", again, err)
+	}
+	if _, err := ParseCmdline("stagelet.ip=nonsense"); err == nil {
+		t.Error("bad ip accepted")
+	}
+	tpl, err := ParseCmdline(joinWords((&Config{Port: "p", Template: true, FSTag: "fs", FSType: FSVirtio9P}).Cmdline()))
+	if err != nil || !tpl.Template || tpl.FSType != FSVirtio9P {
+		t.Errorf("template and fstype round trip: %+v, %v", tpl, err)
+	}
+	if _, err := ParseCmdline("stagelet.fstype=ext4"); err == nil {
+		t.Error("unknown fstype accepted")
+	}
+	if d, _ := ParseCmdline(""); d.Port != DefaultPort {
+		t.Errorf("default port %q", d.Port)
+	}
+}
+
+func joinWords(w []string) string {
+	s := ""
+	for _, x := range w {
+		s += x + " "
+	}
+	return s
+}

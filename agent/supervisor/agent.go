@@ -1,0 +1,386 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/wire"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// Config configures an Agent.
+type Config struct {
+	// StateDir holds one record per app, <StateDir>/<id>.json, rewritten
+	// atomically on every state change. Created if missing. Required.
+	StateDir string
+	// Logger receives the agent's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Exe is the stagelet binary re-executed to start apps and execs
+	// (`Exe agent init`); empty means /proc/self/exe.
+	Exe string
+	// Setup answers OpSetup (at most once); nil: the agent refuses it.
+	Setup func(*api.Request) error
+}
+
+// Agent supervises a pod's apps. It reaps every child of the process, so
+// a process holds at most one Agent and starts no children of its own
+// outside it. Its methods are safe for concurrent use.
+type Agent struct {
+	log     *slog.Logger
+	dir     string
+	exe     string
+	started time.Time
+	// setup answers OpSetup; nil once it ran (or when there is none).
+	setupMu sync.Mutex
+	setup   func(*api.Request) error
+	reaper  *reaper
+	// cg is the agent's own cgroup, the parent of every app's; nil when
+	// cgroups are not available (limits are then not applied).
+	cg *cgroups.Cgroup
+
+	mu      sync.Mutex
+	apps    map[string]*app
+	closing bool
+
+	// events go to OpEvents subscribers.
+	events hub
+
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+// New prepares an agent: it creates the state directory, loads the records
+// an earlier agent left there (apps that had not exited are recorded as
+// exited with reason Error), starts reaping children and finds its own
+// cgroup. Errors: the state directory cannot be made.
+func New(cfg Config) (*Agent, error) {
+	if cfg.StateDir == "" {
+		return nil, errdefs.InvalidArgument("agent: a state directory is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	exe := cfg.Exe
+	if exe == "" {
+		exe = "/proc/self/exe"
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("agent: state dir: %w", err)
+	}
+	a := &Agent{
+		log:     log,
+		dir:     cfg.StateDir,
+		exe:     exe,
+		setup:   cfg.Setup,
+		started: time.Now(),
+		apps:    map[string]*app{},
+		done:    make(chan struct{}),
+	}
+	// On a pure cgroup v2 host the agent's cgroup may hand controllers to
+	// the apps' cgroups only once it holds no process: the agent moves
+	// itself into a leaf beneath it first.
+	if cg, err := cgroups.EnterLeaf(cgroups.LeafName); err != nil {
+		log.Warn("cgroups unavailable: app limits and stats are off", "err", err)
+	} else {
+		a.cg = cg
+	}
+	sts, bad := readStates(a.dir)
+	for _, err := range bad {
+		log.Warn("skipping app record", "err", err)
+	}
+	for _, st := range sts {
+		if prev := st.State; prev != api.StateExited {
+			st.Message = "the agent restarted while the app was " + prev
+			st.State = api.StateExited
+			st.PID = 0
+			st.ExitCode = 128
+			st.Reason = api.ReasonError
+			if st.FinishedAt.IsZero() {
+				st.FinishedAt = time.Now()
+			}
+		}
+		ap := &app{id: st.ID, st: *st}
+		if a.cg != nil {
+			ap.cg = a.cg.Child(appCgroupName(st.ID))
+		}
+		a.apps[st.ID] = ap
+	}
+	a.reaper = newReaper(log)
+	return a, nil
+}
+
+// Done is closed once a successful OpShutdown has been answered (or Close
+// was called).
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// Close marks the agent finished: Serve returns. It does not stop apps
+// (see StopAll). Idempotent.
+func (a *Agent) Close() { a.doneOnce.Do(func() { close(a.done) }) }
+
+// Serve answers requests on l, one request and one response per
+// connection (then frames, for a session), until Done; it then closes l
+// and returns nil. It returns an error when l fails.
+func (a *Agent) Serve(l net.Listener) error {
+	go func() {
+		<-a.done
+		l.Close()
+	}()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			select {
+			case <-a.done:
+				return nil
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		go a.serveConn(c)
+	}
+}
+
+func (a *Agent) serveConn(c net.Conn) {
+	defer c.Close()
+	var req api.Request
+	var resp *api.Response
+	dec := json.NewDecoder(c)
+	if err := dec.Decode(&req); err != nil {
+		resp = wire.ErrorResponse(errdefs.InvalidArgument("bad request: %w", err))
+	} else if isSession(req.Op) {
+		a.serveSession(c, io.MultiReader(dec.Buffered(), c), &req)
+		return
+	} else if req.Op == api.OpEvents {
+		a.serveEvents(c, io.MultiReader(dec.Buffered(), c))
+		return
+	} else {
+		resp = a.Handle(&req)
+	}
+	if err := json.NewEncoder(c).Encode(resp); err != nil {
+		a.log.Debug("reply", "op", req.Op, "err", err)
+	}
+	if req.Op == api.OpShutdown && resp.Code == api.CodeOK {
+		c.Close()
+		a.Close()
+	}
+}
+
+// Handle executes one request and returns its response; an error is
+// carried in Response.Code/Error. For OpShutdown it stops every app and
+// answers; the transport then delivers the answer and calls Close.
+func (a *Agent) Handle(req *api.Request) *api.Response {
+	start := time.Now()
+	resp, err := a.handle(req)
+	if err != nil {
+		resp = wire.ErrorResponse(err)
+		lvl := slog.LevelWarn
+		if resp.Code != api.CodeInternal {
+			lvl = slog.LevelDebug
+		}
+		a.log.Log(context.Background(), lvl, "request failed", "op", req.Op, "app", req.ID, "code", resp.Code, "err", err)
+	} else {
+		a.log.Debug("request", "op", req.Op, "app", req.ID, "took", time.Since(start))
+	}
+	return resp
+}
+
+func (a *Agent) handle(req *api.Request) (*api.Response, error) {
+	switch req.Op {
+	case api.OpInfo:
+		return &api.Response{Info: a.info()}, nil
+	case api.OpCreate:
+		if req.App == nil {
+			return nil, errdefs.InvalidArgument("create: no app spec")
+		}
+		st, err := a.create(req.App)
+		return &api.Response{App: st}, err
+	case api.OpStart:
+		st, err := a.start(req.ID)
+		return &api.Response{App: st}, err
+	case api.OpStop:
+		st, err := a.stop(req.ID, req.Timeout)
+		return &api.Response{App: st}, err
+	case api.OpSignal:
+		return &api.Response{}, a.signal(req.ID, req.Signal)
+	case api.OpRemove:
+		return &api.Response{}, a.remove(req.ID)
+	case api.OpStatus:
+		st, err := a.status(req.ID)
+		return &api.Response{App: st}, err
+	case api.OpList:
+		return &api.Response{Apps: a.list()}, nil
+	case api.OpExec:
+		res, err := a.exec(req.ID, req.Cmd, req.Timeout)
+		return &api.Response{Exec: res}, err
+	case api.OpReopenLog:
+		return &api.Response{}, a.reopenLog(req.ID)
+	case api.OpStats:
+		st, err := a.stats(req.ID)
+		return &api.Response{Stats: st}, err
+	case api.OpShutdown:
+		a.StopAll(req.Timeout)
+		return &api.Response{}, nil
+	case api.OpSysctl:
+		return &api.Response{}, setIPCSysctls(req.Sysctls, a.dir)
+	case api.OpUpdate:
+		st, err := a.update(req.ID, req.Resources)
+		return &api.Response{App: st}, err
+	case api.OpSetup:
+		return &api.Response{}, a.runSetup(req)
+	}
+	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
+}
+
+// runSetup runs Config.Setup once: a second call, or one to an agent
+// without it, is FailedPrecondition.
+func (a *Agent) runSetup(req *api.Request) error {
+	a.setupMu.Lock()
+	defer a.setupMu.Unlock()
+	if a.setup == nil {
+		return errdefs.FailedPrecondition("setup: this agent awaits no setup (not a guest restored from a template, or set up already)")
+	}
+	f := a.setup
+	a.setup = nil
+	return f(req)
+}
+
+func (a *Agent) info() *api.Info {
+	var u unix.Utsname
+	kernel := ""
+	if unix.Uname(&u) == nil {
+		kernel = unix.ByteSliceToString(u.Release[:])
+	}
+	return &api.Info{Version: api.Version, PID: os.Getpid(), Kernel: kernel, StartedAt: a.started}
+}
+
+func (a *Agent) get(id string) (*app, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ap, ok := a.apps[id]
+	if !ok {
+		return nil, errdefs.NotFound("app %q not found", id)
+	}
+	return ap, nil
+}
+
+func (a *Agent) status(id string) (*api.AppStatus, error) {
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return ap.status(), nil
+}
+
+func (a *Agent) list() []*api.AppStatus {
+	a.mu.Lock()
+	apps := make([]*app, 0, len(a.apps))
+	for _, ap := range a.apps {
+		apps = append(apps, ap)
+	}
+	a.mu.Unlock()
+	sts := make([]*api.AppStatus, len(apps))
+	for i, ap := range apps {
+		sts[i] = ap.status()
+	}
+	sort.Slice(sts, func(i, j int) bool { return sts[i].ID < sts[j].ID })
+	return sts
+}
+
+func (a *Agent) stats(id string) (*api.Stats, error) {
+	cg := a.cg
+	if id != "" {
+		ap, err := a.get(id)
+		if err != nil {
+			return nil, err
+		}
+		cg = ap.cg
+	}
+	if cg == nil {
+		return nil, errdefs.FailedPrecondition("stats: cgroups are not available to the agent")
+	}
+	s, err := cg.Stats()
+	if err != nil {
+		return nil, fmt.Errorf("stats %q: %w", id, err)
+	}
+	return &api.Stats{
+		Timestamp:            time.Now(),
+		CPUUsageNanos:        s.CPUUsageNanos,
+		MemoryUsageBytes:     s.MemoryUsage,
+		MemoryWorkingSet:     s.MemoryWorkingSet,
+		MemoryRSSBytes:       s.MemoryRSS,
+		MemoryPageFaults:     s.PageFaults,
+		MemoryMajorPageFault: s.MajorPageFaults,
+		Pids:                 s.Pids,
+	}, nil
+}
+
+// StopAll stops every running app (SIGTERM, up to timeout, SIGKILL; all at
+// once), removes the app cgroups, and refuses new apps from then on. It
+// returns once every app has exited.
+func (a *Agent) StopAll(timeout time.Duration) {
+	a.mu.Lock()
+	a.closing = true
+	apps := make([]*app, 0, len(a.apps))
+	for _, ap := range a.apps {
+		apps = append(apps, ap)
+	}
+	a.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ap := range apps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.stopApp(ap, timeout)
+			if ap.cg != nil {
+				if err := ap.cg.Delete(); err != nil {
+					a.log.Warn("delete app cgroup", "app", ap.id, "err", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// socketPair returns two connected stream sockets: the agent's end as a
+// net.Conn (deadlines work) and the child's as a file.
+func socketPair() (net.Conn, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	pf := os.NewFile(uintptr(fds[0]), "sync")
+	conn, err := net.FileConn(pf)
+	pf.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, err
+	}
+	return conn, os.NewFile(uintptr(fds[1]), "sync-child"), nil
+}
+
+// signalProc sends sig, ignoring a process that is already gone.
+func signalProc(p *os.Process, sig syscall.Signal) error {
+	err := p.Signal(sig)
+	if err == nil || errors.Is(err, os.ErrProcessDone) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,812 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/wire"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/seccomp"
+)
+
+// drainTimeout bounds how long output is still read after a process
+// exited and its cgroup was emptied (a process outside the cgroup may hold
+// the pipe).
+const drainTimeout = 2 * time.Second
+
+// app is one container. The fields below mu are guarded by it.
+type app struct {
+	id   string
+	spec *api.AppSpec // nil for a record loaded from an earlier agent
+	cg   *cgroups.Cgroup
+
+	mu       sync.Mutex
+	st       api.AppStatus
+	removed  bool
+	proc     *os.Process
+	log      *criLog
+	io       *appIO // the app's stdio for attach sessions; set by launch
+	startErr error
+	oomBase  uint64
+	// started is closed when the start attempt ended, exited when the app
+	// exited and its record is final; both nil before OpStart.
+	started chan struct{}
+	exited  chan struct{}
+}
+
+func (ap *app) status() *api.AppStatus {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	st := ap.st
+	return &st
+}
+
+func appCgroupName(id string) string { return "app-" + id }
+
+// validateSpec checks what can be checked before anything is taken.
+func validateSpec(s *api.AppSpec) error {
+	if err := validID(s.ID); err != nil {
+		return err
+	}
+	if s.Rootfs == "" {
+		return errdefs.InvalidArgument("app %s: no rootfs", s.ID)
+	}
+	if st, err := os.Stat(s.Rootfs); err != nil {
+		return errdefs.InvalidArgument("app %s: rootfs: %w", s.ID, err)
+	} else if !st.IsDir() {
+		return errdefs.InvalidArgument("app %s: rootfs %s is not a directory", s.ID, s.Rootfs)
+	}
+	if len(s.Args) == 0 || s.Args[0] == "" {
+		return errdefs.InvalidArgument("app %s: no command", s.ID)
+	}
+	if s.Cwd != "" && !filepath.IsAbs(s.Cwd) {
+		return errdefs.InvalidArgument("app %s: cwd %q is not absolute", s.ID, s.Cwd)
+	}
+	if s.LogPath != "" && !filepath.IsAbs(s.LogPath) {
+		return errdefs.InvalidArgument("app %s: log path %q is not absolute", s.ID, s.LogPath)
+	}
+	if _, err := parseCaps(s.Capabilities); err != nil {
+		return errdefs.InvalidArgument("app %s: %w", s.ID, err)
+	}
+	if s.Seccomp != nil {
+		if _, err := seccomp.Compile(s.Seccomp); err != nil {
+			return errdefs.InvalidArgument("app %s: seccomp profile %s: %w", s.ID, s.SeccompProfile, err)
+		}
+		if !seccomp.Supported() {
+			return errdefs.FailedPrecondition("app %s: seccomp profile %s requested, but the kernel has no seccomp filters", s.ID, s.SeccompProfile)
+		}
+	}
+	if s.AppArmorProfile != "" && !lsm.AppArmorEnabled() {
+		return errdefs.FailedPrecondition("app %s: AppArmor profile %s requested, but AppArmor is not enabled where the pod runs", s.ID, s.AppArmorProfile)
+	}
+	switch s.PIDNamespace {
+	case "", api.PIDNamespacePod, api.PIDNamespaceContainer:
+	case api.PIDNamespaceTarget:
+		if s.PIDTarget == "" || s.PIDTarget == s.ID {
+			return errdefs.InvalidArgument("app %s: PID namespace target %q", s.ID, s.PIDTarget)
+		}
+	default:
+		return errdefs.InvalidArgument("app %s: unknown PID namespace mode %q", s.ID, s.PIDNamespace)
+	}
+	for _, p := range append(slices.Clone(s.MaskedPaths), s.ReadonlyPaths...) {
+		if !filepath.IsAbs(p) {
+			return errdefs.InvalidArgument("app %s: masked or read-only path %q is not absolute", s.ID, p)
+		}
+	}
+	for _, m := range s.Mounts {
+		if m.RecursiveReadonly && (!m.Readonly || (m.Propagation != "" && m.Propagation != "private")) {
+			return errdefs.InvalidArgument("app %s: mount %s: recursive read-only needs readonly and private propagation", s.ID, m.Destination)
+		}
+		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Destination) {
+			return errdefs.InvalidArgument("app %s: mount %q on %q: paths must be absolute", s.ID, m.Source, m.Destination)
+		}
+		switch m.Propagation {
+		case "", "private", "rslave", "rshared":
+		default:
+			return errdefs.InvalidArgument("app %s: mount %s: unknown propagation %q", s.ID, m.Destination, m.Propagation)
+		}
+	}
+	return nil
+}
+
+// validID accepts names usable as a file and cgroup name.
+func validID(id string) error {
+	if id == "" || len(id) > 128 || strings.HasPrefix(id, ".") {
+		return errdefs.InvalidArgument("bad app id %q", id)
+	}
+	for _, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.'
+		if !ok {
+			return errdefs.InvalidArgument("bad app id %q: only letters, digits, '-', '_' and '.'", id)
+		}
+	}
+	return nil
+}
+
+// create records an app: InvalidArgument for a bad spec, AlreadyExists for
+// a known id, FailedPrecondition while shutting down.
+func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
+	if err := validateSpec(spec); err != nil {
+		return nil, err
+	}
+	ap := &app{id: spec.ID, spec: spec, st: api.AppStatus{ID: spec.ID, State: api.StateCreated, CreatedAt: time.Now()}}
+	if a.cg != nil {
+		ap.cg = a.cg.Child(appCgroupName(spec.ID))
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	a.mu.Lock()
+	if a.closing {
+		a.mu.Unlock()
+		return nil, errdefs.FailedPrecondition("the agent is shutting down")
+	}
+	if _, dup := a.apps[spec.ID]; dup {
+		a.mu.Unlock()
+		return nil, errdefs.AlreadyExists("app %q already exists", spec.ID)
+	}
+	a.apps[spec.ID] = ap
+	a.mu.Unlock()
+
+	if err := a.setupCgroup(ap); err != nil {
+		a.mu.Lock()
+		delete(a.apps, spec.ID)
+		a.mu.Unlock()
+		if ap.cg != nil {
+			_ = ap.cg.Delete()
+		}
+		return nil, err
+	}
+	if err := writeState(a.dir, &ap.st); err != nil {
+		a.log.Warn("write app record", "app", spec.ID, "err", err)
+	}
+	a.log.Info("app created", "app", spec.ID, "name", spec.Name)
+	st := ap.st
+	a.events.publish(api.EventCreated, &st)
+	return &st, nil
+}
+
+// update changes the cgroup limits of an app that has not exited; zero
+// fields stay as they are. NotFound, InvalidArgument (no resources, an
+// OOM score, which only a process's start can set), FailedPrecondition
+// (the app exited, the pod has no cgroups, or the kernel refused a value:
+// e.g. a memory limit below what the app uses, on cgroup v1).
+func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
+	if r == nil {
+		return nil, errdefs.InvalidArgument("update %s: no resources", id)
+	}
+	if r.OOMScoreAdj != 0 {
+		return nil, errdefs.InvalidArgument("update %s: oom_score_adj is set when the process starts and cannot change", id)
+	}
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	if ap.st.State == api.StateExited {
+		return nil, errdefs.FailedPrecondition("update %s: the app has exited", id)
+	}
+	if ap.cg == nil {
+		return nil, errdefs.FailedPrecondition("update %s: cgroups are unavailable in this pod, so its limits cannot change", id)
+	}
+	if err := ap.cg.Set(cgroups.Resources{
+		CPUShares:   r.CPUShares,
+		CPUQuota:    r.CPUQuota,
+		CPUPeriod:   r.CPUPeriod,
+		MemoryLimit: r.MemoryLimit,
+		PidsLimit:   r.PidsLimit,
+		CpusetCpus:  r.CpusetCpus,
+		CpusetMems:  r.CpusetMems,
+	}); err != nil {
+		return nil, errdefs.FailedPrecondition("update %s: %w", id, err)
+	}
+	a.log.Info("app limits changed", "app", id, "resources", *r)
+	st := ap.st
+	return &st, nil
+}
+
+func (a *Agent) setupCgroup(ap *app) error {
+	r := ap.spec.Resources
+	if ap.cg == nil {
+		if r.CPUShares != 0 || r.CPUQuota != 0 || r.MemoryLimit != 0 || r.PidsLimit != 0 || r.CpusetCpus != "" || r.CpusetMems != "" {
+			a.log.Warn("cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
+		}
+		return nil
+	}
+	if err := ap.cg.Create(); err != nil {
+		return fmt.Errorf("app %s: cgroup: %w", ap.spec.ID, err)
+	}
+	if err := ap.cg.Set(cgroups.Resources{
+		CPUShares:   r.CPUShares,
+		CPUQuota:    r.CPUQuota,
+		CPUPeriod:   r.CPUPeriod,
+		MemoryLimit: r.MemoryLimit,
+		PidsLimit:   r.PidsLimit,
+		CpusetCpus:  r.CpusetCpus,
+		CpusetMems:  r.CpusetMems,
+	}); err != nil {
+		return errdefs.InvalidArgument("app %s: resources: %w", ap.spec.ID, err)
+	}
+	if n, err := ap.cg.OOMKills(); err == nil {
+		ap.oomBase = n
+	}
+	return nil
+}
+
+// start starts a created app and returns once its command runs (or
+// failed to). NotFound, FailedPrecondition (not in state created; the
+// command cannot be run — the app is then exited with code 128).
+func (a *Agent) start(id string) (*api.AppStatus, error) {
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	closing := a.closing
+	a.mu.Unlock()
+	ap.mu.Lock()
+	switch {
+	case ap.removed:
+		ap.mu.Unlock()
+		return nil, errdefs.NotFound("app %q not found", id)
+	case closing:
+		ap.mu.Unlock()
+		return nil, errdefs.FailedPrecondition("the agent is shutting down")
+	case ap.spec == nil || ap.started != nil:
+		st := ap.st.State
+		if ap.st.State == api.StateCreated {
+			st = "starting"
+		}
+		ap.mu.Unlock()
+		return nil, errdefs.FailedPrecondition("app %s is %s", id, st)
+	}
+	ap.started = make(chan struct{})
+	ap.exited = make(chan struct{})
+	ap.mu.Unlock()
+
+	if err := a.launch(ap); err != nil {
+		return ap.status(), err
+	}
+	return ap.status(), nil
+}
+
+// launch runs the app's init and waits for the handshake. On failure the
+// app is exited (code 128, reason Error, the failure as message) when it
+// returns.
+func (a *Agent) launch(ap *app) error {
+	spec := ap.spec
+	lg, err := openCRILog(spec.LogPath)
+	if err != nil {
+		return a.failEarly(ap, errdefs.FailedPrecondition("%w", err))
+	}
+	cloneflags := uintptr(syscall.CLONE_NEWNS)
+	if spec.OwnUTS() {
+		cloneflags |= syscall.CLONE_NEWUTS
+	}
+	if spec.PIDNamespace == api.PIDNamespaceContainer {
+		cloneflags |= syscall.CLONE_NEWPID
+	}
+	spawn := func() (*child, error) {
+		return a.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags}, childIO{stdin: spec.Stdin, tty: spec.TTY})
+	}
+	var pr *child
+	if spec.PIDNamespace == api.PIDNamespaceTarget {
+		pr, err = a.spawnInTarget(spec, spawn)
+	} else {
+		pr, err = spawn()
+	}
+	if err != nil {
+		lg.close()
+		return a.failEarly(ap, err)
+	}
+	aio := newAppIO(spec.StdinOnce)
+	var copies sync.WaitGroup
+	// Output goes to the CRI log and to every attach session.
+	copyOut := func(stream string, typ byte, r io.Reader) {
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			if err := lg.copyStream(stream, io.TeeReader(r, aio.output(typ))); err != nil {
+				a.log.Warn("app log", "app", spec.ID, "stream", stream, "err", err)
+			}
+		}()
+	}
+	if !spec.TTY {
+		copyOut(streamStdout, api.FrameStdout, pr.stdout)
+		copyOut(streamStderr, api.FrameStderr, pr.stderr)
+		if pr.stdin != nil {
+			aio.setStdin(pr.stdin, nil)
+		}
+	}
+	ap.mu.Lock()
+	ap.proc = pr.proc
+	ap.log = lg
+	ap.io = aio
+	ap.mu.Unlock()
+	go a.monitor(ap, pr, &copies)
+
+	herr := a.handshake(pr, &procSpec{App: spec, Args: spec.Args, TTY: spec.TTY}, ap.cg, spec.ID)
+	if herr == nil && spec.TTY {
+		// A terminal's output is the app's stdout, as in containerd.
+		copyOut(streamStdout, api.FrameStdout, pr.pty)
+		if spec.Stdin {
+			aio.setStdin(pr.pty, pr.pty)
+		} else {
+			aio.setStdin(nil, pr.pty)
+		}
+	}
+	ap.mu.Lock()
+	if herr != nil {
+		ap.startErr = herr
+	} else {
+		ap.st.State = api.StateRunning
+		ap.st.PID = pr.proc.Pid
+		ap.st.StartedAt = time.Now()
+	}
+	st := ap.st
+	ap.mu.Unlock()
+	if herr == nil {
+		// Before started is closed: the monitor writes the exit record
+		// only after it, so this one never overwrites that.
+		if err := writeState(a.dir, &st); err != nil {
+			a.log.Warn("write app record", "app", spec.ID, "err", err)
+		}
+		a.log.Info("app started", "app", spec.ID, "pid", st.PID)
+		a.events.publish(api.EventStarted, &st)
+	}
+	close(ap.started)
+	if herr != nil {
+		_ = signalProc(pr.proc, syscall.SIGKILL)
+		<-ap.exited
+		return herr
+	}
+	return nil
+}
+
+// spawnInTarget runs spawn so that the child lands in the PID namespace
+// of the app spec.PIDTarget, which must be running: FailedPrecondition
+// otherwise.
+func (a *Agent) spawnInTarget(spec *api.AppSpec, spawn func() (*child, error)) (*child, error) {
+	target, err := a.get(spec.PIDTarget)
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace: %w", spec.ID, spec.PIDTarget, err)
+	}
+	target.mu.Lock()
+	running, pid := target.st.State == api.StateRunning, target.st.PID
+	target.mu.Unlock()
+	if !running {
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running", spec.ID, spec.PIDTarget)
+	}
+	ns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running (%v)", spec.ID, spec.PIDTarget, err)
+	}
+	defer ns.Close()
+	var c *child
+	err = forkInPIDNamespace(ns, func() error {
+		var err error
+		c, err = spawn()
+		return err
+	})
+	return c, err
+}
+
+// failEarly records a start that failed before a process existed.
+func (a *Agent) failEarly(ap *app, err error) error {
+	ap.mu.Lock()
+	st := ap.st
+	ap.mu.Unlock()
+	st.State = api.StateExited
+	st.ExitCode = 128
+	st.Reason = api.ReasonError
+	st.Message = err.Error()
+	st.FinishedAt = time.Now()
+	if werr := writeState(a.dir, &st); werr != nil {
+		a.log.Warn("write app record", "app", st.ID, "err", werr)
+	}
+	ap.mu.Lock()
+	ap.st = st
+	ap.mu.Unlock()
+	a.events.publish(api.EventExited, &st)
+	close(ap.started)
+	close(ap.exited)
+	return err
+}
+
+// child is a started `agent init|exec-init` with the agent's ends of its
+// sync socket and stdio: pipes for stdout and stderr and, when asked, for
+// stdin; or, for a child on a terminal, the terminal's master (after the
+// handshake).
+type child struct {
+	proc   *os.Process
+	wait   <-chan syscall.WaitStatus
+	sync   net.Conn
+	stdin  *os.File // nil: the child's stdin is /dev/null
+	stdout *os.File
+	stderr *os.File
+	pty    *terminal // set by the handshake of a child on a terminal
+}
+
+// childIO is the stdio a child gets.
+type childIO struct {
+	// stdin: a pipe whose write end the agent keeps (else /dev/null).
+	stdin bool
+	// tty: the child opens a terminal and sends its master in the
+	// handshake; its stdio starts on /dev/null and the agent gets no pipes.
+	tty bool
+}
+
+// closeStdio closes the agent's ends of the child's stdio.
+func (c *child) closeStdio() {
+	for _, f := range []*os.File{c.stdin, c.stdout, c.stderr} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if c.pty != nil {
+		c.pty.Close()
+	}
+}
+
+// spawn starts `agent <cmd>` with the sync socket as fd 3, extra files
+// after it, and stdio as cio says.
+func (a *Agent) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, extra ...*os.File) (*child, error) {
+	var theirs []*os.File // the child's ends, closed once it started
+	c := &child{}
+	fail := func(err error) (*child, error) {
+		for _, f := range theirs {
+			f.Close()
+		}
+		if c.sync != nil {
+			c.sync.Close()
+		}
+		c.closeStdio()
+		return nil, err
+	}
+	parent, childSock, err := socketPair()
+	if err != nil {
+		return nil, err
+	}
+	c.sync = parent
+	theirs = append(theirs, childSock)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return fail(err)
+	}
+	theirs = append(theirs, devnull)
+	stdio := []*os.File{devnull, devnull, devnull}
+	if cio.stdin && !cio.tty {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fail(err)
+		}
+		c.stdin, stdio[0] = w, r
+		theirs = append(theirs, r)
+	}
+	if !cio.tty {
+		for i, mine := range []**os.File{&c.stdout, &c.stderr} {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return fail(err)
+			}
+			*mine, stdio[i+1] = r, w
+			theirs = append(theirs, w)
+		}
+	}
+	attr := &os.ProcAttr{
+		Dir:   "/",
+		Env:   []string{},
+		Files: append(append(stdio, childSock), extra...),
+		Sys:   sys,
+	}
+	p, wait, err := a.reaper.start(a.exe, []string{"stagelet", "agent", cmd}, attr)
+	if err != nil {
+		return fail(errdefs.FailedPrecondition("start %s: %w", cmd, err))
+	}
+	for _, f := range theirs {
+		f.Close()
+	}
+	c.proc, c.wait = p, wait
+	return c, nil
+}
+
+// handshake moves the child into cg, sends it spec and reads its messages
+// until it executes the command (nil) or reports a failure (an error of
+// the class it names). A child on a terminal sends its master, kept in
+// c.pty. The sync socket is closed on return.
+func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id string) error {
+	defer c.sync.Close()
+	if cg != nil {
+		if err := cg.Add(c.proc.Pid); err != nil {
+			return fmt.Errorf("app %s: join cgroup: %w", id, err)
+		}
+	}
+	// The spec goes without json.Encoder's trailing newline: the child's
+	// decoder stops at the closing brace, and a byte it leaves unread
+	// would turn its close-on-exec into a connection reset here.
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("app %s: encode spec: %w", id, err)
+	}
+	if _, err := c.sync.Write(b); err != nil {
+		return fmt.Errorf("app %s: send spec to init: %w", id, err)
+	}
+	rr, err := newRightsReader(c.sync)
+	if err != nil {
+		return err
+	}
+	defer rr.close()
+	dec := json.NewDecoder(rr)
+	execing := false
+	for {
+		var m syncMsg
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return fmt.Errorf("app %s: %w", id, errdefs.ErrDeadlineExceeded)
+			}
+			// After "exec" the socket closes by close-on-exec: EOF, or a
+			// reset when the child left something unread.
+			if execing && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+				if spec.TTY && c.pty == nil {
+					return fmt.Errorf("app %s: init ran the command without a terminal", id)
+				}
+				return nil // close-on-exec closed the socket: the command runs
+			}
+			return fmt.Errorf("app %s: init died during setup (%v)", id, err)
+		}
+		switch {
+		case m.Error != "":
+			return errdefs.New(wire.ClassOf(m.Code), "%s", m.Error)
+		case m.Warn != "":
+			a.log.Warn("app init", "app", id, "warning", m.Warn)
+		case m.PTY:
+			f := rr.take("pty-master")
+			if f == nil || c.pty != nil {
+				if f != nil {
+					f.Close()
+				}
+				return fmt.Errorf("app %s: init sent a bad terminal message", id)
+			}
+			c.pty = newTerminal(f)
+		case m.Exec:
+			execing = true
+		}
+	}
+}
+
+// monitor waits for the app's process to exit, kills what is left in its
+// cgroup, drains its output and records the exit.
+func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
+	ws := <-c.wait
+	finished := time.Now()
+	<-ap.started
+	if ap.cg != nil {
+		if err := ap.cg.Kill(); err != nil {
+			a.log.Warn("kill what is left of the app", "app", ap.id, "err", err)
+		}
+	}
+	drain(copies, c.outputs()...)
+	ap.mu.Lock()
+	lg, aio := ap.log, ap.io
+	ap.mu.Unlock()
+	lg.close()
+	aio.end()
+	if c.stdin != nil {
+		c.stdin.Close()
+	}
+	oom := false
+	if ap.cg != nil {
+		if n, err := ap.cg.OOMKills(); err == nil && n > ap.oomBase {
+			oom = true
+		}
+	}
+
+	// The record is written before the exit is visible through the API,
+	// so whoever saw "exited" finds it on disk too.
+	ap.mu.Lock()
+	rec := ap.st
+	startErr := ap.startErr
+	ap.mu.Unlock()
+	rec.State = api.StateExited
+	// launch takes StartedAt once the handshake is done, which a quick
+	// app may outlive: it never ends before it started.
+	rec.FinishedAt = finished
+	if finished.Before(rec.StartedAt) {
+		rec.FinishedAt = rec.StartedAt
+	}
+	switch {
+	case startErr != nil:
+		rec.ExitCode = 128
+		rec.Reason = api.ReasonError
+		rec.Message = startErr.Error()
+	default:
+		rec.ExitCode = exitCode(ws)
+		switch {
+		case oom:
+			rec.Reason = api.ReasonOOMKilled
+		case rec.ExitCode == 0:
+			rec.Reason = api.ReasonCompleted
+		default:
+			rec.Reason = api.ReasonError
+		}
+	}
+	if err := writeState(a.dir, &rec); err != nil {
+		a.log.Warn("write app record", "app", rec.ID, "err", err)
+	}
+	ap.mu.Lock()
+	ap.st = rec
+	ap.mu.Unlock()
+	a.log.Info("app exited", "app", rec.ID, "code", rec.ExitCode, "reason", rec.Reason)
+	a.events.publish(api.EventExited, &rec)
+	close(ap.exited)
+}
+
+// outputs are the agent's ends of the child's output: its pipes or its
+// terminal.
+func (c *child) outputs() []io.Closer {
+	var out []io.Closer
+	for _, f := range []*os.File{c.stdout, c.stderr} {
+		if f != nil {
+			out = append(out, f)
+		}
+	}
+	if c.pty != nil {
+		out = append(out, c.pty)
+	}
+	return out
+}
+
+// drain waits for the output copiers to reach EOF, at most drainTimeout,
+// then closes the read ends (which ends the copiers).
+func drain[C io.Closer](copies *sync.WaitGroup, files ...C) {
+	done := make(chan struct{})
+	go func() {
+		copies.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(drainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	for _, f := range files {
+		f.Close()
+	}
+	<-done
+}
+
+// stop stops a running app: SIGTERM, up to timeout, SIGKILL, and returns
+// once it exited. Idempotent: an app that is not running is left as it is.
+// NotFound.
+func (a *Agent) stop(id string, timeout time.Duration) (*api.AppStatus, error) {
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	a.stopApp(ap, timeout)
+	return ap.status(), nil
+}
+
+func (a *Agent) stopApp(ap *app, timeout time.Duration) {
+	ap.mu.Lock()
+	started, exited := ap.started, ap.exited
+	ap.mu.Unlock()
+	if started == nil {
+		return // never started
+	}
+	<-started
+	select {
+	case <-exited:
+		return
+	default:
+	}
+	ap.mu.Lock()
+	proc := ap.proc // set once started has closed
+	ap.mu.Unlock()
+	if err := signalProc(proc, syscall.SIGTERM); err != nil {
+		a.log.Warn("stop: SIGTERM", "app", ap.id, "err", err)
+	}
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-exited:
+			return
+		case <-t.C:
+		}
+	}
+	if err := signalProc(proc, syscall.SIGKILL); err != nil {
+		a.log.Warn("stop: SIGKILL", "app", ap.id, "err", err)
+	}
+	<-exited // the monitor empties the cgroup once the main process is gone
+}
+
+// signal sends sig to a running app's main process: NotFound,
+// InvalidArgument, FailedPrecondition (not running).
+func (a *Agent) signal(id string, sig int) error {
+	ap, err := a.get(id)
+	if err != nil {
+		return err
+	}
+	if sig <= 0 || sig > 64 {
+		return errdefs.InvalidArgument("bad signal %d", sig)
+	}
+	ap.mu.Lock()
+	running, proc := ap.st.State == api.StateRunning, ap.proc
+	ap.mu.Unlock()
+	if !running {
+		return errdefs.FailedPrecondition("app %s is not running", id)
+	}
+	return signalProc(proc, syscall.Signal(sig))
+}
+
+// remove kills the app if it runs, deletes its cgroup, record and entry.
+// Idempotent: an unknown id is not an error.
+func (a *Agent) remove(id string) error {
+	a.mu.Lock()
+	ap, ok := a.apps[id]
+	a.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	ap.mu.Lock()
+	ap.removed = true
+	ap.mu.Unlock()
+	a.stopApp(ap, 0)
+	if ap.cg != nil {
+		if err := ap.cg.Delete(); err != nil {
+			return fmt.Errorf("remove %s: %w", id, err)
+		}
+	}
+	if err := os.Remove(stateFile(a.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", id, err)
+	}
+	a.mu.Lock()
+	if a.apps[id] == ap {
+		delete(a.apps, id)
+	}
+	a.mu.Unlock()
+	ap.mu.Lock()
+	if ap.proc != nil {
+		ap.proc.Release()
+	}
+	last := ap.st
+	ap.mu.Unlock()
+	a.events.publish(api.EventRemoved, &last)
+	a.log.Info("app removed", "app", id)
+	return nil
+}
+
+// reopenLog reopens a running app's log file: NotFound, FailedPrecondition
+// (not running).
+func (a *Agent) reopenLog(id string) error {
+	ap, err := a.get(id)
+	if err != nil {
+		return err
+	}
+	ap.mu.Lock()
+	running, lg := ap.st.State == api.StateRunning, ap.log
+	ap.mu.Unlock()
+	if !running || lg == nil {
+		return errdefs.FailedPrecondition("app %s is not running", id)
+	}
+	if err := lg.reopen(); err != nil {
+		return fmt.Errorf("reopen log of %s: %w", id, err)
+	}
+	return nil
+}
