@@ -457,10 +457,9 @@ func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Reso
 	}
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
-	err = h.UpdateContainerResources(actx, c.rec.ID, api.Resources{
-		CPUShares: r.CPUShares, CPUQuota: r.CPUQuota, CPUPeriod: r.CPUPeriod, MemoryLimit: r.MemoryLimit,
-		CpusetCpus: r.CpusetCpus, CpusetMems: r.CpusetMems,
-	})
+	upd := appResources(r)
+	upd.OOMScoreAdj = 0 // a process's, set when it starts
+	err = h.UpdateContainerResources(actx, c.rec.ID, upd)
 	if err != nil {
 		b.refreshOnRefusal(ctx, p, c, err)
 		return fmt.Errorf("update container %s: %w", id, err)

@@ -41,6 +41,13 @@ func containerResources(r *runtimeapi.LinuxContainerResources, field string) (br
 	if !noSwap || ((r.GetMemorySwapLimitInBytes() != 0 || len(r.GetUnified()) > 0) && nodeHasSwap()) {
 		return broker.Resources{}, errdefs.InvalidArgument("%s: swap limits are not supported, and this node has swap", field)
 	}
+	return resourcesFrom(r), nil
+}
+
+// resourcesFrom converts CRI limits, a container's or a pod's, to the
+// broker's, field by field; what cannot be converted is
+// containerResources's to refuse.
+func resourcesFrom(r *runtimeapi.LinuxContainerResources) broker.Resources {
 	return broker.Resources{
 		CPUPeriod:   r.GetCpuPeriod(),
 		CPUQuota:    r.GetCpuQuota(),
@@ -49,7 +56,7 @@ func containerResources(r *runtimeapi.LinuxContainerResources, field string) (br
 		OOMScoreAdj: r.GetOomScoreAdj(),
 		CpusetCpus:  r.GetCpusetCpus(),
 		CpusetMems:  r.GetCpusetMems(),
-	}, nil
+	}
 }
 
 var nodeSwap = sync.OnceValue(func() bool {

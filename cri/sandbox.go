@@ -45,15 +45,11 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 		pc.CgroupParent = l.GetCgroupParent()
 		pc.Sysctls = maps.Clone(l.GetSysctls())
 		if r := l.GetResources(); r != nil {
-			pc.Resources = &broker.Resources{
-				CPUPeriod:   r.GetCpuPeriod(),
-				CPUQuota:    r.GetCpuQuota(),
-				CPUShares:   r.GetCpuShares(),
-				MemoryLimit: r.GetMemoryLimitInBytes(),
-				// Taken to be refused: a cpuset is a container's.
-				CpusetCpus: r.GetCpusetCpus(),
-				CpusetMems: r.GetCpusetMems(),
-			}
+			// The cpuset is taken to be refused (a cpuset is a
+			// container's); the OOM score is a process's, not used for
+			// a pod.
+			res := resourcesFrom(r)
+			pc.Resources = &res
 		}
 		if sc := l.GetSecurityContext(); sc != nil {
 			pc.Privileged = sc.GetPrivileged()

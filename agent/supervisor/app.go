@@ -203,15 +203,7 @@ func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
 	if ap.cg == nil {
 		return nil, errdefs.FailedPrecondition("update %s: cgroups are unavailable in this pod, so its limits cannot change", id)
 	}
-	if err := ap.cg.Set(cgroups.Resources{
-		CPUShares:   r.CPUShares,
-		CPUQuota:    r.CPUQuota,
-		CPUPeriod:   r.CPUPeriod,
-		MemoryLimit: r.MemoryLimit,
-		PidsLimit:   r.PidsLimit,
-		CpusetCpus:  r.CpusetCpus,
-		CpusetMems:  r.CpusetMems,
-	}); err != nil {
+	if err := ap.cg.Set(cgroupLimits(*r)); err != nil {
 		return nil, errdefs.FailedPrecondition("update %s: %w", id, err)
 	}
 	a.log.Info("app limits changed", "app", id, "resources", *r)
@@ -219,18 +211,10 @@ func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
 	return &st, nil
 }
 
-func (a *Agent) setupCgroup(ap *app) error {
-	r := ap.spec.Resources
-	if ap.cg == nil {
-		if r.CPUShares != 0 || r.CPUQuota != 0 || r.MemoryLimit != 0 || r.PidsLimit != 0 || r.CpusetCpus != "" || r.CpusetMems != "" {
-			a.log.Warn("cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
-		}
-		return nil
-	}
-	if err := ap.cg.Create(); err != nil {
-		return fmt.Errorf("app %s: cgroup: %w", ap.spec.ID, err)
-	}
-	if err := ap.cg.Set(cgroups.Resources{
+// cgroupLimits are the cgroup limits of an app's resources (all but the
+// OOM score, which is its process's).
+func cgroupLimits(r api.Resources) cgroups.Resources {
+	return cgroups.Resources{
 		CPUShares:   r.CPUShares,
 		CPUQuota:    r.CPUQuota,
 		CPUPeriod:   r.CPUPeriod,
@@ -238,7 +222,21 @@ func (a *Agent) setupCgroup(ap *app) error {
 		PidsLimit:   r.PidsLimit,
 		CpusetCpus:  r.CpusetCpus,
 		CpusetMems:  r.CpusetMems,
-	}); err != nil {
+	}
+}
+
+func (a *Agent) setupCgroup(ap *app) error {
+	r := ap.spec.Resources
+	if ap.cg == nil {
+		if cgroupLimits(r) != (cgroups.Resources{}) {
+			a.log.Warn("cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
+		}
+		return nil
+	}
+	if err := ap.cg.Create(); err != nil {
+		return fmt.Errorf("app %s: cgroup: %w", ap.spec.ID, err)
+	}
+	if err := ap.cg.Set(cgroupLimits(r)); err != nil {
 		return errdefs.InvalidArgument("app %s: resources: %w", ap.spec.ID, err)
 	}
 	if n, err := ap.cg.OOMKills(); err == nil {
