@@ -346,7 +346,7 @@ func TestRecoveryAfterRestart(t *testing.T) {
 	os.WriteFile(filepath.Join(e.state, "pods", "garbage.json"), []byte("{not json"), 0o600)
 	// And a pod the stage1 holds that no record names (its record lost).
 	lost := strings.Repeat("ab", 32)
-	if _, err := e.be.StartPod(ctx, &stage1.PodSpec{ID: lost}, func([]byte) error { return nil }); err != nil {
+	if _, err := e.be.StartPod(ctx, &stage1.PodSpec{ID: lost, RunDir: filepath.Join(e.run, "lost")}, func([]byte) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 

@@ -56,7 +56,7 @@ func TestStatusAndListsAskNoAgent(t *testing.T) {
 			t.Fatalf("ListPods: %d pods", len(got))
 		}
 		for i := range pods {
-			if st, err := b.PodStatus(ctx, pods[i], true); err != nil || !st.Ready || st.Info["agent.kernel"] != "fake" {
+			if st, err := b.PodStatus(ctx, pods[i], true); err != nil || !st.Ready || st.Info["agent.kernel"] != "toy" {
 				t.Fatalf("PodStatus: %+v %v", st, err)
 			}
 			if _, err := b.ContainerStatus(ctx, ctrs[i]); err != nil {

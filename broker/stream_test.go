@@ -44,8 +44,19 @@ func TestStreamingSessions(t *testing.T) {
 	_, err = b.Exec(ctx, cid, nil, StreamIO{Stdout: &out})
 	wantClass(t, err, errdefs.ErrInvalidArgument)
 
+	// An app reading its stdin once: the session lasts until it exits,
+	// its output copied.
+	cat := ctrCfg("cat")
+	cat.Command, cat.Args, cat.Stdin, cat.StdinOnce = []string{"cat"}, nil, true, true
+	catID, err := b.CreateContainer(ctx, pid, cat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StartContainer(ctx, catID); err != nil {
+		t.Fatal(err)
+	}
 	out.Reset()
-	if err := b.Attach(ctx, cid, StreamIO{Stdin: strings.NewReader("typed"), Stdout: &out}); err != nil || out.String() != "typed" {
+	if err := b.Attach(ctx, catID, StreamIO{Stdin: strings.NewReader("typed"), Stdout: &out}); err != nil || out.String() != "typed" {
 		t.Fatalf("attach: %v %q", err, out.String())
 	}
 

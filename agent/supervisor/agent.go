@@ -14,11 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/agent/wire"
-	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -30,27 +27,29 @@ type Config struct {
 	// Logger receives the agent's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Exe is the stagelet binary re-executed to start apps and execs
-	// (`Exe agent init`); empty means /proc/self/exe.
+	// (`Exe agent init`) by the Linux System; empty means /proc/self/exe.
 	Exe string
+	// System runs the apps; nil means Linux(Exe, Logger).
+	System System
 	// Setup answers OpSetup (at most once); nil: the agent refuses it.
 	Setup func(*api.Request) error
 }
 
-// Agent supervises a pod's apps. It reaps every child of the process, so
-// a process holds at most one Agent and starts no children of its own
-// outside it. Its methods are safe for concurrent use.
+// Agent supervises a pod's apps. Over the Linux System it reaps every
+// child of the process, so a process holds at most one such Agent and
+// starts no children of its own outside it. Its methods are safe for
+// concurrent use.
 type Agent struct {
 	log     *slog.Logger
 	dir     string
-	exe     string
+	sys     System
 	started time.Time
 	// setup answers OpSetup; nil once it ran (or when there is none).
 	setupMu sync.Mutex
 	setup   func(*api.Request) error
-	reaper  *reaper
 	// cg is the agent's own cgroup, the parent of every app's; nil when
 	// cgroups are not available (limits are then not applied).
-	cg *cgroups.Cgroup
+	cg cgroup
 
 	mu      sync.Mutex
 	apps    map[string]*app
@@ -65,8 +64,9 @@ type Agent struct {
 
 // New prepares an agent: it creates the state directory, loads the records
 // an earlier agent left there (apps that had not exited are recorded as
-// exited with reason Error), starts reaping children and finds its own
-// cgroup. Errors: the state directory cannot be made.
+// exited with reason Error) and sets up its System (the Linux one starts
+// reaping children and finds its own cgroup). Errors: the state directory
+// cannot be made.
 func New(cfg Config) (*Agent, error) {
 	if cfg.StateDir == "" {
 		return nil, errdefs.InvalidArgument("agent: a state directory is required")
@@ -75,29 +75,22 @@ func New(cfg Config) (*Agent, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	exe := cfg.Exe
-	if exe == "" {
-		exe = "/proc/self/exe"
-	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent: state dir: %w", err)
+	}
+	sys := cfg.System
+	if sys == nil {
+		sys = Linux(cfg.Exe, log)
 	}
 	a := &Agent{
 		log:     log,
 		dir:     cfg.StateDir,
-		exe:     exe,
+		sys:     sys,
+		cg:      sys.podCgroup(),
 		setup:   cfg.Setup,
 		started: time.Now(),
 		apps:    map[string]*app{},
 		done:    make(chan struct{}),
-	}
-	// On a pure cgroup v2 host the agent's cgroup may hand controllers to
-	// the apps' cgroups only once it holds no process: the agent moves
-	// itself into a leaf beneath it first.
-	if cg, err := cgroups.EnterLeaf(cgroups.LeafName); err != nil {
-		log.Warn("cgroups unavailable: app limits and stats are off", "err", err)
-	} else {
-		a.cg = cg
 	}
 	sts, bad := readStates(a.dir)
 	for _, err := range bad {
@@ -114,14 +107,21 @@ func New(cfg Config) (*Agent, error) {
 				st.FinishedAt = time.Now()
 			}
 		}
-		ap := &app{id: st.ID, st: *st}
-		if a.cg != nil {
-			ap.cg = a.cg.Child(appCgroupName(st.ID))
-		}
-		a.apps[st.ID] = ap
+		a.apps[st.ID] = &app{id: st.ID, st: *st, cg: sys.appCgroup(st.ID)}
 	}
-	a.reaper = newReaper(log)
 	return a, nil
+}
+
+// Exited returns a channel closed once app id has exited and its record
+// is final; nil for an unknown app or one never started.
+func (a *Agent) Exited(id string) <-chan struct{} {
+	ap, err := a.get(id)
+	if err != nil {
+		return nil
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	return ap.exited
 }
 
 // Done is closed once a successful OpShutdown has been answered (or Close
@@ -154,11 +154,13 @@ func (a *Agent) Serve(l net.Listener) error {
 			}
 			return err
 		}
-		go a.serveConn(c)
+		go a.ServeConn(c)
 	}
 }
 
-func (a *Agent) serveConn(c net.Conn) {
+// ServeConn answers one connection: a request and its response, then
+// the events or session frames the request opened; it closes c.
+func (a *Agent) ServeConn(c net.Conn) {
 	defer c.Close()
 	var req api.Request
 	var resp *api.Response
@@ -239,7 +241,7 @@ func (a *Agent) handle(req *api.Request) (*api.Response, error) {
 		a.StopAll(req.Timeout)
 		return &api.Response{}, nil
 	case api.OpSysctl:
-		return &api.Response{}, setIPCSysctls(req.Sysctls, a.dir)
+		return &api.Response{}, a.sys.setSysctls(req.Sysctls, a.dir)
 	case api.OpUpdate:
 		st, err := a.update(req.ID, req.Resources)
 		return &api.Response{App: st}, err
@@ -263,12 +265,7 @@ func (a *Agent) runSetup(req *api.Request) error {
 }
 
 func (a *Agent) info() *api.Info {
-	var u unix.Utsname
-	kernel := ""
-	if unix.Uname(&u) == nil {
-		kernel = unix.ByteSliceToString(u.Release[:])
-	}
-	return &api.Info{Version: api.Version, PID: os.Getpid(), Kernel: kernel, StartedAt: a.started}
+	return &api.Info{Version: api.Version, PID: os.Getpid(), Kernel: a.sys.kernel(), StartedAt: a.started}
 }
 
 func (a *Agent) get(id string) (*app, error) {
@@ -359,25 +356,8 @@ func (a *Agent) StopAll(timeout time.Duration) {
 	wg.Wait()
 }
 
-// socketPair returns two connected stream sockets: the agent's end as a
-// net.Conn (deadlines work) and the child's as a file.
-func socketPair() (net.Conn, *os.File, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("socketpair: %w", err)
-	}
-	pf := os.NewFile(uintptr(fds[0]), "sync")
-	conn, err := net.FileConn(pf)
-	pf.Close()
-	if err != nil {
-		unix.Close(fds[1])
-		return nil, nil, err
-	}
-	return conn, os.NewFile(uintptr(fds[1]), "sync-child"), nil
-}
-
 // signalProc sends sig, ignoring a process that is already gone.
-func signalProc(p *os.Process, sig syscall.Signal) error {
+func signalProc(p process, sig syscall.Signal) error {
 	err := p.Signal(sig)
 	if err == nil || errors.Is(err, os.ErrProcessDone) {
 		return nil

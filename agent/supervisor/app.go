@@ -1,22 +1,18 @@
 package supervisor
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
@@ -32,16 +28,15 @@ const drainTimeout = 2 * time.Second
 type app struct {
 	id   string
 	spec *api.AppSpec // nil for a record loaded from an earlier agent
-	cg   *cgroups.Cgroup
+	cg   cgroup       // nil without cgroups
 
-	mu       sync.Mutex
-	st       api.AppStatus
-	removed  bool
-	proc     *os.Process
-	log      *criLog
-	io       *appIO // the app's stdio for attach sessions; set by launch
-	startErr error
-	oomBase  uint64
+	mu      sync.Mutex
+	st      api.AppStatus
+	removed bool
+	proc    process
+	log     *criLog
+	io      *appIO // the app's stdio for attach sessions; set by launch
+	oomBase uint64
 	// started is closed when the start attempt ended, exited when the app
 	// exited and its record is final; both nil before OpStart.
 	started chan struct{}
@@ -143,10 +138,7 @@ func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
-	ap := &app{id: spec.ID, spec: spec, st: api.AppStatus{ID: spec.ID, State: api.StateCreated, CreatedAt: time.Now()}}
-	if a.cg != nil {
-		ap.cg = a.cg.Child(appCgroupName(spec.ID))
-	}
+	ap := &app{id: spec.ID, spec: spec, st: api.AppStatus{ID: spec.ID, State: api.StateCreated, CreatedAt: time.Now()}, cg: a.sys.appCgroup(spec.ID)}
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	a.mu.Lock()
@@ -282,31 +274,23 @@ func (a *Agent) start(id string) (*api.AppStatus, error) {
 	return ap.status(), nil
 }
 
-// launch runs the app's init and waits for the handshake. On failure the
-// app is exited (code 128, reason Error, the failure as message) when it
-// returns.
+// launch starts the app's process, its output copied to its log and to
+// attach sessions, and records it running. On failure the app is exited
+// (code 128, reason Error, the failure as message) when it returns.
 func (a *Agent) launch(ap *app) error {
 	spec := ap.spec
 	lg, err := openCRILog(spec.LogPath)
 	if err != nil {
 		return a.failEarly(ap, errdefs.FailedPrecondition("%w", err))
 	}
-	cloneflags := uintptr(syscall.CLONE_NEWNS)
-	if spec.OwnUTS() {
-		cloneflags |= syscall.CLONE_NEWUTS
-	}
-	if spec.PIDNamespace == api.PIDNamespaceContainer {
-		cloneflags |= syscall.CLONE_NEWPID
-	}
-	spawn := func() (*child, error) {
-		return a.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags}, childIO{stdin: spec.Stdin, tty: spec.TTY})
-	}
-	var pr *child
+	s := &startSpec{app: spec, args: spec.Args, cio: childIO{stdin: spec.Stdin, tty: spec.TTY}, cg: ap.cg}
 	if spec.PIDNamespace == api.PIDNamespaceTarget {
-		pr, err = a.spawnInTarget(spec, spawn)
-	} else {
-		pr, err = spawn()
+		if s.pid, err = a.targetPID(spec); err != nil {
+			lg.close()
+			return a.failEarly(ap, err)
+		}
 	}
+	pr, err := a.sys.start(s)
 	if err != nil {
 		lg.close()
 		return a.failEarly(ap, err)
@@ -323,7 +307,16 @@ func (a *Agent) launch(ap *app) error {
 			}
 		}()
 	}
-	if !spec.TTY {
+	switch {
+	case spec.TTY:
+		// A terminal's output is the app's stdout, as in containerd.
+		copyOut(streamStdout, api.FrameStdout, pr.pty)
+		if spec.Stdin {
+			aio.setStdin(pr.pty, pr.pty)
+		} else {
+			aio.setStdin(nil, pr.pty)
+		}
+	default:
 		copyOut(streamStdout, api.FrameStdout, pr.stdout)
 		copyOut(streamStderr, api.FrameStderr, pr.stderr)
 		if pr.stdin != nil {
@@ -334,73 +327,37 @@ func (a *Agent) launch(ap *app) error {
 	ap.proc = pr.proc
 	ap.log = lg
 	ap.io = aio
-	ap.mu.Unlock()
-	go a.monitor(ap, pr, &copies)
-
-	herr := a.handshake(pr, &procSpec{App: spec, Args: spec.Args, TTY: spec.TTY}, ap.cg, spec.ID)
-	if herr == nil && spec.TTY {
-		// A terminal's output is the app's stdout, as in containerd.
-		copyOut(streamStdout, api.FrameStdout, pr.pty)
-		if spec.Stdin {
-			aio.setStdin(pr.pty, pr.pty)
-		} else {
-			aio.setStdin(nil, pr.pty)
-		}
-	}
-	ap.mu.Lock()
-	if herr != nil {
-		ap.startErr = herr
-	} else {
-		ap.st.State = api.StateRunning
-		ap.st.PID = pr.proc.Pid
-		ap.st.StartedAt = time.Now()
-	}
+	ap.st.State = api.StateRunning
+	ap.st.PID = pr.pid
+	ap.st.StartedAt = time.Now()
 	st := ap.st
 	ap.mu.Unlock()
-	if herr == nil {
-		// Before started is closed: the monitor writes the exit record
-		// only after it, so this one never overwrites that.
-		if err := writeState(a.dir, &st); err != nil {
-			a.log.Warn("write app record", "app", spec.ID, "err", err)
-		}
-		a.log.Info("app started", "app", spec.ID, "pid", st.PID)
-		a.events.publish(api.EventStarted, &st)
+	go a.monitor(ap, pr, &copies)
+	// Before started is closed: the monitor writes the exit record only
+	// after it, so this one never overwrites that.
+	if err := writeState(a.dir, &st); err != nil {
+		a.log.Warn("write app record", "app", spec.ID, "err", err)
 	}
+	a.log.Info("app started", "app", spec.ID, "pid", st.PID)
+	a.events.publish(api.EventStarted, &st)
 	close(ap.started)
-	if herr != nil {
-		_ = signalProc(pr.proc, syscall.SIGKILL)
-		<-ap.exited
-		return herr
-	}
 	return nil
 }
 
-// spawnInTarget runs spawn so that the child lands in the PID namespace
-// of the app spec.PIDTarget, which must be running: FailedPrecondition
-// otherwise.
-func (a *Agent) spawnInTarget(spec *api.AppSpec, spawn func() (*child, error)) (*child, error) {
+// targetPID is the process of the app spec.PIDTarget, whose PID namespace
+// spec's app joins: FailedPrecondition when it does not run.
+func (a *Agent) targetPID(spec *api.AppSpec) (int, error) {
 	target, err := a.get(spec.PIDTarget)
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace: %w", spec.ID, spec.PIDTarget, err)
+		return 0, errdefs.FailedPrecondition("app %s: target %s of its PID namespace: %w", spec.ID, spec.PIDTarget, err)
 	}
 	target.mu.Lock()
 	running, pid := target.st.State == api.StateRunning, target.st.PID
 	target.mu.Unlock()
 	if !running {
-		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running", spec.ID, spec.PIDTarget)
+		return 0, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running", spec.ID, spec.PIDTarget)
 	}
-	ns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
-	if err != nil {
-		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running (%v)", spec.ID, spec.PIDTarget, err)
-	}
-	defer ns.Close()
-	var c *child
-	err = forkInPIDNamespace(ns, func() error {
-		var err error
-		c, err = spawn()
-		return err
-	})
-	return c, err
+	return pid, nil
 }
 
 // failEarly records a start that failed before a process existed.
@@ -423,167 +380,6 @@ func (a *Agent) failEarly(ap *app, err error) error {
 	close(ap.started)
 	close(ap.exited)
 	return err
-}
-
-// child is a started `agent init|exec-init` with the agent's ends of its
-// sync socket and stdio: pipes for stdout and stderr and, when asked, for
-// stdin; or, for a child on a terminal, the terminal's master (after the
-// handshake).
-type child struct {
-	proc   *os.Process
-	wait   <-chan syscall.WaitStatus
-	sync   net.Conn
-	stdin  *os.File // nil: the child's stdin is /dev/null
-	stdout *os.File
-	stderr *os.File
-	pty    *terminal // set by the handshake of a child on a terminal
-}
-
-// childIO is the stdio a child gets.
-type childIO struct {
-	// stdin: a pipe whose write end the agent keeps (else /dev/null).
-	stdin bool
-	// tty: the child opens a terminal and sends its master in the
-	// handshake; its stdio starts on /dev/null and the agent gets no pipes.
-	tty bool
-}
-
-// closeStdio closes the agent's ends of the child's stdio.
-func (c *child) closeStdio() {
-	for _, f := range []*os.File{c.stdin, c.stdout, c.stderr} {
-		if f != nil {
-			f.Close()
-		}
-	}
-	if c.pty != nil {
-		c.pty.Close()
-	}
-}
-
-// spawn starts `agent <cmd>` with the sync socket as fd 3, extra files
-// after it, and stdio as cio says.
-func (a *Agent) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, extra ...*os.File) (*child, error) {
-	var theirs []*os.File // the child's ends, closed once it started
-	c := &child{}
-	fail := func(err error) (*child, error) {
-		for _, f := range theirs {
-			f.Close()
-		}
-		if c.sync != nil {
-			c.sync.Close()
-		}
-		c.closeStdio()
-		return nil, err
-	}
-	parent, childSock, err := socketPair()
-	if err != nil {
-		return nil, err
-	}
-	c.sync = parent
-	theirs = append(theirs, childSock)
-	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-	if err != nil {
-		return fail(err)
-	}
-	theirs = append(theirs, devnull)
-	stdio := []*os.File{devnull, devnull, devnull}
-	if cio.stdin && !cio.tty {
-		r, w, err := os.Pipe()
-		if err != nil {
-			return fail(err)
-		}
-		c.stdin, stdio[0] = w, r
-		theirs = append(theirs, r)
-	}
-	if !cio.tty {
-		for i, mine := range []**os.File{&c.stdout, &c.stderr} {
-			r, w, err := os.Pipe()
-			if err != nil {
-				return fail(err)
-			}
-			*mine, stdio[i+1] = r, w
-			theirs = append(theirs, w)
-		}
-	}
-	attr := &os.ProcAttr{
-		Dir:   "/",
-		Env:   []string{},
-		Files: append(append(stdio, childSock), extra...),
-		Sys:   sys,
-	}
-	p, wait, err := a.reaper.start(a.exe, []string{"stagelet", "agent", cmd}, attr)
-	if err != nil {
-		return fail(errdefs.FailedPrecondition("start %s: %w", cmd, err))
-	}
-	for _, f := range theirs {
-		f.Close()
-	}
-	c.proc, c.wait = p, wait
-	return c, nil
-}
-
-// handshake moves the child into cg, sends it spec and reads its messages
-// until it executes the command (nil) or reports a failure (an error of
-// the class it names). A child on a terminal sends its master, kept in
-// c.pty. The sync socket is closed on return.
-func (a *Agent) handshake(c *child, spec *procSpec, cg *cgroups.Cgroup, id string) error {
-	defer c.sync.Close()
-	if cg != nil {
-		if err := cg.Add(c.proc.Pid); err != nil {
-			return fmt.Errorf("app %s: join cgroup: %w", id, err)
-		}
-	}
-	// The spec goes without json.Encoder's trailing newline: the child's
-	// decoder stops at the closing brace, and a byte it leaves unread
-	// would turn its close-on-exec into a connection reset here.
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return fmt.Errorf("app %s: encode spec: %w", id, err)
-	}
-	if _, err := c.sync.Write(b); err != nil {
-		return fmt.Errorf("app %s: send spec to init: %w", id, err)
-	}
-	rr, err := newRightsReader(c.sync)
-	if err != nil {
-		return err
-	}
-	defer rr.close()
-	dec := json.NewDecoder(rr)
-	execing := false
-	for {
-		var m syncMsg
-		if err := dec.Decode(&m); err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return fmt.Errorf("app %s: %w", id, errdefs.ErrDeadlineExceeded)
-			}
-			// After "exec" the socket closes by close-on-exec: EOF, or a
-			// reset when the child left something unread.
-			if execing && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-				if spec.TTY && c.pty == nil {
-					return fmt.Errorf("app %s: init ran the command without a terminal", id)
-				}
-				return nil // close-on-exec closed the socket: the command runs
-			}
-			return fmt.Errorf("app %s: init died during setup (%v)", id, err)
-		}
-		switch {
-		case m.Error != "":
-			return errdefs.New(wire.ClassOf(m.Code), "%s", m.Error)
-		case m.Warn != "":
-			a.log.Warn("app init", "app", id, "warning", m.Warn)
-		case m.PTY:
-			f := rr.take("pty-master")
-			if f == nil || c.pty != nil {
-				if f != nil {
-					f.Close()
-				}
-				return fmt.Errorf("app %s: init sent a bad terminal message", id)
-			}
-			c.pty = newTerminal(f)
-		case m.Exec:
-			execing = true
-		}
-	}
 }
 
 // monitor waits for the app's process to exit, kills what is left in its
@@ -617,7 +413,6 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	// so whoever saw "exited" finds it on disk too.
 	ap.mu.Lock()
 	rec := ap.st
-	startErr := ap.startErr
 	ap.mu.Unlock()
 	rec.State = api.StateExited
 	// launch takes StartedAt once the handshake is done, which a quick
@@ -626,21 +421,14 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	if finished.Before(rec.StartedAt) {
 		rec.FinishedAt = rec.StartedAt
 	}
+	rec.ExitCode = exitCode(ws)
 	switch {
-	case startErr != nil:
-		rec.ExitCode = 128
-		rec.Reason = api.ReasonError
-		rec.Message = startErr.Error()
+	case oom:
+		rec.Reason = api.ReasonOOMKilled
+	case rec.ExitCode == 0:
+		rec.Reason = api.ReasonCompleted
 	default:
-		rec.ExitCode = exitCode(ws)
-		switch {
-		case oom:
-			rec.Reason = api.ReasonOOMKilled
-		case rec.ExitCode == 0:
-			rec.Reason = api.ReasonCompleted
-		default:
-			rec.Reason = api.ReasonError
-		}
+		rec.Reason = api.ReasonError
 	}
 	if err := writeState(a.dir, &rec); err != nil {
 		a.log.Warn("write app record", "app", rec.ID, "err", err)

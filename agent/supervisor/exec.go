@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -60,9 +59,13 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 	if timeout > 0 {
 		deadline = time.Now().Add(timeout)
 	}
-	c, ap, ps, err := a.spawnExec(id, cmd, childIO{}, nil)
+	c, err := a.startExec(id, cmd, childIO{}, nil, deadline)
+	if errors.Is(err, errdefs.ErrDeadlineExceeded) {
+		// The time was up before the command ran: killed in its setup.
+		return &api.ExecResult{ExitCode: 128 + int32(syscall.SIGKILL), TimedOut: true}, nil
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	defer c.proc.Release()
 	budget := &outputBudget{left: ExecOutputLimit}
@@ -78,41 +81,22 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 			_, _ = io.Copy(s.w, s.r)
 		}()
 	}
+	var expired <-chan time.Time
 	if !deadline.IsZero() {
-		c.sync.SetDeadline(deadline)
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
 	}
-	herr := a.handshake(c, ps, ap.cg, id)
 	timedOut := false
 	var ws syscall.WaitStatus
-	if herr != nil {
+	select {
+	case ws = <-c.wait:
+	case <-expired:
+		timedOut = true
 		_ = signalProc(c.proc, syscall.SIGKILL)
 		ws = <-c.wait
-		drain(&copies, c.stdout, c.stderr)
-		if !errors.Is(herr, errdefs.ErrDeadlineExceeded) {
-			// What the child wrote before it died says why (a Go
-			// runtime's fatal error, say).
-			if out := bytes.TrimSpace(stderr.buf.Bytes()); len(out) > 0 {
-				herr = fmt.Errorf("%w; exit code %d, stderr: %s", herr, exitCode(ws), out[:min(len(out), 2048)])
-			}
-			return nil, fmt.Errorf("exec in %s: %w", id, herr)
-		}
-		timedOut = true
-	} else {
-		var expired <-chan time.Time
-		if !deadline.IsZero() {
-			t := time.NewTimer(time.Until(deadline))
-			defer t.Stop()
-			expired = t.C
-		}
-		select {
-		case ws = <-c.wait:
-		case <-expired:
-			timedOut = true
-			_ = signalProc(c.proc, syscall.SIGKILL)
-			ws = <-c.wait
-		}
-		drain(&copies, c.stdout, c.stderr)
 	}
+	drain(&copies, c.stdout, c.stderr)
 	res := &api.ExecResult{
 		Stdout:   stdout.buf.Bytes(),
 		Stderr:   stderr.buf.Bytes(),
@@ -123,66 +107,24 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 	return res, nil
 }
 
-// spawnExec starts `agent exec-init` for cmd in a running app's mount, UTS
-// and PID namespaces, with stdio as cio says, and returns the child before
-// its handshake, with the app and the spec to send it. NotFound,
+// startExec starts cmd in a running app's namespaces, root, cgroup and
+// credentials, with stdio as cio says, and returns once it runs. NotFound,
 // InvalidArgument (empty command), FailedPrecondition (the app does not
-// run).
-func (a *Agent) spawnExec(id string, cmd []string, cio childIO, size *api.TerminalSize) (*child, *app, *procSpec, error) {
+// run; the command cannot be executed), DeadlineExceeded (deadline passed
+// during its setup).
+func (a *Agent) startExec(id string, cmd []string, cio childIO, size *api.TerminalSize, deadline time.Time) (*child, error) {
 	if len(cmd) == 0 || cmd[0] == "" {
-		return nil, nil, nil, errdefs.InvalidArgument("exec: empty command")
+		return nil, errdefs.InvalidArgument("exec: empty command")
 	}
 	ap, err := a.get(id)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	ap.mu.Lock()
 	running, pid, proc, spec := ap.st.State == api.StateRunning, ap.st.PID, ap.proc, ap.spec
 	ap.mu.Unlock()
 	if !running {
-		return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running", id)
+		return nil, errdefs.FailedPrecondition("app %s is not running", id)
 	}
-	// Hold the app's mount (and UTS) namespace open, then check the
-	// app's process still exists: its pid cannot have been reused yet.
-	mnt, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
-	if err != nil {
-		return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
-	}
-	defer mnt.Close()
-	extra := []*os.File{mnt}
-	if spec.OwnUTS() {
-		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
-		if err != nil {
-			return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
-		}
-		defer uts.Close()
-		extra = append(extra, uts)
-	}
-	if err := proc.Signal(syscall.Signal(0)); err != nil {
-		return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running", id)
-	}
-
-	spawn := func() (*child, error) {
-		return a.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, cio, extra...)
-	}
-	var c *child
-	if spec.PIDNamespace == api.PIDNamespaceContainer || spec.PIDNamespace == api.PIDNamespaceTarget {
-		pidns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
-		if err != nil {
-			return nil, nil, nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
-		}
-		defer pidns.Close()
-		err = forkInPIDNamespace(pidns, func() error {
-			var err error
-			c, err = spawn()
-			return err
-		})
-		if err != nil {
-			return nil, nil, nil, err
-		}
-	} else if c, err = spawn(); err != nil {
-		return nil, nil, nil, err
-	}
-	ps := &procSpec{App: spec, Args: cmd, JoinUTS: spec.OwnUTS(), TTY: cio.tty, Size: size}
-	return c, ap, ps, nil
+	return a.sys.start(&startSpec{app: spec, args: cmd, exec: true, pid: pid, appProc: proc, cio: cio, size: size, cg: ap.cg, deadline: deadline})
 }

@@ -59,9 +59,9 @@ func TestHandshakeExecAfterUnreadBytes(t *testing.T) {
 				unix.Close(childFD)
 				done <- b
 			}()
-			a := &Agent{log: slog.New(slog.DiscardHandler)}
+			l := &linuxSystem{log: slog.New(slog.DiscardHandler)}
 			spec := &procSpec{App: &api.AppSpec{ID: "x"}, Args: []string{"true"}}
-			err := a.handshake(&child{sync: conn}, spec, nil, "x")
+			err := l.handshake(&child{sync: conn}, spec, nil, "x")
 			if b := <-done; b[0] != '{' {
 				t.Fatalf("the child read %q first, not the spec", b)
 			}
@@ -82,8 +82,8 @@ func TestHandshakeSpecHasNoTrailer(t *testing.T) {
 	spec := &procSpec{App: &api.AppSpec{ID: "x"}, Args: []string{"true"}}
 	got := make(chan error, 1)
 	go func() {
-		a := &Agent{log: slog.New(slog.DiscardHandler)}
-		got <- a.handshake(&child{sync: conn}, spec, nil, "x")
+		l := &linuxSystem{log: slog.New(slog.DiscardHandler)}
+		got <- l.handshake(&child{sync: conn}, spec, nil, "x")
 	}()
 	want, err := json.Marshal(spec)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -85,15 +84,8 @@ func (a *Agent) openExec(req *api.Request) (sessionRunner, error) {
 	if stdio.TTY && stdio.Stderr {
 		return nil, errdefs.InvalidArgument("exec: a terminal has no stderr of its own")
 	}
-	c, ap, ps, err := a.spawnExec(req.ID, req.Cmd, childIO{stdin: stdio.Stdin, tty: stdio.TTY}, stdio.Size)
+	c, err := a.startExec(req.ID, req.Cmd, childIO{stdin: stdio.Stdin, tty: stdio.TTY}, stdio.Size, time.Time{})
 	if err != nil {
-		return nil, err
-	}
-	if err := a.handshake(c, ps, ap.cg, req.ID); err != nil {
-		_ = signalProc(c.proc, syscall.SIGKILL)
-		<-c.wait
-		c.closeStdio()
-		c.proc.Release()
 		return nil, fmt.Errorf("exec in %s: %w", req.ID, err)
 	}
 	return func(fw *wire.Writer, fr *wire.Reader) { a.runExec(req.ID, req.Cmd, c, stdio, fw, fr) }, nil
@@ -312,21 +304,16 @@ func (a *Agent) openPortForward(req *api.Request) (sessionRunner, error) {
 	if req.Port <= 0 || req.Port > 65535 {
 		return nil, errdefs.InvalidArgument("port-forward: bad port %d", req.Port)
 	}
-	port := strconv.Itoa(int(req.Port))
-	d := net.Dialer{Timeout: dialTimeout}
-	conn, err4 := d.Dial("tcp4", net.JoinHostPort("127.0.0.1", port))
-	if err4 != nil {
-		var err6 error
-		if conn, err6 = d.Dial("tcp6", net.JoinHostPort("::1", port)); err6 != nil {
-			return nil, errdefs.FailedPrecondition("port-forward: cannot connect to port %s in the pod: IPv4: %v; IPv6: %v", port, err4, err6)
-		}
+	conn, err := a.sys.dialPort(req.Port)
+	if err != nil {
+		return nil, err
 	}
-	return func(fw *wire.Writer, fr *wire.Reader) { a.runPortForward(conn.(*net.TCPConn), fw, fr) }, nil
+	return func(fw *wire.Writer, fr *wire.Reader) { a.runPortForward(conn, fw, fr) }, nil
 }
 
 // runPortForward copies bytes both ways until the client closes its
 // stream. The end of either side's data is passed on as a half-close.
-func (a *Agent) runPortForward(conn *net.TCPConn, fw *wire.Writer, fr *wire.Reader) {
+func (a *Agent) runPortForward(conn net.Conn, fw *wire.Writer, fr *wire.Reader) {
 	defer conn.Close()
 	down := make(chan struct{})
 	go func() {
@@ -347,7 +334,9 @@ func (a *Agent) runPortForward(conn *net.TCPConn, fw *wire.Writer, fr *wire.Read
 				a.log.Debug("port-forward: to the pod", "err", err)
 			}
 		case api.FrameEOF:
-			_ = conn.CloseWrite()
+			if hc, ok := conn.(interface{ CloseWrite() error }); ok {
+				_ = hc.CloseWrite()
+			}
 		}
 	}
 	conn.Close()

@@ -1,32 +1,32 @@
 // Package fake is a stage1 for tests that need no root: pods are kept in
-// memory, and each pod's agent is an in-process server speaking the
-// agent's own protocol (package agent/api's requests, responses, events
-// and session frames, package agent/wire's framing) over in-memory
-// streams. Whoever talks to a fake pod goes through the same code as with
-// a real one: AgentEndpoint, then package agent/client.
+// memory, and each pod's agent is the real one (agent/supervisor), run
+// in-process over in-memory streams with a toy System beneath it
+// (supervisor.Toy): no process, namespace or cgroup is made. Whoever talks
+// to a fake pod goes through the same code as with a real one:
+// AgentEndpoint, package agent/client, the agent's request handling.
 //
-// Apps do not run: a started app is "running" until the test makes it
-// exit (Pod.Exit), it is stopped, or its pod stops. Exec sessions write
-// their command and echo their stdin; attach echoes; port-forward
-// answers "port N: " and echoes.
+// An app's or exec's command is read by a toy shell (shell.go): a started
+// app runs until its command ends, the test makes it exit (Pod.Exit), it
+// is stopped, or its pod stops. A port-forward answers "port N: " and
+// echoes.
 package fake
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"maps"
+	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/supervisor"
 	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -102,8 +102,10 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if b.failStart {
 		return nil, fmt.Errorf("fake: start failure")
 	}
-	p := &Pod{id: spec.ID, backend: b.name, apps: map[string]*api.AppStatus{}, specs: map[string]*api.AppSpec{},
-		alive: true, gone: make(chan struct{}), calls: map[string]int{}, kill: map[string]context.CancelFunc{}}
+	p, err := newPod(spec, b.name)
+	if err != nil {
+		return nil, err
+	}
 	b.pods[spec.ID] = p
 	return b.wrap(p), nil
 }
@@ -148,12 +150,16 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, st []byt
 	return b.wrap(p), nil
 }
 
-// DestroyPod implements stage1.Backend: the pod is forgotten. Idempotent.
+// DestroyPod implements stage1.Backend: the pod's agent is ended, its
+// records removed, the pod forgotten. Idempotent.
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, st []byte) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if p := b.pods[spec.ID]; p != nil {
 		p.Die()
+		if err := os.RemoveAll(p.stateDir); err != nil {
+			return err
+		}
 	}
 	delete(b.pods, spec.ID)
 	b.destroyed[spec.ID]++
@@ -173,6 +179,9 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 			continue
 		}
 		p.Die()
+		if err := os.RemoveAll(p.stateDir); err != nil {
+			return out, err
+		}
 		delete(b.pods, id)
 		b.destroyed[id]++
 		out = append(out, id)
@@ -265,18 +274,10 @@ func (b *Backend) Running(id string) []string {
 	if p == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.alive {
+	if !p.Alive() {
 		return nil
 	}
-	var out []string
-	for _, a := range p.apps {
-		if a.State == api.StateRunning {
-			out = append(out, a.ID)
-		}
-	}
-	return out
+	return p.toy.Running()
 }
 
 var _ stage1.PodResizer = (*sizedPod)(nil)
@@ -295,30 +296,58 @@ func (p *sizedPod) UpdatePodResources(ctx context.Context, r stage1.PodResources
 	return nil
 }
 
-// Pod is a fake pod and its agent.
+// Pod is a fake pod: the real agent over a toy System, and the streams
+// to it.
 type Pod struct {
-	id      string
-	backend string // its Backend's name
+	id       string
+	backend  string // its Backend's name
+	agent    *supervisor.Agent
+	toy      *supervisor.Toy
+	stateDir string
 
 	mu    sync.Mutex
 	alive bool // the pod's isolation runs
 	dead  bool // its agent is gone: dialling fails
 	// calls counts requests by operation (events subscriptions aside).
-	calls map[string]int
-	// subs are the events subscribers; gone is closed when the agent
-	// dies or stops, which ends them.
-	subs     map[chan *api.Event]struct{}
-	gone     chan struct{}
+	calls    map[string]int
 	noEvents bool
-	apps     map[string]*api.AppStatus
-	specs    map[string]*api.AppSpec
-	updates  map[string]api.Resources
-	sysctls  map[string]string
-	// kill ends a running app's toy shell.
-	kill map[string]context.CancelFunc
+	// quiet: the exit of these apps is not published (ExitQuietly).
+	quiet map[string]bool
+	// updates are the last resources each app was sent.
+	updates map[string]api.Resources
+	// subs are the open events subscriptions: their streams.
+	subs map[*subscription]struct{}
+}
+
+// subscription is an events stream: the client's end and the agent's.
+type subscription struct{ client, agent net.Conn }
+
+func (s *subscription) close() {
+	s.client.Close()
+	s.agent.Close()
 }
 
 var _ stage1.Pod = (*Pod)(nil)
+
+// newPod starts a pod's agent, its records in the pod's run directory.
+func newPod(spec *stage1.PodSpec, backend string) (*Pod, error) {
+	if spec.RunDir == "" {
+		return nil, errdefs.InvalidArgument("fake: pod %s: no run directory", spec.ID)
+	}
+	p := &Pod{id: spec.ID, backend: backend, stateDir: filepath.Join(spec.RunDir, "fake-agent"), alive: true,
+		calls: map[string]int{}, quiet: map[string]bool{}, updates: map[string]api.Resources{}, subs: map[*subscription]struct{}{}}
+	p.toy = &supervisor.Toy{Run: shell, Serve: func(port int32, conn net.Conn) {
+		defer conn.Close()
+		fmt.Fprintf(conn, "port %d: ", port)
+		_, _ = io.Copy(conn, conn)
+	}}
+	a, err := supervisor.New(supervisor.Config{StateDir: p.stateDir, Logger: slog.New(slog.DiscardHandler), System: p.toy})
+	if err != nil {
+		return nil, err
+	}
+	p.agent = a
+	return p, nil
+}
 
 // State implements stage1.Pod.
 func (p *Pod) State() []byte {
@@ -353,67 +382,51 @@ func (p *Pod) Alive() bool {
 
 // Die ends the pod at once, as a kill -9 of its agent would: event
 // subscriptions end, calls fail with Unavailable, RecoverPod says
-// ErrPodGone. Apps keep the state they had.
+// ErrPodGone. Its apps' processes end with it.
 func (p *Pod) Die() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	if p.dead {
+		p.mu.Unlock()
+		return
+	}
 	p.dead, p.alive = true, false
-	p.endLocked()
-	for id, kill := range p.kill {
-		kill()
-		delete(p.kill, id)
+	subs := p.subs
+	p.subs = map[*subscription]struct{}{}
+	p.mu.Unlock()
+	for s := range subs {
+		s.close()
 	}
+	p.agent.Close()
+	p.agent.StopAll(0)
 }
 
-func (p *Pod) endLocked() {
-	select {
-	case <-p.gone:
-	default:
-		close(p.gone)
-	}
-}
-
-// Exit makes app id exit with code, and publishes the exit.
+// Exit makes app id exit with code, and returns once the agent recorded
+// the exit (and published it).
 func (p *Pod) Exit(id string, code int32) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.exitLocked(id, code) {
-		p.publishLocked(api.EventExited, p.apps[id])
+	if done := p.agent.Exited(id); done != nil && p.toy.Exit(id, code) {
+		<-done
 	}
 }
 
-// ExitQuietly makes app id exit with code without publishing it, as when
-// the event is still on its way.
+// ExitQuietly makes app id exit with code without its exit reaching the
+// subscribers, as when the event is still on its way.
 func (p *Pod) ExitQuietly(id string, code int32) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.exitLocked(id, code)
-}
-
-func (p *Pod) exitLocked(id string, code int32) bool {
-	a := p.apps[id]
-	if a == nil || a.State != api.StateRunning {
-		return false
-	}
-	a.State, a.ExitCode, a.FinishedAt = api.StateExited, code, time.Now()
-	if kill := p.kill[id]; kill != nil {
-		kill()
-		delete(p.kill, id)
-	}
-	a.Reason = api.ReasonCompleted
-	if code != 0 {
-		a.Reason = api.ReasonError
-	}
-	return true
+	p.quiet[id] = true
+	p.mu.Unlock()
+	p.Exit(id, code)
 }
 
 // DropSubscribers ends every events subscription while the agent lives
 // on, as an agent does with a subscriber that falls behind.
 func (p *Pod) DropSubscribers() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.endLocked()
-	p.gone = make(chan struct{})
+	subs := p.subs
+	p.subs = map[*subscription]struct{}{}
+	p.mu.Unlock()
+	for s := range subs {
+		s.close()
+	}
 }
 
 // NoEvents makes the agent answer an events subscription as one from
@@ -446,32 +459,16 @@ func (p *Pod) Subscribers() int {
 	return len(p.subs)
 }
 
-// Updated is the last resources update app id was given.
+// Updated is the last resources update app id was sent (and the agent
+// took).
 func (p *Pod) Updated(id string) api.Resources {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.updates[id]
 }
 
-// Sysctls are the sysctls the agent was given.
-func (p *Pod) Sysctls() map[string]string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return maps.Clone(p.sysctls)
-}
-
-// publishLocked sends an event to every subscriber.
-func (p *Pod) publishLocked(typ string, a *api.AppStatus) {
-	cp := *a
-	for ch := range p.subs {
-		select {
-		case ch <- &api.Event{Type: typ, App: &cp, Time: time.Now()}:
-		default: // a subscriber that falls this far behind is dropped, as the agent does
-			delete(p.subs, ch)
-			close(ch)
-		}
-	}
-}
+// Sysctls are the sysctls the agent set.
+func (p *Pod) Sysctls() map[string]string { return p.toy.Sysctls() }
 
 // dial opens a stream to the agent: one end of a pipe, the agent serving
 // the other.
@@ -487,8 +484,9 @@ func (p *Pod) dial(ctx context.Context) (net.Conn, error) {
 	return client, nil
 }
 
-// serve answers one stream, as the agent does: a request, its response,
-// then events or session frames.
+// serve passes one stream's request to the agent, counting it: a plain
+// request is answered by the agent's Handle; a session or an events
+// subscription goes on a stream of its own to the agent's ServeConn.
 func (p *Pod) serve(c net.Conn) {
 	defer c.Close()
 	dec := json.NewDecoder(c)
@@ -497,320 +495,111 @@ func (p *Pod) serve(c net.Conn) {
 		return
 	}
 	in := io.MultiReader(dec.Buffered(), c)
+	p.mu.Lock()
+	noEvents := p.noEvents
+	if req.Op != api.OpEvents {
+		p.calls[req.Op]++
+	}
+	p.mu.Unlock()
 	switch req.Op {
 	case api.OpEvents:
-		p.serveEvents(c, in)
+		if noEvents {
+			_ = json.NewEncoder(c).Encode(wire.ErrorResponse(errdefs.InvalidArgument("unknown operation %q", api.OpEvents)))
+			return
+		}
+		p.subscribe(c, in, &req)
 		return
 	case api.OpExecStream, api.OpAttach, api.OpPortForward:
-		p.serveSession(c, in, &req)
-		return
-	case api.OpExec:
-		resp, err := p.exec(&req)
-		if err != nil {
-			resp = wire.ErrorResponse(err)
-		}
-		_ = json.NewEncoder(c).Encode(resp)
+		p.session(c, in, &req)
 		return
 	}
-	resp, err := p.handle(&req)
-	if err != nil {
-		resp = wire.ErrorResponse(err)
+	resp := p.agent.Handle(&req)
+	if req.Op == api.OpUpdate && resp.Code == api.CodeOK && req.Resources != nil {
+		p.mu.Lock()
+		p.updates[req.ID] = *req.Resources
+		p.mu.Unlock()
 	}
 	_ = json.NewEncoder(c).Encode(resp)
-	if req.Op == api.OpShutdown && err == nil {
+	if req.Op == api.OpShutdown && resp.Code == api.CodeOK {
 		p.Die()
 	}
 }
 
-// handle answers a plain request.
-func (p *Pod) handle(req *api.Request) (*api.Response, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.calls[req.Op]++
-	switch req.Op {
-	case api.OpInfo:
-		return &api.Response{Info: &api.Info{Version: api.Version, PID: 1, Kernel: "fake"}}, nil
-	case api.OpCreate:
-		if req.App == nil || req.App.ID == "" {
-			return nil, errdefs.InvalidArgument("create: no app")
-		}
-		if _, ok := p.apps[req.App.ID]; ok {
-			return nil, errdefs.AlreadyExists("app %s exists", req.App.ID)
-		}
-		st := &api.AppStatus{ID: req.App.ID, State: api.StateCreated, CreatedAt: time.Now()}
-		p.apps[req.App.ID] = st
-		p.specs[req.App.ID] = req.App
-		p.publishLocked(api.EventCreated, st)
-		return p.appResponse(st), nil
-	case api.OpStart:
-		a, err := p.app(req.ID)
-		if err != nil {
-			return nil, err
-		}
-		if a.State != api.StateCreated {
-			return nil, errdefs.FailedPrecondition("app %s is %s", req.ID, a.State)
-		}
-		a.State, a.StartedAt, a.PID = api.StateRunning, time.Now(), 4242
-		p.publishLocked(api.EventStarted, a)
-		resp := p.appResponse(a)
-		ctx, kill := context.WithCancel(context.Background())
-		p.kill[req.ID] = kill
-		go p.runApp(ctx, req.ID, p.specs[req.ID])
-		return resp, nil
-	case api.OpStop:
-		a, err := p.app(req.ID)
-		if err != nil {
-			return nil, err
-		}
-		if p.exitLocked(req.ID, 137) {
-			p.publishLocked(api.EventExited, a)
-		}
-		return p.appResponse(a), nil
-	case api.OpRemove:
-		if a, ok := p.apps[req.ID]; ok {
-			delete(p.apps, req.ID)
-			delete(p.specs, req.ID)
-			p.publishLocked(api.EventRemoved, a)
-		}
-		return &api.Response{}, nil
-	case api.OpStatus:
-		a, err := p.app(req.ID)
-		if err != nil {
-			return nil, err
-		}
-		return p.appResponse(a), nil
-	case api.OpList:
-		return &api.Response{Apps: p.listLocked()}, nil
-	case api.OpReopenLog:
-		_, err := p.app(req.ID)
-		return &api.Response{}, err
-	case api.OpStats:
-		if req.ID != "" {
-			if _, err := p.app(req.ID); err != nil {
-				return nil, err
-			}
-		}
-		return &api.Response{Stats: &api.Stats{Timestamp: time.Now(), CPUUsageNanos: 1}}, nil
-	case api.OpSysctl:
-		p.sysctls = maps.Clone(req.Sysctls)
-		return &api.Response{}, nil
-	case api.OpUpdate:
-		a, err := p.app(req.ID)
-		if err != nil {
-			return nil, err
-		}
-		if a.State == api.StateExited {
-			return nil, errdefs.FailedPrecondition("app %s has exited", req.ID)
-		}
-		if req.Resources == nil {
-			return nil, errdefs.InvalidArgument("update: no resources")
-		}
-		if p.updates == nil {
-			p.updates = map[string]api.Resources{}
-		}
-		p.updates[req.ID] = *req.Resources
-		return p.appResponse(a), nil
-	case api.OpShutdown:
-		for id := range p.apps {
-			if p.exitLocked(id, 137) {
-				p.publishLocked(api.EventExited, p.apps[id])
-			}
-		}
-		return &api.Response{}, nil
-	}
-	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
-}
-
-func (p *Pod) app(id string) (*api.AppStatus, error) {
-	a, ok := p.apps[id]
-	if !ok {
-		return nil, errdefs.NotFound("app %s", id)
-	}
-	return a, nil
-}
-
-func (p *Pod) runningLocked(id string) error {
-	a, err := p.app(id)
-	if err != nil {
-		return err
-	}
-	if a.State != api.StateRunning {
-		return errdefs.FailedPrecondition("app %s is not running", id)
-	}
-	return nil
-}
-
-func (p *Pod) appResponse(a *api.AppStatus) *api.Response {
-	cp := *a
-	return &api.Response{App: &cp}
-}
-
-func (p *Pod) listLocked() []*api.AppStatus {
-	out := make([]*api.AppStatus, 0, len(p.apps))
-	for _, a := range p.apps {
-		cp := *a
-		out = append(out, &cp)
-	}
-	return out
-}
-
-// serveEvents answers an events subscription: every app, then each
-// change, until the client goes, the agent drops it or the agent ends.
-func (p *Pod) serveEvents(c net.Conn, in io.Reader) {
-	enc := json.NewEncoder(c)
-	p.mu.Lock()
-	if p.noEvents {
-		p.mu.Unlock()
-		_ = enc.Encode(wire.ErrorResponse(errdefs.InvalidArgument("unknown operation %q", api.OpEvents)))
-		return
-	}
-	ch := make(chan *api.Event, 1000)
-	if p.subs == nil {
-		p.subs = map[chan *api.Event]struct{}{}
-	}
-	p.subs[ch] = struct{}{}
-	snap := p.listLocked()
-	gone := p.gone
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.subs, ch)
-		p.mu.Unlock()
-	}()
-	if err := enc.Encode(&api.Response{Apps: snap}); err != nil {
-		return
-	}
-	left := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, in)
-		close(left)
-	}()
-	for {
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				return
-			}
-			if err := enc.Encode(ev); err != nil {
-				return
-			}
-		case <-gone:
-			return
-		case <-left:
-			return
-		}
-	}
-}
-
-// serveSession answers an exec, attach or port-forward session.
-func (p *Pod) serveSession(c net.Conn, in io.Reader, req *api.Request) {
-	p.mu.Lock()
-	p.calls[req.Op]++
-	var err error
-	if req.Op != api.OpPortForward {
-		err = p.runningLocked(req.ID)
-	}
-	p.mu.Unlock()
-	if err != nil {
-		_ = json.NewEncoder(c).Encode(wire.ErrorResponse(err))
-		return
-	}
-	switch req.Op {
-	case api.OpExecStream:
-		_ = wire.ServeStdioSession(c, in, func(stdin io.Reader, stdout, stderr io.Writer) int32 {
-			if req.Stdio == nil || !req.Stdio.Stdin {
-				stdin = nil
-			}
-			return shell(context.Background(), req.Cmd, stdin, stdout, stderr)
-		})
-	case api.OpAttach:
-		// The toy app's own output goes to its log only: an attach
-		// echoes what it is sent.
-		_ = wire.ServeStdioSession(c, in, func(stdin io.Reader, stdout, stderr io.Writer) int32 {
-			_, _ = io.Copy(stdout, stdin)
-			return 0
-		})
-	case api.OpPortForward:
-		_ = wire.ServePortSession(c, in, func(stream io.ReadWriter) {
-			fmt.Fprintf(stream, "port %d: ", req.Port)
-			_, _ = io.Copy(stream, stream)
-		})
-	}
-}
-
-// exec runs an OpExec request's command in a running app with the toy
-// shell, up to the request's timeout.
-func (p *Pod) exec(req *api.Request) (*api.Response, error) {
-	p.mu.Lock()
-	p.calls[req.Op]++
-	err := p.runningLocked(req.ID)
-	p.mu.Unlock()
+// toAgent opens a stream to the agent's ServeConn and sends req on it,
+// without the newline after it: the client's, still to be read from its
+// stream, follows.
+func (p *Pod) toAgent(req *api.Request) (net.Conn, error) {
+	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	ctx := context.Background()
-	if req.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, req.Timeout)
-		defer cancel()
+	mine, theirs := net.Pipe()
+	go p.agent.ServeConn(theirs)
+	if _, err := mine.Write(b); err != nil {
+		mine.Close()
+		return nil, err
 	}
-	var stdout, stderr bytes.Buffer
-	code := shell(ctx, req.Cmd, nil, &stdout, &stderr)
-	res := &api.ExecResult{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), ExitCode: code}
-	if ctx.Err() != nil {
-		res.TimedOut = true
-	}
-	return &api.Response{Exec: res}, nil
+	return mine, nil
 }
 
-// runApp runs a started app's command with the toy shell, its output to
-// its CRI log, and records its exit unless something else ended it
-// first (a stop, a test's Exit).
-func (p *Pod) runApp(ctx context.Context, id string, spec *api.AppSpec) {
-	var stdout, stderr io.Writer = io.Discard, io.Discard
-	if spec.LogPath != "" {
-		stdout, stderr = &criLog{path: spec.LogPath, stream: "stdout"}, &criLog{path: spec.LogPath, stream: "stderr"}
-	}
-	code := shell(ctx, spec.Args, nil, stdout, stderr)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if ctx.Err() != nil {
+// session joins the client's stream to a session stream of the agent's.
+func (p *Pod) session(c net.Conn, in io.Reader, req *api.Request) {
+	a, err := p.toAgent(req)
+	if err != nil {
 		return
 	}
-	if p.exitLocked(id, code) {
-		p.publishLocked(api.EventExited, p.apps[id])
-	}
+	defer a.Close()
+	go func() {
+		_, _ = io.Copy(a, in)
+		a.Close() // the client went: the agent's session ends
+	}()
+	_, _ = io.Copy(c, a)
 }
 
-// criLog writes one stream of an app's output to its CRI log, a line at a
-// time ("<time> <stream> F <line>"); the file is opened for each line
-// (without following a symlink), so a rotated log needs no reopening.
-type criLog struct {
-	path, stream string
-	partial      []byte
-}
-
-func (l *criLog) Write(b []byte) (int, error) {
-	n := len(b)
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			l.partial = append(l.partial, b...)
-			break
+// subscribe passes the agent's events on to the client, but the exits
+// of quiet apps, until either side goes or the subscription is dropped.
+func (p *Pod) subscribe(c net.Conn, in io.Reader, req *api.Request) {
+	a, err := p.toAgent(req)
+	if err != nil {
+		return
+	}
+	sub := &subscription{client: c, agent: a}
+	p.mu.Lock()
+	if p.dead {
+		p.mu.Unlock()
+		a.Close()
+		return
+	}
+	p.subs[sub] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.subs, sub)
+		p.mu.Unlock()
+		sub.close()
+	}()
+	go func() {
+		_, _ = io.Copy(io.Discard, in)
+		sub.close()
+	}()
+	dec, enc := json.NewDecoder(a), json.NewEncoder(c)
+	var resp api.Response
+	if dec.Decode(&resp) != nil || enc.Encode(&resp) != nil {
+		return
+	}
+	for {
+		var ev api.Event
+		if dec.Decode(&ev) != nil {
+			return
 		}
-		line := append(l.partial, b[:i]...)
-		l.partial, b = nil, b[i+1:]
-		f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o640)
-		if err != nil {
-			return 0, err
+		p.mu.Lock()
+		quiet := ev.Type == api.EventExited && ev.App != nil && p.quiet[ev.App.ID]
+		p.mu.Unlock()
+		if quiet {
+			continue
 		}
-		_, err = fmt.Fprintf(f, "%s %s F %s\n", time.Now().Format(time.RFC3339Nano), l.stream, line)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return 0, err
+		if enc.Encode(&ev) != nil {
+			return
 		}
 	}
-	return n, nil
 }

@@ -1,0 +1,356 @@
+package supervisor
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/wire"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// linuxSystem is the real System: apps and execs are `stagelet agent
+// init|exec-init` children, reaped by the agent, set up through a sync
+// socket (see init.go) in the cgroups beneath the agent's own.
+type linuxSystem struct {
+	log    *slog.Logger
+	exe    string
+	reaper *reaper
+	// cg is the agent's own cgroup, the parent of every app's; nil when
+	// cgroups are not available (limits are then not applied).
+	cg *cgroups.Cgroup
+}
+
+// Linux returns the real System: exe is the stagelet binary re-executed
+// to start apps and execs (empty: /proc/self/exe). It reaps every child
+// of the process from then on, and, on a pure cgroup v2 host, moves the
+// process into a leaf of its cgroup (so that the cgroup may hand
+// controllers to the apps'); a process makes one.
+func Linux(exe string, log *slog.Logger) System {
+	if log == nil {
+		log = slog.Default()
+	}
+	if exe == "" {
+		exe = "/proc/self/exe"
+	}
+	l := &linuxSystem{log: log, exe: exe}
+	if cg, err := cgroups.EnterLeaf(cgroups.LeafName); err != nil {
+		log.Warn("cgroups unavailable: app limits and stats are off", "err", err)
+	} else {
+		l.cg = cg
+	}
+	l.reaper = newReaper(log)
+	return l
+}
+
+func (l *linuxSystem) podCgroup() cgroup {
+	if l.cg == nil {
+		return nil
+	}
+	return l.cg
+}
+
+func (l *linuxSystem) appCgroup(id string) cgroup {
+	if l.cg == nil {
+		return nil
+	}
+	return l.cg.Child(appCgroupName(id))
+}
+
+func (l *linuxSystem) setSysctls(sysctls map[string]string, scratch string) error {
+	return setIPCSysctls(sysctls, scratch)
+}
+
+func (l *linuxSystem) kernel() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// dialPort connects to port on the loopback of the network namespace the
+// agent runs in (the pod's): 127.0.0.1 first, then ::1.
+func (l *linuxSystem) dialPort(port int32) (net.Conn, error) {
+	p := strconv.Itoa(int(port))
+	d := net.Dialer{Timeout: dialTimeout}
+	conn, err4 := d.Dial("tcp4", net.JoinHostPort("127.0.0.1", p))
+	if err4 != nil {
+		var err6 error
+		if conn, err6 = d.Dial("tcp6", net.JoinHostPort("::1", p)); err6 != nil {
+			return nil, errdefs.FailedPrecondition("port-forward: cannot connect to port %s in the pod: IPv4: %v; IPv6: %v", p, err4, err6)
+		}
+	}
+	return conn, nil
+}
+
+// start spawns `agent init` (an app) or `agent exec-init` (an exec) and
+// takes it through its handshake. A child that fails its setup is killed;
+// the error then carries what it wrote to its stderr, if anything (a Go
+// runtime's fatal error, say).
+func (l *linuxSystem) start(s *startSpec) (*child, error) {
+	var c *child
+	var err error
+	ps := &procSpec{App: s.app, Args: s.args, TTY: s.cio.tty}
+	if s.exec {
+		ps.JoinUTS, ps.Size = s.app.OwnUTS(), s.size
+		c, err = l.spawnExec(s)
+	} else {
+		c, err = l.spawnApp(s)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !s.deadline.IsZero() {
+		c.sync.SetDeadline(s.deadline)
+	}
+	herr := l.handshake(c, ps, s.cg, s.app.ID)
+	if herr == nil {
+		return c, nil
+	}
+	_ = signalProc(c.proc, syscall.SIGKILL)
+	ws := <-c.wait
+	if c.stderr != nil && !errors.Is(herr, errdefs.ErrDeadlineExceeded) {
+		// The child is gone and the agent's copy of its end closed: what
+		// it wrote reads to its end, unless something it left holds the
+		// pipe (bounded).
+		c.stderr.SetReadDeadline(time.Now().Add(drainTimeout))
+		out, _ := io.ReadAll(io.LimitReader(c.stderr, 2048))
+		if out = bytes.TrimSpace(out); len(out) > 0 {
+			herr = fmt.Errorf("%w; exit code %d, stderr: %s", herr, exitCode(ws), out)
+		}
+	}
+	c.closeStdio()
+	c.proc.Release()
+	return nil, herr
+}
+
+// spawnApp spawns an app's init in new mount (and UTS, and PID) namespaces,
+// or in the PID namespace of the process s.pid (a target's).
+func (l *linuxSystem) spawnApp(s *startSpec) (*child, error) {
+	spec := s.app
+	cloneflags := uintptr(syscall.CLONE_NEWNS)
+	if spec.OwnUTS() {
+		cloneflags |= syscall.CLONE_NEWUTS
+	}
+	if spec.PIDNamespace == api.PIDNamespaceContainer {
+		cloneflags |= syscall.CLONE_NEWPID
+	}
+	spawn := func() (*child, error) {
+		return l.spawn(cmdInit, &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags}, s.cio)
+	}
+	if spec.PIDNamespace != api.PIDNamespaceTarget {
+		return spawn()
+	}
+	ns, err := os.Open("/proc/" + strconv.Itoa(s.pid) + "/ns/pid")
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running (%v)", spec.ID, spec.PIDTarget, err)
+	}
+	defer ns.Close()
+	var c *child
+	err = forkInPIDNamespace(ns, func() error {
+		var err error
+		c, err = spawn()
+		return err
+	})
+	return c, err
+}
+
+// spawnExec spawns `agent exec-init` in the mount, UTS and PID namespaces
+// of the running app whose process is s.pid: FailedPrecondition when that
+// process is gone.
+func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
+	id, pid, spec := s.app.ID, s.pid, s.app
+	// Hold the app's mount (and UTS) namespace open, then check the
+	// app's process still exists: its pid cannot have been reused yet.
+	mnt, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+	}
+	defer mnt.Close()
+	extra := []*os.File{mnt}
+	if spec.OwnUTS() {
+		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
+		if err != nil {
+			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+		}
+		defer uts.Close()
+		extra = append(extra, uts)
+	}
+	if err := s.appProc.Signal(syscall.Signal(0)); err != nil {
+		return nil, errdefs.FailedPrecondition("app %s is not running", id)
+	}
+	spawn := func() (*child, error) {
+		return l.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, s.cio, extra...)
+	}
+	if spec.PIDNamespace != api.PIDNamespaceContainer && spec.PIDNamespace != api.PIDNamespaceTarget {
+		return spawn()
+	}
+	pidns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+	}
+	defer pidns.Close()
+	var c *child
+	err = forkInPIDNamespace(pidns, func() error {
+		var err error
+		c, err = spawn()
+		return err
+	})
+	return c, err
+}
+
+// spawn starts `agent <cmd>` with the sync socket as fd 3, extra files
+// after it, and stdio as cio says.
+func (l *linuxSystem) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, extra ...*os.File) (*child, error) {
+	var theirs []*os.File // the child's ends, closed once it started
+	c := &child{}
+	fail := func(err error) (*child, error) {
+		for _, f := range theirs {
+			f.Close()
+		}
+		if c.sync != nil {
+			c.sync.Close()
+		}
+		c.closeStdio()
+		return nil, err
+	}
+	parent, childSock, err := socketPair()
+	if err != nil {
+		return nil, err
+	}
+	c.sync = parent
+	theirs = append(theirs, childSock)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return fail(err)
+	}
+	theirs = append(theirs, devnull)
+	stdio := []*os.File{devnull, devnull, devnull}
+	if cio.stdin && !cio.tty {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fail(err)
+		}
+		c.stdin, stdio[0] = w, r
+		theirs = append(theirs, r)
+	}
+	if !cio.tty {
+		for i, mine := range []**os.File{&c.stdout, &c.stderr} {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return fail(err)
+			}
+			*mine, stdio[i+1] = r, w
+			theirs = append(theirs, w)
+		}
+	}
+	attr := &os.ProcAttr{
+		Dir:   "/",
+		Env:   []string{},
+		Files: append(append(stdio, childSock), extra...),
+		Sys:   sys,
+	}
+	p, wait, err := l.reaper.start(l.exe, []string{"stagelet", "agent", cmd}, attr)
+	if err != nil {
+		return fail(errdefs.FailedPrecondition("start %s: %w", cmd, err))
+	}
+	for _, f := range theirs {
+		f.Close()
+	}
+	c.proc, c.pid, c.wait = p, p.Pid, wait
+	return c, nil
+}
+
+// handshake moves the child into cg, sends it spec and reads its messages
+// until it executes the command (nil) or reports a failure (an error of
+// the class it names). A child on a terminal sends its master, kept in
+// c.pty. The sync socket is closed on return.
+func (l *linuxSystem) handshake(c *child, spec *procSpec, cg cgroup, id string) error {
+	defer c.sync.Close()
+	if cg != nil {
+		if err := cg.Add(c.pid); err != nil {
+			return fmt.Errorf("app %s: join cgroup: %w", id, err)
+		}
+	}
+	// The spec goes without json.Encoder's trailing newline: the child's
+	// decoder stops at the closing brace, and a byte it leaves unread
+	// would turn its close-on-exec into a connection reset here.
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("app %s: encode spec: %w", id, err)
+	}
+	if _, err := c.sync.Write(b); err != nil {
+		return fmt.Errorf("app %s: send spec to init: %w", id, err)
+	}
+	rr, err := newRightsReader(c.sync)
+	if err != nil {
+		return err
+	}
+	defer rr.close()
+	dec := json.NewDecoder(rr)
+	execing := false
+	for {
+		var m syncMsg
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return fmt.Errorf("app %s: %w", id, errdefs.ErrDeadlineExceeded)
+			}
+			// After "exec" the socket closes by close-on-exec: EOF, or a
+			// reset when the child left something unread.
+			if execing && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+				if spec.TTY && c.pty == nil {
+					return fmt.Errorf("app %s: init ran the command without a terminal", id)
+				}
+				return nil // close-on-exec closed the socket: the command runs
+			}
+			return fmt.Errorf("app %s: init died during setup (%v)", id, err)
+		}
+		switch {
+		case m.Error != "":
+			return errdefs.New(wire.ClassOf(m.Code), "%s", m.Error)
+		case m.Warn != "":
+			l.log.Warn("app init", "app", id, "warning", m.Warn)
+		case m.PTY:
+			f := rr.take("pty-master")
+			if f == nil || c.pty != nil {
+				if f != nil {
+					f.Close()
+				}
+				return fmt.Errorf("app %s: init sent a bad terminal message", id)
+			}
+			c.pty = newTerminal(f)
+		case m.Exec:
+			execing = true
+		}
+	}
+}
+
+// socketPair returns two connected stream sockets: the agent's end as a
+// net.Conn (deadlines work) and the child's as a file.
+func socketPair() (net.Conn, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	pf := os.NewFile(uintptr(fds[0]), "sync")
+	conn, err := net.FileConn(pf)
+	pf.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, err
+	}
+	return conn, os.NewFile(uintptr(fds[1]), "sync-child"), nil
+}
