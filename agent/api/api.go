@@ -83,12 +83,15 @@ const MaxFramePayload = 1 << 20
 
 // Request is one call to the agent.
 type Request struct {
-	Op      string        `json:"op"`
-	ID      string        `json:"id,omitempty"`
-	App     *AppSpec      `json:"app,omitempty"`
-	Signal  int           `json:"signal,omitempty"`
-	Timeout time.Duration `json:"timeout,omitempty"` // 0 means none
-	Cmd     []string      `json:"cmd,omitempty"`
+	// RequestID is the daemon's ID of the CRI call the request serves;
+	// the agent's log lines of the request carry it (as req=).
+	RequestID string        `json:"requestId,omitempty"`
+	Op        string        `json:"op"`
+	ID        string        `json:"id,omitempty"`
+	App       *AppSpec      `json:"app,omitempty"`
+	Signal    int           `json:"signal,omitempty"`
+	Timeout   time.Duration `json:"timeout,omitempty"` // 0 means none
+	Cmd       []string      `json:"cmd,omitempty"`
 	// Sysctls are name → value ("kernel.shm_rmid_forced" or
 	// "kernel/shm_rmid_forced"); only those the IPC namespace isolates.
 	Sysctls map[string]string `json:"sysctls,omitempty"`

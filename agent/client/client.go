@@ -19,6 +19,7 @@ import (
 	"github.com/stagelet/stagelet/agent/transport"
 	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/logctx"
 )
 
 // Dialer opens one stream to an agent.
@@ -54,8 +55,12 @@ func (c *Client) Call(ctx context.Context, req *api.Request) (*api.Response, err
 // roundTrip opens a stream, sends req and reads the response. It returns
 // the stream (nil when it failed before a response) and a reader of what
 // follows the response on it. The stream's deadline is ctx's for the
-// exchange and cleared after it.
+// exchange and cleared after it. The request carries the ID of the CRI
+// call ctx serves, for the agent's log lines.
 func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *api.Response, io.Reader, error) {
+	if req.RequestID == "" {
+		req.RequestID = logctx.Value(ctx, "req")
+	}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("agent: dial: %v: %w", err, errdefs.ErrUnavailable)

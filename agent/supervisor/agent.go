@@ -17,6 +17,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/logctx"
 )
 
 // Config configures an Agent.
@@ -78,6 +79,8 @@ func New(cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent: state dir: %w", err)
 	}
+	// A request's lines carry its ID (requestContext).
+	log = slog.New(logctx.NewHandler(log.Handler()))
 	sys := cfg.System
 	if sys == nil {
 		sys = Linux(cfg.Exe, log)
@@ -190,21 +193,22 @@ func (a *Agent) ServeConn(c net.Conn) {
 // answers; the transport then delivers the answer and calls Close.
 func (a *Agent) Handle(req *api.Request) *api.Response {
 	start := time.Now()
-	resp, err := a.handle(req)
+	ctx := requestContext(req)
+	resp, err := a.handle(ctx, req)
 	if err != nil {
 		resp = wire.ErrorResponse(err)
 		lvl := slog.LevelWarn
 		if resp.Code != api.CodeInternal {
 			lvl = slog.LevelDebug
 		}
-		a.log.Log(context.Background(), lvl, "request failed", "op", req.Op, "app", req.ID, "code", resp.Code, "err", err)
+		a.log.Log(ctx, lvl, "request failed", "op", req.Op, "app", req.ID, "code", resp.Code, "err", err)
 	} else {
-		a.log.Debug("request", "op", req.Op, "app", req.ID, "took", time.Since(start))
+		a.log.DebugContext(ctx, "request", "op", req.Op, "app", req.ID, "took", time.Since(start))
 	}
 	return resp
 }
 
-func (a *Agent) handle(req *api.Request) (*api.Response, error) {
+func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, error) {
 	switch req.Op {
 	case api.OpInfo:
 		return &api.Response{Info: a.info()}, nil
@@ -212,25 +216,25 @@ func (a *Agent) handle(req *api.Request) (*api.Response, error) {
 		if req.App == nil {
 			return nil, errdefs.InvalidArgument("create: no app spec")
 		}
-		st, err := a.create(req.App)
+		st, err := a.create(ctx, req.App)
 		return &api.Response{App: st}, err
 	case api.OpStart:
-		st, err := a.start(req.ID)
+		st, err := a.start(ctx, req.ID)
 		return &api.Response{App: st}, err
 	case api.OpStop:
-		st, err := a.stop(req.ID, req.Timeout)
+		st, err := a.stop(ctx, req.ID, req.Timeout)
 		return &api.Response{App: st}, err
 	case api.OpSignal:
 		return &api.Response{}, a.signal(req.ID, req.Signal)
 	case api.OpRemove:
-		return &api.Response{}, a.remove(req.ID)
+		return &api.Response{}, a.remove(ctx, req.ID)
 	case api.OpStatus:
 		st, err := a.status(req.ID)
 		return &api.Response{App: st}, err
 	case api.OpList:
 		return &api.Response{Apps: a.list()}, nil
 	case api.OpExec:
-		res, err := a.exec(req.ID, req.Cmd, req.Timeout)
+		res, err := a.exec(ctx, req.ID, req.Cmd, req.Timeout)
 		return &api.Response{Exec: res}, err
 	case api.OpReopenLog:
 		return &api.Response{}, a.reopenLog(req.ID)
@@ -243,12 +247,22 @@ func (a *Agent) handle(req *api.Request) (*api.Response, error) {
 	case api.OpSysctl:
 		return &api.Response{}, a.sys.setSysctls(req.Sysctls, a.dir)
 	case api.OpUpdate:
-		st, err := a.update(req.ID, req.Resources)
+		st, err := a.update(ctx, req.ID, req.Resources)
 		return &api.Response{App: st}, err
 	case api.OpSetup:
 		return &api.Response{}, a.runSetup(req)
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
+}
+
+// requestContext is the context of req's handling: its log lines carry
+// the daemon's request ID, when the daemon sent one.
+func requestContext(req *api.Request) context.Context {
+	ctx := context.Background()
+	if req.RequestID != "" {
+		ctx = logctx.With(ctx, "req", req.RequestID)
+	}
+	return ctx
 }
 
 // runSetup runs Config.Setup once: a second call, or one to an agent
@@ -345,7 +359,7 @@ func (a *Agent) StopAll(timeout time.Duration) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.stopApp(ap, timeout)
+			a.stopApp(context.Background(), ap, timeout)
 			if ap.cg != nil {
 				if err := ap.cg.Delete(); err != nil {
 					a.log.Warn("delete app cgroup", "app", ap.id, "err", err)

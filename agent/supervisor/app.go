@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -134,7 +135,7 @@ func validID(id string) error {
 
 // create records an app: InvalidArgument for a bad spec, AlreadyExists for
 // a known id, FailedPrecondition while shutting down.
-func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
+func (a *Agent) create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, error) {
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
@@ -153,7 +154,7 @@ func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
 	a.apps[spec.ID] = ap
 	a.mu.Unlock()
 
-	if err := a.setupCgroup(ap); err != nil {
+	if err := a.setupCgroup(ctx, ap); err != nil {
 		a.mu.Lock()
 		delete(a.apps, spec.ID)
 		a.mu.Unlock()
@@ -163,9 +164,9 @@ func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
 		return nil, err
 	}
 	if err := writeState(a.dir, &ap.st); err != nil {
-		a.log.Warn("write app record", "app", spec.ID, "err", err)
+		a.log.WarnContext(ctx, "write app record", "app", spec.ID, "err", err)
 	}
-	a.log.Info("app created", "app", spec.ID, "name", spec.Name)
+	a.log.InfoContext(ctx, "app created", "app", spec.ID, "name", spec.Name)
 	st := ap.st
 	a.events.publish(api.EventCreated, &st)
 	return &st, nil
@@ -176,7 +177,7 @@ func (a *Agent) create(spec *api.AppSpec) (*api.AppStatus, error) {
 // OOM score, which only a process's start can set), FailedPrecondition
 // (the app exited, the pod has no cgroups, or the kernel refused a value:
 // e.g. a memory limit below what the app uses, on cgroup v1).
-func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
+func (a *Agent) update(ctx context.Context, id string, r *api.Resources) (*api.AppStatus, error) {
 	if r == nil {
 		return nil, errdefs.InvalidArgument("update %s: no resources", id)
 	}
@@ -198,7 +199,7 @@ func (a *Agent) update(id string, r *api.Resources) (*api.AppStatus, error) {
 	if err := ap.cg.Set(cgroupLimits(*r)); err != nil {
 		return nil, errdefs.FailedPrecondition("update %s: %w", id, err)
 	}
-	a.log.Info("app limits changed", "app", id, "resources", *r)
+	a.log.InfoContext(ctx, "app limits changed", "app", id, "resources", *r)
 	st := ap.st
 	return &st, nil
 }
@@ -217,11 +218,11 @@ func cgroupLimits(r api.Resources) cgroups.Resources {
 	}
 }
 
-func (a *Agent) setupCgroup(ap *app) error {
+func (a *Agent) setupCgroup(ctx context.Context, ap *app) error {
 	r := ap.spec.Resources
 	if ap.cg == nil {
 		if cgroupLimits(r) != (cgroups.Resources{}) {
-			a.log.Warn("cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
+			a.log.WarnContext(ctx, "cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
 		}
 		return nil
 	}
@@ -240,7 +241,7 @@ func (a *Agent) setupCgroup(ap *app) error {
 // start starts a created app and returns once its command runs (or
 // failed to). NotFound, FailedPrecondition (not in state created; the
 // command cannot be run — the app is then exited with code 128).
-func (a *Agent) start(id string) (*api.AppStatus, error) {
+func (a *Agent) start(ctx context.Context, id string) (*api.AppStatus, error) {
 	ap, err := a.get(id)
 	if err != nil {
 		return nil, err
@@ -268,7 +269,7 @@ func (a *Agent) start(id string) (*api.AppStatus, error) {
 	ap.exited = make(chan struct{})
 	ap.mu.Unlock()
 
-	if err := a.launch(ap); err != nil {
+	if err := a.launch(ctx, ap); err != nil {
 		return ap.status(), err
 	}
 	return ap.status(), nil
@@ -277,23 +278,23 @@ func (a *Agent) start(id string) (*api.AppStatus, error) {
 // launch starts the app's process, its output copied to its log and to
 // attach sessions, and records it running. On failure the app is exited
 // (code 128, reason Error, the failure as message) when it returns.
-func (a *Agent) launch(ap *app) error {
+func (a *Agent) launch(ctx context.Context, ap *app) error {
 	spec := ap.spec
 	lg, err := openCRILog(spec.LogPath)
 	if err != nil {
-		return a.failEarly(ap, errdefs.FailedPrecondition("%w", err))
+		return a.failEarly(ctx, ap, errdefs.FailedPrecondition("%w", err))
 	}
 	s := &startSpec{app: spec, args: spec.Args, cio: childIO{stdin: spec.Stdin, tty: spec.TTY}, cg: ap.cg}
 	if spec.PIDNamespace == api.PIDNamespaceTarget {
 		if s.pid, err = a.targetPID(spec); err != nil {
 			lg.close()
-			return a.failEarly(ap, err)
+			return a.failEarly(ctx, ap, err)
 		}
 	}
 	pr, err := a.sys.start(s)
 	if err != nil {
 		lg.close()
-		return a.failEarly(ap, err)
+		return a.failEarly(ctx, ap, err)
 	}
 	aio := newAppIO(spec.StdinOnce)
 	var copies sync.WaitGroup
@@ -303,7 +304,7 @@ func (a *Agent) launch(ap *app) error {
 		go func() {
 			defer copies.Done()
 			if err := lg.copyStream(stream, io.TeeReader(r, aio.output(typ))); err != nil {
-				a.log.Warn("app log", "app", spec.ID, "stream", stream, "err", err)
+				a.log.WarnContext(ctx, "app log", "app", spec.ID, "stream", stream, "err", err)
 			}
 		}()
 	}
@@ -336,9 +337,9 @@ func (a *Agent) launch(ap *app) error {
 	// Before started is closed: the monitor writes the exit record only
 	// after it, so this one never overwrites that.
 	if err := writeState(a.dir, &st); err != nil {
-		a.log.Warn("write app record", "app", spec.ID, "err", err)
+		a.log.WarnContext(ctx, "write app record", "app", spec.ID, "err", err)
 	}
-	a.log.Info("app started", "app", spec.ID, "pid", st.PID)
+	a.log.InfoContext(ctx, "app started", "app", spec.ID, "pid", st.PID)
 	a.events.publish(api.EventStarted, &st)
 	close(ap.started)
 	return nil
@@ -361,7 +362,7 @@ func (a *Agent) targetPID(spec *api.AppSpec) (int, error) {
 }
 
 // failEarly records a start that failed before a process existed.
-func (a *Agent) failEarly(ap *app, err error) error {
+func (a *Agent) failEarly(ctx context.Context, ap *app, err error) error {
 	ap.mu.Lock()
 	st := ap.st
 	ap.mu.Unlock()
@@ -371,7 +372,7 @@ func (a *Agent) failEarly(ap *app, err error) error {
 	st.Message = err.Error()
 	st.FinishedAt = time.Now()
 	if werr := writeState(a.dir, &st); werr != nil {
-		a.log.Warn("write app record", "app", st.ID, "err", werr)
+		a.log.WarnContext(ctx, "write app record", "app", st.ID, "err", werr)
 	}
 	ap.mu.Lock()
 	ap.st = st
@@ -479,16 +480,16 @@ func drain[C io.Closer](copies *sync.WaitGroup, files ...C) {
 // stop stops a running app: SIGTERM, up to timeout, SIGKILL, and returns
 // once it exited. Idempotent: an app that is not running is left as it is.
 // NotFound.
-func (a *Agent) stop(id string, timeout time.Duration) (*api.AppStatus, error) {
+func (a *Agent) stop(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error) {
 	ap, err := a.get(id)
 	if err != nil {
 		return nil, err
 	}
-	a.stopApp(ap, timeout)
+	a.stopApp(ctx, ap, timeout)
 	return ap.status(), nil
 }
 
-func (a *Agent) stopApp(ap *app, timeout time.Duration) {
+func (a *Agent) stopApp(ctx context.Context, ap *app, timeout time.Duration) {
 	ap.mu.Lock()
 	started, exited := ap.started, ap.exited
 	ap.mu.Unlock()
@@ -505,7 +506,7 @@ func (a *Agent) stopApp(ap *app, timeout time.Duration) {
 	proc := ap.proc // set once started has closed
 	ap.mu.Unlock()
 	if err := signalProc(proc, syscall.SIGTERM); err != nil {
-		a.log.Warn("stop: SIGTERM", "app", ap.id, "err", err)
+		a.log.WarnContext(ctx, "stop: SIGTERM", "app", ap.id, "err", err)
 	}
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
@@ -517,7 +518,7 @@ func (a *Agent) stopApp(ap *app, timeout time.Duration) {
 		}
 	}
 	if err := signalProc(proc, syscall.SIGKILL); err != nil {
-		a.log.Warn("stop: SIGKILL", "app", ap.id, "err", err)
+		a.log.WarnContext(ctx, "stop: SIGKILL", "app", ap.id, "err", err)
 	}
 	<-exited // the monitor empties the cgroup once the main process is gone
 }
@@ -543,7 +544,7 @@ func (a *Agent) signal(id string, sig int) error {
 
 // remove kills the app if it runs, deletes its cgroup, record and entry.
 // Idempotent: an unknown id is not an error.
-func (a *Agent) remove(id string) error {
+func (a *Agent) remove(ctx context.Context, id string) error {
 	a.mu.Lock()
 	ap, ok := a.apps[id]
 	a.mu.Unlock()
@@ -553,7 +554,7 @@ func (a *Agent) remove(id string) error {
 	ap.mu.Lock()
 	ap.removed = true
 	ap.mu.Unlock()
-	a.stopApp(ap, 0)
+	a.stopApp(ctx, ap, 0)
 	if ap.cg != nil {
 		if err := ap.cg.Delete(); err != nil {
 			return fmt.Errorf("remove %s: %w", id, err)
@@ -574,7 +575,7 @@ func (a *Agent) remove(id string) error {
 	last := ap.st
 	ap.mu.Unlock()
 	a.events.publish(api.EventRemoved, &last)
-	a.log.Info("app removed", "app", id)
+	a.log.InfoContext(ctx, "app removed", "app", id)
 	return nil
 }
 

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -54,7 +55,7 @@ func (b *capBuffer) Write(p []byte) (int, error) {
 // command is killed when the time is up and TimedOut is set. NotFound,
 // InvalidArgument (empty command), FailedPrecondition (the app does not
 // run; the command cannot be executed).
-func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+func (a *Agent) exec(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
 	var deadline time.Time
 	if timeout > 0 {
 		deadline = time.Now().Add(timeout)
@@ -103,7 +104,7 @@ func (a *Agent) exec(id string, cmd []string, timeout time.Duration) (*api.ExecR
 		ExitCode: exitCode(ws),
 		TimedOut: timedOut,
 	}
-	a.log.Debug("exec", "app", id, "cmd", cmd, "code", res.ExitCode, "timedOut", timedOut)
+	a.log.DebugContext(ctx, "exec", "app", id, "cmd", cmd, "code", res.ExitCode, "timedOut", timedOut)
 	return res, nil
 }
 

@@ -45,15 +45,16 @@ func isSession(op string) bool {
 // serveSession opens the session req asks for on c (in reads c, with what
 // the request decoder had buffered), answers, and serves its frames.
 func (a *Agent) serveSession(c net.Conn, in io.Reader, req *api.Request) {
+	ctx := requestContext(req)
 	var run sessionRunner
 	var err error
 	switch req.Op {
 	case api.OpExecStream:
-		run, err = a.openExec(req)
+		run, err = a.openExec(ctx, req)
 	case api.OpAttach:
-		run, err = a.openAttach(req)
+		run, err = a.openAttach(ctx, req)
 	case api.OpPortForward:
-		run, err = a.openPortForward(req)
+		run, err = a.openPortForward(ctx, req)
 	}
 	if err != nil {
 		resp := wire.ErrorResponse(err)
@@ -61,22 +62,22 @@ func (a *Agent) serveSession(c net.Conn, in io.Reader, req *api.Request) {
 		if resp.Code == api.CodeInternal {
 			lvl = slog.LevelWarn
 		}
-		a.log.Log(context.Background(), lvl, "session refused", "op", req.Op, "app", req.ID, "code", resp.Code, "err", err)
+		a.log.Log(ctx, lvl, "session refused", "op", req.Op, "app", req.ID, "code", resp.Code, "err", err)
 		if err := json.NewEncoder(c).Encode(resp); err != nil {
-			a.log.Debug("reply", "op", req.Op, "err", err)
+			a.log.DebugContext(ctx, "reply", "op", req.Op, "err", err)
 		}
 		return
 	}
 	if err := json.NewEncoder(c).Encode(&api.Response{}); err != nil {
 		// The session still runs: it finds the client gone and ends.
-		a.log.Debug("reply", "op", req.Op, "err", err)
+		a.log.DebugContext(ctx, "reply", "op", req.Op, "err", err)
 	}
 	run(wire.NewWriter(c), wire.NewReader(in))
 }
 
 // openExec starts a command in a running app with the stdio the request
 // asks for. NotFound, InvalidArgument, FailedPrecondition, as exec.
-func (a *Agent) openExec(req *api.Request) (sessionRunner, error) {
+func (a *Agent) openExec(ctx context.Context, req *api.Request) (sessionRunner, error) {
 	var stdio api.Stdio
 	if req.Stdio != nil {
 		stdio = *req.Stdio
@@ -88,13 +89,13 @@ func (a *Agent) openExec(req *api.Request) (sessionRunner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exec in %s: %w", req.ID, err)
 	}
-	return func(fw *wire.Writer, fr *wire.Reader) { a.runExec(req.ID, req.Cmd, c, stdio, fw, fr) }, nil
+	return func(fw *wire.Writer, fr *wire.Reader) { a.runExec(ctx, req.ID, req.Cmd, c, stdio, fw, fr) }, nil
 }
 
 // runExec copies the command's output to the client and the client's
 // input to the command until the command exits, then sends its exit code.
 // A client that goes away (its stream fails) has the command killed.
-func (a *Agent) runExec(id string, cmd []string, c *child, stdio api.Stdio, fw *wire.Writer, fr *wire.Reader) {
+func (a *Agent) runExec(ctx context.Context, id string, cmd []string, c *child, stdio api.Stdio, fw *wire.Writer, fr *wire.Reader) {
 	var procMu sync.Mutex
 	exited := false
 	kill := func() {
@@ -140,9 +141,9 @@ func (a *Agent) runExec(id string, cmd []string, c *child, stdio api.Stdio, fw *
 	}
 	code := exitCode(ws)
 	if err := fw.SendJSON(api.FrameEnd, api.SessionEnd{ExitCode: code}); err != nil {
-		a.log.Debug("exec session: send the exit code", "app", id, "err", err)
+		a.log.DebugContext(ctx, "exec session: send the exit code", "app", id, "err", err)
 	}
-	a.log.Debug("exec session", "app", id, "cmd", cmd, "tty", stdio.TTY, "code", code)
+	a.log.DebugContext(ctx, "exec session", "app", id, "cmd", cmd, "tty", stdio.TTY, "code", code)
 }
 
 // execInput applies the client's frames to an exec'd command: input,
@@ -204,7 +205,7 @@ func (f failWriter) Write(p []byte) (int, error) {
 
 // openAttach checks that the app runs. NotFound, FailedPrecondition (not
 // running).
-func (a *Agent) openAttach(req *api.Request) (sessionRunner, error) {
+func (a *Agent) openAttach(ctx context.Context, req *api.Request) (sessionRunner, error) {
 	ap, err := a.get(req.ID)
 	if err != nil {
 		return nil, err
@@ -219,7 +220,7 @@ func (a *Agent) openAttach(req *api.Request) (sessionRunner, error) {
 	if req.Stdio != nil {
 		stdio = *req.Stdio
 	}
-	return func(fw *wire.Writer, fr *wire.Reader) { a.runAttach(req.ID, aio, exited, stdio, fw, fr) }, nil
+	return func(fw *wire.Writer, fr *wire.Reader) { a.runAttach(ctx, req.ID, aio, exited, stdio, fw, fr) }, nil
 }
 
 // runAttach copies the app's output to the client, and the client's
@@ -227,7 +228,7 @@ func (a *Agent) openAttach(req *api.Request) (sessionRunner, error) {
 // client detaches or goes away. The client detaches by ending its input,
 // except from an app with StdinOnce and no terminal: its stdin is closed
 // and the session lasts until the app exits, as in containerd.
-func (a *Agent) runAttach(id string, aio *appIO, exited <-chan struct{}, stdio api.Stdio, fw *wire.Writer, fr *wire.Reader) {
+func (a *Agent) runAttach(ctx context.Context, id string, aio *appIO, exited <-chan struct{}, stdio api.Stdio, fw *wire.Writer, fr *wire.Reader) {
 	fw.WriteTimeout = sessionWriteTimeout
 	tty := aio.terminal()
 	sub := &attachment{fw: fw, stdout: stdio.Stdout, stderr: stdio.Stderr && tty == nil, failed: make(chan struct{})}
@@ -243,7 +244,7 @@ func (a *Agent) runAttach(id string, aio *appIO, exited <-chan struct{}, stdio a
 			if err != nil {
 				if useStdin {
 					if _, err := aio.sessionInputEnded(); err != nil {
-						a.log.Warn("attach: close stdin", "app", id, "err", err)
+						a.log.WarnContext(ctx, "attach: close stdin", "app", id, "err", err)
 					}
 				}
 				close(gone)
@@ -253,7 +254,7 @@ func (a *Agent) runAttach(id string, aio *appIO, exited <-chan struct{}, stdio a
 			case api.FrameStdin:
 				if useStdin {
 					if err := aio.writeStdin(p); err != nil {
-						a.log.Debug("attach: stdin", "app", id, "err", err)
+						a.log.DebugContext(ctx, "attach: stdin", "app", id, "err", err)
 					}
 				}
 			case api.FrameEOF:
@@ -263,7 +264,7 @@ func (a *Agent) runAttach(id string, aio *appIO, exited <-chan struct{}, stdio a
 				useStdin = false
 				closed, err := aio.sessionInputEnded()
 				if err != nil {
-					a.log.Warn("attach: close stdin", "app", id, "err", err)
+					a.log.WarnContext(ctx, "attach: close stdin", "app", id, "err", err)
 				}
 				if !closed || tty != nil {
 					close(detach)
@@ -284,23 +285,23 @@ func (a *Agent) runAttach(id string, aio *appIO, exited <-chan struct{}, stdio a
 	case <-detach:
 		how = "detached"
 	case <-gone:
-		a.log.Debug("attach session: the client went away", "app", id)
+		a.log.DebugContext(ctx, "attach session: the client went away", "app", id)
 		return
 	case <-sub.failed:
-		a.log.Debug("attach session: the client does not read; detached", "app", id)
+		a.log.DebugContext(ctx, "attach session: the client does not read; detached", "app", id)
 		return
 	}
 	aio.unsubscribe(sub) // no output after the end frame
 	if err := fw.SendJSON(api.FrameEnd, api.SessionEnd{}); err != nil {
-		a.log.Debug("attach session: send the end", "app", id, "err", err)
+		a.log.DebugContext(ctx, "attach session: send the end", "app", id, "err", err)
 	}
-	a.log.Debug("attach session", "app", id, "ended", how)
+	a.log.DebugContext(ctx, "attach session", "app", id, "ended", how)
 }
 
 // openPortForward connects to port on the loopback of the network
 // namespace the agent runs in (the pod's): 127.0.0.1 first, then ::1.
 // InvalidArgument (bad port), FailedPrecondition (nothing accepts).
-func (a *Agent) openPortForward(req *api.Request) (sessionRunner, error) {
+func (a *Agent) openPortForward(ctx context.Context, req *api.Request) (sessionRunner, error) {
 	if req.Port <= 0 || req.Port > 65535 {
 		return nil, errdefs.InvalidArgument("port-forward: bad port %d", req.Port)
 	}
@@ -308,18 +309,18 @@ func (a *Agent) openPortForward(req *api.Request) (sessionRunner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return func(fw *wire.Writer, fr *wire.Reader) { a.runPortForward(conn, fw, fr) }, nil
+	return func(fw *wire.Writer, fr *wire.Reader) { a.runPortForward(ctx, conn, fw, fr) }, nil
 }
 
 // runPortForward copies bytes both ways until the client closes its
 // stream. The end of either side's data is passed on as a half-close.
-func (a *Agent) runPortForward(conn net.Conn, fw *wire.Writer, fr *wire.Reader) {
+func (a *Agent) runPortForward(ctx context.Context, conn net.Conn, fw *wire.Writer, fr *wire.Reader) {
 	defer conn.Close()
 	down := make(chan struct{})
 	go func() {
 		defer close(down)
 		if _, err := io.Copy(fw.Stream(api.FrameData), conn); err != nil {
-			a.log.Debug("port-forward: from the pod", "err", err)
+			a.log.DebugContext(ctx, "port-forward: from the pod", "err", err)
 		}
 		_ = fw.Send(api.FrameEOF, nil)
 	}()
@@ -331,7 +332,7 @@ func (a *Agent) runPortForward(conn net.Conn, fw *wire.Writer, fr *wire.Reader) 
 		switch typ {
 		case api.FrameData:
 			if _, err := conn.Write(p); err != nil {
-				a.log.Debug("port-forward: to the pod", "err", err)
+				a.log.DebugContext(ctx, "port-forward: to the pod", "err", err)
 			}
 		case api.FrameEOF:
 			if hc, ok := conn.(interface{ CloseWrite() error }); ok {

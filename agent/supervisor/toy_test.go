@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/agent/supervisor"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/logctx"
 )
 
 // toyRun: "cat" copies stdin to stdout, "sleep" waits for its end, "exit
@@ -35,15 +37,20 @@ func toyRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	return 0
 }
 
-// toyAgent is an agent over a Toy, served on in-memory streams.
-func toyAgent(t *testing.T) (*supervisor.Toy, *client.Client) {
+// toyAgent is an agent over a Toy, served on in-memory streams; log
+// (nil: none) receives its lines.
+func toyAgent(t *testing.T, log io.Writer) (*supervisor.Toy, *client.Client) {
 	t.Helper()
+	h := slog.DiscardHandler
+	if log != nil {
+		h = slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})
+	}
 	toy := &supervisor.Toy{Run: toyRun, Serve: func(port int32, conn net.Conn) {
 		defer conn.Close()
 		b, _ := io.ReadAll(conn)
 		_, _ = conn.Write(bytes.ToUpper(b))
 	}}
-	a, err := supervisor.New(supervisor.Config{StateDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), System: toy})
+	a, err := supervisor.New(supervisor.Config{StateDir: t.TempDir(), Logger: slog.New(h), System: toy})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +66,7 @@ func toyAgent(t *testing.T) (*supervisor.Toy, *client.Client) {
 // terminal, signals, sysctls checked as on Linux, a port-forward's
 // half-close.
 func TestToy(t *testing.T) {
-	toy, c := toyAgent(t)
+	toy, c := toyAgent(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Create(ctx, &api.AppSpec{ID: "a", Rootfs: t.TempDir(), Args: []string{"sleep"}}); err != nil {
@@ -109,5 +116,27 @@ func TestToy(t *testing.T) {
 	}
 	if _, err := c.Exec(ctx, "a", []string{"cat"}, time.Second); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("exec in an exited app: %v, want FailedPrecondition", err)
+	}
+}
+
+// TestRequestIDInLog: the agent's lines of a request carry the ID of the
+// CRI call the daemon's context names, and its refusals too.
+func TestRequestIDInLog(t *testing.T) {
+	var log lockedBuffer
+	_, c := toyAgent(t, &log)
+	ctx, cancel := context.WithTimeout(logctx.With(context.Background(), "req", "r-123"), 10*time.Second)
+	defer cancel()
+	if _, err := c.Create(ctx, &api.AppSpec{ID: "a", Rootfs: t.TempDir(), Args: []string{"sleep"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Create(ctx, &api.AppSpec{ID: "a", Rootfs: t.TempDir(), Args: []string{"sleep"}}); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("second create: %v", err)
+	}
+	lines := strings.Split(log.String(), "\n")
+	for _, msg := range []string{`msg="app created"`, `msg="request failed"`} {
+		i := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, msg) })
+		if i < 0 || !strings.Contains(lines[i], "req=r-123") {
+			t.Errorf("no line %s with req=r-123 in:\n%s", msg, log.String())
+		}
 	}
 }

@@ -42,6 +42,17 @@ func Attrs(ctx context.Context) []slog.Attr {
 	return as
 }
 
+// Value is the value of key among the attributes ctx carries, as a
+// string; "" when it carries none.
+func Value(ctx context.Context, key string) string {
+	for _, a := range Attrs(ctx) {
+		if a.Key == key {
+			return a.Value.String()
+		}
+	}
+	return ""
+}
+
 // NewHandler wraps h: a record gets the attributes its context carries,
 // except those whose key the record or the logger already has (a line
 // that names its pod itself keeps its own).
