@@ -270,6 +270,9 @@ func appUser(sec *Security, img *image.Image, rootfs string) (uid, gid uint32, g
 		}
 		gid = uint32(*sec.RunAsGroup)
 	}
+	if sec.StrictGroups {
+		groups = nil
+	}
 	for _, g := range sec.SupplementalGroups {
 		if g < 0 || g > 1<<32-1 {
 			return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.supplemental_groups: %d is out of range", g)

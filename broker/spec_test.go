@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -74,5 +76,35 @@ func TestUserOf(t *testing.T) {
 	}
 	if got := userOf(&Security{}, "app"); got != "app" {
 		t.Errorf("got %q", got)
+	}
+}
+
+func TestAppUserGroupsPolicy(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("app:x:1000:1000::/:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/group"), []byte("app:x:1000:\nwheel:x:50:app\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	img := &image.Image{Config: image.ImageConfig{User: "app"}}
+	for _, tc := range []struct {
+		strict bool
+		want   []uint32
+	}{
+		{false, []uint32{50, 7}}, // Merge: the image's /etc/group, then the pod's
+		{true, []uint32{7}},      // Strict: the pod's only
+	} {
+		sec := &Security{SupplementalGroups: []int64{7}, StrictGroups: tc.strict}
+		uid, gid, groups, err := appUser(sec, img, root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid != 1000 || gid != 1000 || !slices.Equal(groups, tc.want) {
+			t.Errorf("strict=%v: %d:%d %v, want 1000:1000 %v", tc.strict, uid, gid, groups, tc.want)
+		}
 	}
 }

@@ -118,8 +118,12 @@ type Security struct {
 	RunAsUsername      string  `json:"runAsUsername,omitempty"`
 	RunAsGroup         *int64  `json:"runAsGroup,omitempty"`
 	SupplementalGroups []int64 `json:"supplementalGroups,omitempty"`
-	ReadonlyRootfs     bool    `json:"readonlyRootfs,omitempty"`
-	NoNewPrivs         bool    `json:"noNewPrivs,omitempty"`
+	// StrictGroups (supplementalGroupsPolicy: Strict) leaves out the
+	// groups the image's /etc/group gives the user: the app has its
+	// group and SupplementalGroups only.
+	StrictGroups   bool `json:"strictGroups,omitempty"`
+	ReadonlyRootfs bool `json:"readonlyRootfs,omitempty"`
+	NoNewPrivs     bool `json:"noNewPrivs,omitempty"`
 	// PIDMode is the container's PID namespace: "container" (its own),
 	// "pod" (shared with the pod's containers) or "node" (the host's).
 	PIDMode string `json:"pidMode,omitempty"`

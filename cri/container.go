@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"strings"
 	"time"
@@ -61,6 +62,9 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 	for _, kv := range c.GetEnvs() {
 		cc.Env = append(cc.Env, broker.KeyValue{Key: kv.GetKey(), Value: string(kv.GetValue())})
 	}
+	if err := unsupportedContainerFields(c); err != nil {
+		return nil, err
+	}
 	for _, m := range c.GetMounts() {
 		cc.Mounts = append(cc.Mounts, broker.Mount{
 			ContainerPath:     m.GetContainerPath(),
@@ -70,9 +74,6 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 			Propagation:       propagation(m.GetPropagation()),
 			RecursiveReadonly: m.GetRecursiveReadOnly(),
 		})
-	}
-	if len(c.GetDevices()) > 0 {
-		return nil, errdefs.New(errdefs.ErrUnimplemented, "config.devices: device passthrough is not supported")
 	}
 	if l := c.GetLinux(); l != nil {
 		res, err := containerResources(l.GetResources(), "config.linux.resources")
@@ -89,6 +90,38 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 	return cc, nil
 }
 
+// unsupportedContainerFields refuses what a container's config may ask
+// that no stage1 does, naming the field, rather than ignoring it.
+func unsupportedContainerFields(c *runtimeapi.ContainerConfig) error {
+	if c.GetWindows() != nil {
+		return errdefs.InvalidArgument("config.windows: a Windows container cannot run on a Linux node")
+	}
+	if len(c.GetDevices()) > 0 {
+		return errdefs.New(errdefs.ErrUnimplemented, "config.devices: device passthrough is not supported")
+	}
+	if len(c.GetCDIDevices()) > 0 {
+		return errdefs.New(errdefs.ErrUnimplemented, "config.CDI_devices: CDI devices are not supported")
+	}
+	if c.GetStopSignal() != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
+		return errdefs.New(errdefs.ErrUnimplemented, "config.stop_signal: a stop signal other than the image's is not supported")
+	}
+	for i, m := range c.GetMounts() {
+		field := fmt.Sprintf("config.mounts[%d]", i)
+		switch {
+		case len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0:
+			return errdefs.InvalidArgument("%s.uidMappings, gidMappings: idmapped mounts are made for a pod's user namespace, not asked per mount", field)
+		case m.GetImage() != nil || m.GetImageSubPath() != "":
+			return errdefs.New(errdefs.ErrUnimplemented, "%s.image, image_sub_path: image volumes are not supported", field)
+		case len(m.GetMountOptions()) > 0:
+			return errdefs.InvalidArgument("%s.mount_options: mount options are not supported", field)
+		}
+	}
+	if len(c.GetLinux().GetSecurityContext().GetCapabilities().GetAddAmbientCapabilities()) > 0 {
+		return errdefs.InvalidArgument("config.linux.security_context.capabilities.add_ambient_capabilities: ambient capabilities are not supported")
+	}
+	return nil
+}
+
 // securityFrom reads a container's security context into sec.
 func securityFrom(sc *runtimeapi.LinuxContainerSecurityContext, sec *broker.Security) error {
 	sec.Privileged = sc.GetPrivileged()
@@ -102,6 +135,7 @@ func securityFrom(sc *runtimeapi.LinuxContainerSecurityContext, sec *broker.Secu
 		sec.RunAsGroup = &v
 	}
 	sec.SupplementalGroups = sc.GetSupplementalGroups()
+	sec.StrictGroups = sc.GetSupplementalGroupsPolicy() == runtimeapi.SupplementalGroupsPolicy_Strict
 	sec.ReadonlyRootfs = sc.GetReadonlyRootfs()
 	sec.NoNewPrivs = sc.GetNoNewPrivs()
 	if ns := sc.GetNamespaceOptions(); ns != nil {

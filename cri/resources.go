@@ -82,16 +82,7 @@ func nodeHasSwap() bool { return nodeSwap() }
 // limits in place (the kubelet's in-place pod resize) and reports them
 // back through ContainerStatus. Windows resources are refused.
 func (s *Server) UpdateContainerResources(ctx context.Context, r *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
-	if r.GetContainerId() == "" {
-		return nil, badRequest("container_id")
-	}
-	if r.GetWindows() != nil {
-		return nil, errdefs.InvalidArgument("windows: Windows resources do not apply to Linux containers")
-	}
-	if r.GetLinux() == nil {
-		return nil, badRequest("linux")
-	}
-	res, err := containerResources(r.GetLinux(), "linux")
+	res, err := updateResourcesFrom(r)
 	if err != nil {
 		return nil, err
 	}
@@ -101,24 +92,27 @@ func (s *Server) UpdateContainerResources(ctx context.Context, r *runtimeapi.Upd
 	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 }
 
+// updateResourcesFrom reads an UpdateContainerResources request.
+func updateResourcesFrom(r *runtimeapi.UpdateContainerResourcesRequest) (broker.Resources, error) {
+	if r.GetContainerId() == "" {
+		return broker.Resources{}, badRequest("container_id")
+	}
+	if r.GetWindows() != nil {
+		return broker.Resources{}, errdefs.InvalidArgument("windows: Windows resources do not apply to Linux containers")
+	}
+	if r.GetLinux() == nil {
+		return broker.Resources{}, badRequest("linux")
+	}
+	return containerResources(r.GetLinux(), "linux")
+}
+
 // UpdatePodSandboxResources takes a pod's new total limits after the
 // kubelet resized its containers: a VM pod checks they fit in its VM
 // (FailedPrecondition, saying what growing a VM would take, when they do
 // not); the others run beneath the pod cgroup the kubelet resizes itself.
 // The overhead is the kubelet's to account in that cgroup.
 func (s *Server) UpdatePodSandboxResources(ctx context.Context, r *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
-	if r.GetPodSandboxId() == "" {
-		return nil, badRequest("pod_sandbox_id")
-	}
-	if r.GetResources() == nil {
-		return nil, badRequest("resources")
-	}
-	if o, err := containerResources(r.GetOverhead(), "overhead"); err != nil {
-		return nil, err
-	} else if o.CpusetCpus != "" || o.CpusetMems != "" {
-		return nil, errdefs.InvalidArgument("overhead.cpuset_cpus, cpuset_mems: a cpuset is a container's, not a pod's")
-	}
-	res, err := containerResources(r.GetResources(), "resources")
+	res, err := updatePodResourcesFrom(r)
 	if err != nil {
 		return nil, err
 	}
@@ -126,4 +120,31 @@ func (s *Server) UpdatePodSandboxResources(ctx context.Context, r *runtimeapi.Up
 		return nil, err
 	}
 	return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil
+}
+
+// updatePodResourcesFrom reads an UpdatePodSandboxResources request.
+func updatePodResourcesFrom(r *runtimeapi.UpdatePodSandboxResourcesRequest) (broker.Resources, error) {
+	if r.GetPodSandboxId() == "" {
+		return broker.Resources{}, badRequest("pod_sandbox_id")
+	}
+	if r.GetResources() == nil {
+		return broker.Resources{}, badRequest("resources")
+	}
+	if _, err := podResources(r.GetOverhead(), "overhead"); err != nil {
+		return broker.Resources{}, err
+	}
+	return podResources(r.GetResources(), "resources")
+}
+
+// podResources reads a pod's limits as containerResources does, refusing
+// a cpuset too: a cpuset is a container's.
+func podResources(r *runtimeapi.LinuxContainerResources, field string) (broker.Resources, error) {
+	res, err := containerResources(r, field)
+	if err != nil {
+		return broker.Resources{}, err
+	}
+	if res.CpusetCpus != "" || res.CpusetMems != "" {
+		return broker.Resources{}, errdefs.InvalidArgument("%s.cpuset_cpus, cpuset_mems: a cpuset is a container's, not a pod's", field)
+	}
+	return res, nil
 }

@@ -21,6 +21,9 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 	if c.GetMetadata() == nil {
 		return nil, badRequest("config.metadata")
 	}
+	if c.GetWindows() != nil {
+		return nil, errdefs.InvalidArgument("config.windows: a Windows pod cannot run on a Linux node")
+	}
 	m := c.GetMetadata()
 	pc := &broker.PodConfig{
 		Metadata:       broker.PodMetadata{Name: m.GetName(), Namespace: m.GetNamespace(), UID: m.GetUid(), Attempt: m.GetAttempt()},
@@ -45,10 +48,11 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 		pc.CgroupParent = l.GetCgroupParent()
 		pc.Sysctls = maps.Clone(l.GetSysctls())
 		if r := l.GetResources(); r != nil {
-			// The cpuset is taken to be refused (a cpuset is a
-			// container's); the OOM score is a process's, not used for
-			// a pod.
-			res := resourcesFrom(r)
+			// The OOM score is a process's, not used for a pod.
+			res, err := podResources(r, "config.linux.resources")
+			if err != nil {
+				return nil, err
+			}
 			pc.Resources = &res
 		}
 		if sc := l.GetSecurityContext(); sc != nil {
