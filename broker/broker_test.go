@@ -48,6 +48,7 @@ const testPolicy = `version: 1
 default_stage1: fake
 handlers:
   fake: {stage1: fake}
+  fake-nohost: {stage1: fake, privileged_without_host_devices: true}
   vm: {stage1: vm}
 rules:
   - name: no-privileged-in-locked

@@ -293,6 +293,10 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	if err != nil {
 		return err
 	}
+	if err := b.appDevices(p, &rec.Config, app); err != nil {
+		lsm.ReleaseSELinux(app.SELinuxProcessLabel)
+		return err
+	}
 	defer func() {
 		if err != nil {
 			lsm.ReleaseSELinux(app.SELinuxProcessLabel)

@@ -152,7 +152,9 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 			Options:    dec.Options,
 			Reasons:    dec.Reasons,
 			RunDir:     filepath.Join(b.podsRunDir(), id),
-			CreatedAt:  time.Now(),
+
+			PrivilegedWithoutHostDevices: dec.PrivilegedWithoutHostDevices,
+			CreatedAt:                    time.Now(),
 		},
 		created: make(chan struct{}),
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -160,12 +161,14 @@ type ContainerConfig struct {
 	// UserImage is the image as the pod's author wrote it (CRI
 	// UserSpecifiedImage), when the caller says; Image may be the ID the
 	// caller resolved it to.
-	UserImage   string            `json:"userImage,omitempty"`
-	Command     []string          `json:"command,omitempty"`
-	Args        []string          `json:"args,omitempty"`
-	WorkingDir  string            `json:"workingDir,omitempty"`
-	Env         []KeyValue        `json:"env,omitempty"`
-	Mounts      []Mount           `json:"mounts,omitempty"`
+	UserImage  string     `json:"userImage,omitempty"`
+	Command    []string   `json:"command,omitempty"`
+	Args       []string   `json:"args,omitempty"`
+	WorkingDir string     `json:"workingDir,omitempty"`
+	Env        []KeyValue `json:"env,omitempty"`
+	Mounts     []Mount    `json:"mounts,omitempty"`
+	// Devices are the host's device nodes the container is given.
+	Devices     []devices.Request `json:"devices,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
 	LogPath     string            `json:"logPath,omitempty"`
@@ -212,11 +215,14 @@ type PodRecord struct {
 	ConfigHash string    `json:"configHash"`
 	Stage1     string    `json:"stage1"`
 	// Rule and Options come from the policy decision; Reasons say why.
-	Rule         string            `json:"rule,omitempty"`
-	Options      map[string]string `json:"options,omitempty"`
-	Reasons      []string          `json:"reasons,omitempty"`
-	BackendState []byte            `json:"backendState,omitempty"`
-	RunDir       string            `json:"runDir"`
+	Rule    string            `json:"rule,omitempty"`
+	Options map[string]string `json:"options,omitempty"`
+	// PrivilegedWithoutHostDevices: the pod's privileged containers do
+	// not get the host's devices (its runtime handler says so).
+	PrivilegedWithoutHostDevices bool     `json:"privilegedWithoutHostDevices,omitempty"`
+	Reasons                      []string `json:"reasons,omitempty"`
+	BackendState                 []byte   `json:"backendState,omitempty"`
+	RunDir                       string   `json:"runDir"`
 	// NetNS is the pod's network namespace (recorded before it is made);
 	// empty for pods in the host network. IPs are from CNI.
 	NetNS     string    `json:"netns,omitempty"`

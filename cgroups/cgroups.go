@@ -6,8 +6,8 @@
 // Two modes are supported. When /sys/fs/cgroup is a cgroup2 file system
 // (pure v2) a Cgroup has one path, under the key "unified". Otherwise (v1 or
 // hybrid) a Cgroup has one directory per controller among cpu, cpuacct,
-// cpuset, memory, pids and freezer; the name=systemd and hybrid unified
-// mounts, and the devices and blkio controllers, are not used. Co-mounted
+// cpuset, memory, pids, freezer and devices; the name=systemd and hybrid
+// unified mounts, and the blkio controller, are not used. Co-mounted
 // controllers ("cpu,cpuacct") share a directory; every operation visits a
 // directory once.
 //
@@ -38,7 +38,7 @@ import (
 const Unified = "unified"
 
 // v1Controllers are the v1 controllers stagelet manages.
-var v1Controllers = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "freezer"}
+var v1Controllers = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "freezer", "devices"}
 
 // Cgroup is one cgroup, named by its directory in each hierarchy.
 type Cgroup struct {

@@ -81,6 +81,7 @@ func TestSelfAndResolve(t *testing.T) {
 				"memory":  "/sys/fs/cgroup/memory/process_api/96fe",
 				"pids":    "/sys/fs/cgroup/pids",
 				"freezer": "/sys/fs/cgroup/freezer",
+				"devices": "/sys/fs/cgroup/devices",
 			},
 			parent: "stagelet",
 			wantResolve: map[string]string{
@@ -90,6 +91,7 @@ func TestSelfAndResolve(t *testing.T) {
 				"memory":  "/sys/fs/cgroup/memory/process_api/96fe/stagelet",
 				"pids":    "/sys/fs/cgroup/pids/stagelet",
 				"freezer": "/sys/fs/cgroup/freezer/stagelet",
+				"devices": "/sys/fs/cgroup/devices/stagelet",
 			},
 		},
 		{
@@ -103,6 +105,7 @@ func TestSelfAndResolve(t *testing.T) {
 				"memory":  "/sys/fs/cgroup/memory/stagelet/pods",
 				"pids":    "/sys/fs/cgroup/pids/stagelet/pods",
 				"freezer": "/sys/fs/cgroup/freezer/stagelet/pods",
+				"devices": "/sys/fs/cgroup/devices/stagelet/pods",
 			},
 		},
 		{

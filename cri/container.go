@@ -10,6 +10,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -65,6 +66,9 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 	if err := unsupportedContainerFields(c); err != nil {
 		return nil, err
 	}
+	for _, d := range c.GetDevices() {
+		cc.Devices = append(cc.Devices, devices.Request{Host: d.GetHostPath(), Container: d.GetContainerPath(), Permissions: d.GetPermissions()})
+	}
 	for _, m := range c.GetMounts() {
 		cc.Mounts = append(cc.Mounts, broker.Mount{
 			ContainerPath:     m.GetContainerPath(),
@@ -95,9 +99,6 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 func unsupportedContainerFields(c *runtimeapi.ContainerConfig) error {
 	if c.GetWindows() != nil {
 		return errdefs.InvalidArgument("config.windows: a Windows container cannot run on a Linux node")
-	}
-	if len(c.GetDevices()) > 0 {
-		return errdefs.New(errdefs.ErrUnimplemented, "config.devices: device passthrough is not supported")
 	}
 	if len(c.GetCDIDevices()) > 0 {
 		return errdefs.New(errdefs.ErrUnimplemented, "config.CDI_devices: CDI devices are not supported")

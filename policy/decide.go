@@ -40,6 +40,8 @@ type Decision struct {
 	Reasons []string `json:"reasons"`
 	// Rule is the name of the rule that chose the base stage1, "" if none.
 	Rule string `json:"rule,omitempty"`
+	// PrivilegedWithoutHostDevices is the pod's runtime handler's switch.
+	PrivilegedWithoutHostDevices bool `json:"privilegedWithoutHostDevices,omitempty"`
 }
 
 // Refusal is the error Decide returns. It unwraps to an errdefs class:
@@ -226,6 +228,7 @@ func (p *Policy) byHandler(d *decision, pod Pod, rule *Rule) error {
 			pod.Handler, by, h.Stage1, d.locked.Name, d.locked.Stage1)
 	}
 	d.chosen, d.asked = fmt.Sprintf("runtime handler %q", pod.Handler), true
+	d.PrivilegedWithoutHostDevices = h.PrivilegedWithoutHostDevices
 	if d.locked != nil {
 		// The locked rule decides, options included; the handler agrees.
 		d.Stage1, d.Options, d.Rule = rule.Stage1, cloneOptions(rule.Options), rule.Name

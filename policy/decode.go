@@ -358,6 +358,9 @@ func (d *decoder) handlers(n *yaml.Node, path string) map[string]Handler {
 			"namespaces":     func(v *yaml.Node, path string) { h.Namespaces = d.strList(v, path) },
 			"not_namespaces": func(v *yaml.Node, path string) { h.NotNamespaces = d.strList(v, path) },
 			"options":        func(v *yaml.Node, path string) { h.Options = d.strMap(v, path) },
+			"privileged_without_host_devices": func(v *yaml.Node, path string) {
+				h.PrivilegedWithoutHostDevices = d.boolean(v, path)
+			},
 		})
 		out[e.name] = h
 	}

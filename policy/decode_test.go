@@ -27,7 +27,7 @@ func TestParseProblems(t *testing.T) {
 		{"unknown nested key", head + "rules:\n  - name: a\n    match:\n      namespace: [ci]\n    stage1: kvm\n",
 			[]string{`t.yaml:6:7: rules[0].match: unknown key "namespace" (known keys: annotations, host_ipc, host_network, host_pid, labels, namespaces, not_namespaces, privileged, user_namespace)`}},
 		{"unknown handler key", head + "handlers:\n  kvm: {stage1: kvm, memory: 1G}\n",
-			[]string{`t.yaml:4:22: handlers.kvm: unknown key "memory" (known keys: namespaces, not_namespaces, options, stage1)`}},
+			[]string{`t.yaml:4:22: handlers.kvm: unknown key "memory" (known keys: namespaces, not_namespaces, options, privileged_without_host_devices, stage1)`}},
 		{"unknown conflict key", head + "conflicts:\n  host_network: {fallback: fly, fallbak: x}\n",
 			[]string{`t.yaml:4:33: conflicts.host_network: unknown key "fallbak" (known keys: fallback, refuse)`}},
 		{"wrong type int", "version: one\ndefault_stage1: nspawn\n",
@@ -232,7 +232,7 @@ func TestEmbedded(t *testing.T) {
 	}
 
 	err = decode("version: 1\npolicy:\n  version: 1\n  default_stage1: kvm\n  handlers:\n    kvm: {stage1: kvm, vcpu: 2}\n", &nodeConfig{})
-	if err == nil || err.Error() != `line 6, column 24: handlers.kvm: unknown key "vcpu" (known keys: namespaces, not_namespaces, options, stage1)` {
+	if err == nil || err.Error() != `line 6, column 24: handlers.kvm: unknown key "vcpu" (known keys: namespaces, not_namespaces, options, privileged_without_host_devices, stage1)` {
 		t.Errorf("embedded unknown key: %v", err)
 	}
 	var ps Problems

@@ -58,6 +58,10 @@ type Handler struct {
 	NotNamespaces []string `yaml:"not_namespaces"`
 	// Options are handed to the stage1 (e.g. memory, vcpus).
 	Options map[string]string `yaml:"options"`
+	// PrivilegedWithoutHostDevices: privileged containers of the
+	// handler's pods do not get the host's devices (containerd's switch
+	// of the same name); they may still use any device they are given.
+	PrivilegedWithoutHostDevices bool `yaml:"privileged_without_host_devices"`
 }
 
 // Rule is one ordered rule: pods it matches get Stage1 (with Options), or

@@ -244,6 +244,16 @@ type AppSpec struct {
 	Mounts    []Mount   `json:"mounts,omitempty"`
 	Resources Resources `json:"resources"`
 
+	// Devices are the device nodes made in the app's root (mknod, with
+	// the mode and owner given), as the host's devices are numbered; a
+	// node already there as the same device is kept.
+	Devices []specs.LinuxDevice `json:"devices,omitempty"`
+	// DeviceCgroup fences the devices the app's processes may create and
+	// open: a first rule over every device that allows or denies all,
+	// then what is allowed besides (package devices makes them). Nil:
+	// not fenced by the agent (a VM's guest, whose devices are its own).
+	DeviceCgroup []specs.LinuxDeviceCgroup `json:"deviceCgroup,omitempty"`
+
 	// Seccomp is the system call filter of the app and of every command
 	// exec'd in it, as an OCI profile; nil means none. The agent compiles
 	// it (package seccomp) and installs it right before execve.

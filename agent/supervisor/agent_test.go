@@ -23,6 +23,7 @@ import (
 	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/agent/supervisor"
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/testutil"
 )
@@ -979,7 +980,12 @@ func BenchmarkExec(b *testing.B) {
 func TestPrivileged(t *testing.T) {
 	ta := startAgent(t)
 	rootfs := makeRootfs(t)
-	ta.run(&api.AppSpec{ID: "p", Rootfs: rootfs, Args: []string{"sleep", "1000"}, Privileged: true})
+	hostDevices, err := devices.Host("/dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta.run(&api.AppSpec{ID: "p", Rootfs: rootfs, Args: []string{"sleep", "1000"}, Privileged: true,
+		Devices: hostDevices, DeviceCgroup: devices.AllowAll()})
 	own, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		t.Fatal(err)
@@ -994,11 +1000,13 @@ func TestPrivileged(t *testing.T) {
 	if strings.TrimSpace(string(res.Stdout)) != ownEff {
 		t.Errorf("privileged CapEff %q, the agent's %q", res.Stdout, ownEff)
 	}
-	// The host's /dev, and /sys writable.
-	hostDev, _ := os.ReadDir("/dev")
-	res = ta.exec("p", "ls", "/dev")
-	if n := len(strings.Fields(string(res.Stdout))); n != len(hostDev) {
-		t.Errorf("privileged /dev has %d entries, the host's %d", n, len(hostDev))
+	// The host's devices it was given, with their numbers, and /sys
+	// writable.
+	for _, d := range hostDevices {
+		res = ta.exec("p", "stat", "-c", "%t:%T", d.Path)
+		if want := fmt.Sprintf("%x:%x", d.Major, d.Minor); strings.TrimSpace(string(res.Stdout)) != want {
+			t.Errorf("%s in the privileged container: %q, want %s", d.Path, res.Stdout, want)
+		}
 	}
 	res = ta.exec("p", "grep", " /sys ", "/proc/self/mounts")
 	if !strings.Contains(string(res.Stdout), " rw,") {
@@ -1261,5 +1269,36 @@ func TestOOMScoreAboveAgent(t *testing.T) {
 	}
 	if out := strings.TrimSpace(string(ta.exec("asked", "cat", "/proc/self/oom_score_adj").Stdout)); out != "500" {
 		t.Errorf("an exec in app asked scores %q, want 500", out)
+	}
+}
+
+// TestDevices: an app gets the device nodes it is given (numbers, mode,
+// owner) and may open those and the default ones only: it can make any
+// node, but not open one it was not given.
+func TestDevices(t *testing.T) {
+	ta := startAgent(t)
+	rootfs := makeRootfs(t)
+	// kmsg (1:11): not among the default devices.
+	given, err := devices.Resolve([]devices.Request{{Host: "/dev/kmsg", Container: "/dev/given", Permissions: "r"}}, "devices")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta.run(&api.AppSpec{ID: "d", Rootfs: rootfs, Args: []string{"sleep", "1000"},
+		Capabilities: []string{"CAP_MKNOD", "CAP_DAC_OVERRIDE", "CAP_SYSLOG"},
+		Devices:      given.Nodes, DeviceCgroup: append(devices.DefaultRules(), given.Rules...)})
+	res := ta.exec("d", "stat", "-c", "%F %t:%T %a %u:%g", "/dev/given")
+	if got, want := strings.TrimSpace(string(res.Stdout)), "character special file 1:b 644 0:0"; got != want {
+		t.Errorf("/dev/given: %q, want %q", got, want)
+	}
+	if res := ta.exec("d", "dd", "if=/dev/given", "of=/dev/null", "bs=8192", "count=1"); res.ExitCode != 0 {
+		t.Errorf("reading the device it was given: %d %s", res.ExitCode, res.Stderr)
+	}
+	if res := ta.exec("d", "sh", "-c", "echo x > /dev/given"); !strings.Contains(string(res.Stderr), "Operation not permitted") {
+		t.Errorf("writing a device given read-only: %d %q, want EPERM", res.ExitCode, res.Stderr)
+	}
+	// cpu_dma_latency (10:259): made, then refused.
+	res = ta.exec("d", "sh", "-c", "mknod /tmp/k c 10 259 && head -c 4 /tmp/k")
+	if !strings.Contains(string(res.Stderr), "Operation not permitted") {
+		t.Errorf("opening a device not given: %d %q %q, want EPERM", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }

@@ -224,6 +224,9 @@ func (a *Agent) setupCgroup(ctx context.Context, ap *app) error {
 		if cgroupLimits(r) != (cgroups.Resources{}) {
 			a.log.WarnContext(ctx, "cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
 		}
+		if ap.spec.DeviceCgroup != nil {
+			a.log.WarnContext(ctx, "cgroups unavailable: device access not fenced", "app", ap.spec.ID)
+		}
 		return nil
 	}
 	if err := ap.cg.Create(); err != nil {
@@ -231,6 +234,11 @@ func (a *Agent) setupCgroup(ctx context.Context, ap *app) error {
 	}
 	if err := ap.cg.Set(cgroupLimits(r)); err != nil {
 		return errdefs.InvalidArgument("app %s: resources: %w", ap.spec.ID, err)
+	}
+	if ap.spec.DeviceCgroup != nil {
+		if err := ap.cg.SetDevices(ap.spec.DeviceCgroup); err != nil {
+			return fmt.Errorf("app %s: %w", ap.spec.ID, err)
+		}
 	}
 	if n, err := ap.cg.OOMKills(); err == nil {
 		ap.oomBase = n

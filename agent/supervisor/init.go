@@ -510,13 +510,9 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 	if err := mountSys(rootfs, app.Privileged); err != nil {
 		return err
 	}
-	if app.Privileged {
-		if err := mountIn(rootfs, "/dev", true, func(t string) error {
-			return unix.Mount("/dev", t, "", unix.MS_BIND|unix.MS_REC, "")
-		}); err != nil {
-			return err
-		}
-	} else if err := setupDev(rootfs, app.SELinuxMountLabel, warn); err != nil {
+	// A privileged app's /dev is made as anyone's: the host's devices
+	// it is given, where its stage1 gives them, are among app.Devices.
+	if err := setupDev(rootfs, app.SELinuxMountLabel, warn); err != nil {
 		return err
 	}
 	for i, m := range app.Mounts {
@@ -525,6 +521,11 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 			tree = -1
 		}
 		if err := bindMount(rootfs, m, tree); err != nil {
+			return err
+		}
+	}
+	for _, d := range app.Devices {
+		if err := makeDevice(rootfs, d); err != nil {
 			return err
 		}
 	}

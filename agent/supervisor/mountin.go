@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,4 +82,60 @@ func createFile(p string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// makeDevice makes the device node d in rootfs (mknod, then its owner and
+// mode): its parent directories are made as needed and must resolve
+// inside rootfs. A node already there as the same device (one of /dev's
+// usual ones) is kept; anything else there is an error.
+func makeDevice(rootfs string, d specs.LinuxDevice) error {
+	p, err := securejoin.SecureJoin(rootfs, d.Path)
+	if err != nil {
+		return fmt.Errorf("device %s: %w", d.Path, err)
+	}
+	var typ uint32
+	switch d.Type {
+	case "c", "u":
+		typ = unix.S_IFCHR
+	case "b":
+		typ = unix.S_IFBLK
+	default:
+		return fmt.Errorf("device %s: type %q", d.Path, d.Type)
+	}
+	rdev := unix.Mkdev(uint32(d.Major), uint32(d.Minor))
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err == nil {
+		if st.Mode&unix.S_IFMT == typ && st.Rdev == rdev {
+			return nil
+		}
+		return fmt.Errorf("device %s: the path is taken", d.Path)
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("device %s: %w", d.Path, err)
+	}
+	return atTarget(rootfs, filepath.Dir(p), func(dir string) error {
+		name := filepath.Base(p)
+		mode := uint32(0o666)
+		if d.FileMode != nil {
+			mode = uint32(d.FileMode.Perm())
+		}
+		if err := unix.Mknod(filepath.Join(dir, name), typ|mode, int(rdev)); err != nil {
+			return fmt.Errorf("device %s: mknod: %w", d.Path, err)
+		}
+		uid, gid := 0, 0
+		if d.UID != nil {
+			uid = int(*d.UID)
+		}
+		if d.GID != nil {
+			gid = int(*d.GID)
+		}
+		if err := unix.Lchown(filepath.Join(dir, name), uid, gid); err != nil {
+			return fmt.Errorf("device %s: chown: %w", d.Path, err)
+		}
+		// mknod's mode went through the umask.
+		if err := unix.Chmod(filepath.Join(dir, name), mode); err != nil {
+			return fmt.Errorf("device %s: chmod: %w", d.Path, err)
+		}
+		return nil
+	})
 }

@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 )
@@ -66,6 +68,7 @@ type process interface {
 type cgroup interface {
 	Create() error
 	Set(cgroups.Resources) error
+	SetDevices([]specs.LinuxDeviceCgroup) error
 	Add(pid int) error
 	Kill() error
 	OOMKills() (uint64, error)

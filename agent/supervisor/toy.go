@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 )
@@ -34,6 +36,8 @@ type Toy struct {
 	// procs are the live processes by app: the app's own and its execs'.
 	procs   map[string][]*toyProc
 	sysctls map[string]string
+	// devices are the device rules each app's cgroup was given.
+	devices map[string][]specs.LinuxDeviceCgroup
 }
 
 var _ System = (*Toy)(nil)
@@ -246,6 +250,13 @@ func (t *Toy) dialPort(port int32) (net.Conn, error) {
 	return mine, nil
 }
 
+// Devices returns the device rules app's cgroup was given; nil when none.
+func (t *Toy) Devices(app string) []specs.LinuxDeviceCgroup {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.devices[app]
+}
+
 // podCgroup and appCgroup implement System: cgroups that count and apply
 // nothing; killing an app's kills its processes.
 func (t *Toy) podCgroup() cgroup          { return &toyCgroup{t: t} }
@@ -258,9 +269,18 @@ type toyCgroup struct {
 
 func (c *toyCgroup) Create() error               { return nil }
 func (c *toyCgroup) Set(cgroups.Resources) error { return nil }
-func (c *toyCgroup) Add(int) error               { return nil }
-func (c *toyCgroup) OOMKills() (uint64, error)   { return 0, nil }
-func (c *toyCgroup) Delete() error               { return nil }
+func (c *toyCgroup) SetDevices(rules []specs.LinuxDeviceCgroup) error {
+	c.t.mu.Lock()
+	defer c.t.mu.Unlock()
+	if c.t.devices == nil {
+		c.t.devices = map[string][]specs.LinuxDeviceCgroup{}
+	}
+	c.t.devices[c.app] = rules
+	return nil
+}
+func (c *toyCgroup) Add(int) error             { return nil }
+func (c *toyCgroup) OOMKills() (uint64, error) { return 0, nil }
+func (c *toyCgroup) Delete() error             { return nil }
 
 func (c *toyCgroup) Stats() (*cgroups.Stats, error) {
 	c.t.mu.Lock()

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/agent/supervisor"
 	"github.com/stagelet/stagelet/agent/wire"
@@ -461,6 +463,9 @@ func (p *Pod) Subscribers() int {
 
 // Updated is the last resources update app id was sent (and the agent
 // took).
+// DeviceRules returns the device rules the agent gave app id's cgroup.
+func (p *Pod) DeviceRules(id string) []specs.LinuxDeviceCgroup { return p.toy.Devices(id) }
+
 func (p *Pod) Updated(id string) api.Resources {
 	p.mu.Lock()
 	defer p.mu.Unlock()

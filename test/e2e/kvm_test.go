@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/internal/testutil"
@@ -58,6 +59,15 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 	vmCfg := e.netPodConfig("vm", kvmStage1)
 	vmPod := e.runStage1Pod(vmCfg, kvmStage1)
 	vmCtr := e.createAndStart(vmPod, vmCfg, e.netContainer(kvmStage1, "app", "sh", "-c", "echo hello from the vm; echo to stderr >&2; exec sleep 1000"))
+
+	// A host device node means nothing to the guest's kernel.
+	withDevice := e.netContainer(kvmStage1, "device", "sleep", "1000")
+	withDevice.Devices = []*runtimeapi.Device{{HostPath: "/dev/null", ContainerPath: "/dev/given", Permissions: "rw"}}
+	_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: vmPod, Config: withDevice, SandboxConfig: vmCfg})
+	requireCode(t, err, codes.InvalidArgument, "CreateContainer with a host device in a VM pod")
+	if !strings.Contains(err.Error(), "config.devices") {
+		t.Errorf("the refusal does not name config.devices: %v", err)
+	}
 
 	nsCfg := e.netPodConfig("ns", nspawnStage1)
 	nsPod := e.runStage1Pod(nsCfg, nspawnStage1)

@@ -323,6 +323,18 @@ func TestPodUTSNamespace(t *testing.T) {
 		if h, err := os.Hostname(); err != nil || h != hostBefore {
 			t.Fatalf("the host's name is %q after a pod set its own (was %q, %v)", h, hostBefore, err)
 		}
+		if s != flyStage1 {
+			return
+		}
+		// A fly pod in the host's network keeps the node's name, as
+		// hostNetwork pods do under runc.
+		hostCfg := e.podConfig("uts-host")
+		hostPod := e.runStage1Pod(hostCfg, s)
+		hostCtr := e.createAndStart(hostPod, hostCfg, e.containerConfig("app", "sleep", "3600"))
+		e.waitContainerState(hostCtr, running, stateTimeout)
+		if got := strings.TrimSpace(e.execOK(hostCtr, "hostname")); got != hostBefore {
+			t.Errorf("hostname in a hostNetwork fly container: %q, want the node's %q", got, hostBefore)
+		}
 	})
 }
 

@@ -1,0 +1,63 @@
+package broker
+
+import (
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/devices"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// hostDev is the host's /dev, whose nodes a privileged container gets
+// where its stage1 gives privileged containers the host's devices.
+var hostDev = "/dev"
+
+// appDevices gives app the device nodes its container asks for and the
+// device cgroup rules that fence the rest, by what the pod's stage1 is:
+//   - in a VM, a host device node means nothing to the guest kernel:
+//     devices are refused, and the guest's own devices are not fenced
+//     (the VM is the boundary);
+//   - in a pod with a user namespace of its own, the kernel makes no
+//     device node and the agent, not root there, attaches no device
+//     filter: devices are refused, the pod's /dev holds the usual nodes
+//     only;
+//   - otherwise a container may open the default devices and its own; a
+//     privileged one every device, and gets the host's nodes where its
+//     stage1 makes privileged mean the host's devices (fly) and the
+//     runtime handler does not say otherwise.
+func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) error {
+	b.mu.Lock()
+	stage1 := p.rec.Stage1
+	noHostDevices := p.rec.PrivilegedWithoutHostDevices
+	userns := p.rec.Config.UserNS != nil
+	b.mu.Unlock()
+	caps := b.caps[stage1]
+	switch {
+	case caps.KernelIsolated:
+		if len(cfg.Devices) > 0 {
+			return errdefs.InvalidArgument("config.devices: the pod runs in a VM (stage1 %s), whose kernel has none of the host's device nodes", stage1)
+		}
+		return nil
+	case userns:
+		if len(cfg.Devices) > 0 {
+			return errdefs.InvalidArgument("config.devices: the pod has a user namespace of its own (hostUsers: false), in which no device node can be made")
+		}
+		return nil
+	}
+	set, err := devices.Resolve(cfg.Devices, "config.devices")
+	if err != nil {
+		return err
+	}
+	if app.Privileged {
+		app.DeviceCgroup = devices.AllowAll()
+		if caps.Privileged == "host" && !noHostDevices {
+			host, err := devices.Host(hostDev)
+			if err != nil {
+				return err
+			}
+			app.Devices = host
+		}
+	} else {
+		app.DeviceCgroup = append(devices.DefaultRules(), set.Rules...)
+	}
+	app.Devices = append(app.Devices, set.Nodes...)
+	return nil
+}
