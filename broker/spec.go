@@ -221,6 +221,9 @@ func appMounts(ms []Mount) []api.Mount {
 			Readonly:          m.Readonly,
 			Propagation:       m.Propagation,
 			RecursiveReadonly: m.RecursiveReadonly,
+			NoSuid:            m.NoSuid,
+			NoDev:             m.NoDev,
+			NoExec:            m.NoExec,
 		})
 	}
 	return out

@@ -72,6 +72,11 @@ type Mount struct {
 	// RecursiveReadonly makes the mounts beneath a read-only mount
 	// read-only too; Readonly alone covers the top mount only.
 	RecursiveReadonly bool `json:"recursiveReadonly,omitempty"`
+	// NoSuid, NoDev and NoExec are the bind mount's flags of those names
+	// (CRI mount_options).
+	NoSuid bool `json:"nosuid,omitempty"`
+	NoDev  bool `json:"nodev,omitempty"`
+	NoExec bool `json:"noexec,omitempty"`
 }
 
 // Resources are a container's limits (CRI LinuxContainerResources).

@@ -69,15 +69,28 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 	for _, d := range c.GetDevices() {
 		cc.Devices = append(cc.Devices, devices.Request{Host: d.GetHostPath(), Container: d.GetContainerPath(), Permissions: d.GetPermissions()})
 	}
-	for _, m := range c.GetMounts() {
-		cc.Mounts = append(cc.Mounts, broker.Mount{
+	for i, m := range c.GetMounts() {
+		bm := broker.Mount{
 			ContainerPath:     m.GetContainerPath(),
 			HostPath:          m.GetHostPath(),
 			Readonly:          m.GetReadonly(),
 			SelinuxRelabel:    m.GetSelinuxRelabel(),
 			Propagation:       propagation(m.GetPropagation()),
 			RecursiveReadonly: m.GetRecursiveReadOnly(),
-		})
+		}
+		for _, o := range m.GetMountOptions() {
+			switch o {
+			case "nosuid":
+				bm.NoSuid = true
+			case "nodev":
+				bm.NoDev = true
+			case "noexec":
+				bm.NoExec = true
+			default:
+				return nil, errdefs.InvalidArgument("config.mounts[%d].mount_options: %q: want nosuid, nodev or noexec", i, o)
+			}
+		}
+		cc.Mounts = append(cc.Mounts, bm)
 	}
 	if l := c.GetLinux(); l != nil {
 		res, err := containerResources(l.GetResources(), "config.linux.resources")
@@ -113,8 +126,6 @@ func unsupportedContainerFields(c *runtimeapi.ContainerConfig) error {
 			return errdefs.InvalidArgument("%s.uidMappings, gidMappings: idmapped mounts are made for a pod's user namespace, not asked per mount", field)
 		case m.GetImage() != nil || m.GetImageSubPath() != "":
 			return errdefs.New(errdefs.ErrUnimplemented, "%s.image, image_sub_path: image volumes are not supported", field)
-		case len(m.GetMountOptions()) > 0:
-			return errdefs.InvalidArgument("%s.mount_options: mount options are not supported", field)
 		}
 	}
 	if len(c.GetLinux().GetSecurityContext().GetCapabilities().GetAddAmbientCapabilities()) > 0 {

@@ -180,7 +180,7 @@ var criFields = map[string]fieldUse{
 	"Mount.gidMappings":                                        refused,
 	"Mount.image":                                              refused,
 	"Mount.image_sub_path":                                     refused,
-	"Mount.mount_options":                                      refused,
+	"Mount.mount_options":                                      honoured,
 	"Device.container_path":                                    honoured,
 	"Device.host_path":                                         honoured,
 	"Device.permissions":                                       honoured,

@@ -39,7 +39,12 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 		{Type: runtimeapi.RuntimeReady, Status: true},
 		netCond,
 	}
-	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: conds}}
+	resp := &runtimeapi.StatusResponse{
+		Status: &runtimeapi.RuntimeStatus{Conditions: conds},
+		// Strict supplemental groups and the user reported in
+		// ContainerStatus; nosuid, nodev and noexec bind mounts.
+		Features: &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true, MountOptions: true},
+	}
 	// Every stage1's agent makes read-only mounts recursively read-only
 	// with mount_setattr when asked; user namespaces are the stage1's
 	// (for the empty handler, the default stage1's: a rule may still put

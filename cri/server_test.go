@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -175,5 +176,26 @@ func TestContainerConfigFromSecurityFields(t *testing.T) {
 	})
 	if toStatus(err).Code() != codes.InvalidArgument {
 		t.Fatalf("TARGET without target_id: %v", err)
+	}
+}
+
+func TestMountOptions(t *testing.T) {
+	cfg := func(opts ...string) *runtimeapi.ContainerConfig {
+		return &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "c"},
+			Image:    &runtimeapi.ImageSpec{Image: "i"},
+			Mounts:   []*runtimeapi.Mount{{ContainerPath: "/a", HostPath: "/b", MountOptions: opts}},
+		}
+	}
+	cc, err := containerConfigFrom(cfg("nosuid", "noexec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := cc.Mounts[0]; !m.NoSuid || m.NoDev || !m.NoExec {
+		t.Errorf("mount options nosuid, noexec: %+v", m)
+	}
+	_, err = containerConfigFrom(cfg("nodev", "sync"))
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "config.mounts[0].mount_options") {
+		t.Errorf("an option not supported: %v, want InvalidArgument naming the field", err)
 	}
 }

@@ -199,6 +199,10 @@ type Mount struct {
 	// RecursiveReadonly: with Readonly, the mounts beneath the source
 	// are read-only too; Readonly alone makes the top mount read-only.
 	RecursiveReadonly bool `json:"recursiveReadonly,omitempty"`
+	// NoSuid, NoDev and NoExec are the bind mount's flags of those names.
+	NoSuid bool `json:"nosuid,omitempty"`
+	NoDev  bool `json:"nodev,omitempty"`
+	NoExec bool `json:"noexec,omitempty"`
 }
 
 // Resources are the app's cgroup limits; zero means unlimited/default.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1300,5 +1301,38 @@ func TestDevices(t *testing.T) {
 	res = ta.exec("d", "sh", "-c", "mknod /tmp/k c 10 259 && head -c 4 /tmp/k")
 	if !strings.Contains(string(res.Stderr), "Operation not permitted") {
 		t.Errorf("opening a device not given: %d %q %q, want EPERM", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}
+
+// TestMountOptions: a bind mount's nosuid, nodev and noexec flags, beside
+// read-only.
+func TestMountOptions(t *testing.T) {
+	ta := startAgent(t)
+	rootfs := makeRootfs(t)
+	src := t.TempDir()
+	ta.run(&api.AppSpec{ID: "m", Rootfs: rootfs, Args: []string{"sleep", "1000"}, Mounts: []api.Mount{
+		{Source: src, Destination: "/flags", NoSuid: true, NoDev: true, NoExec: true},
+		{Source: src, Destination: "/ro-noexec", Readonly: true, NoExec: true},
+		{Source: src, Destination: "/plain"},
+	}})
+	res := ta.exec("m", "cat", "/proc/self/mounts")
+	opts := map[string][]string{}
+	for _, l := range strings.Split(string(res.Stdout), "\n") {
+		if f := strings.Fields(l); len(f) > 3 {
+			opts[f[1]] = strings.Split(f[3], ",")
+		}
+	}
+	for dest, want := range map[string][]string{
+		"/flags":     {"rw", "nosuid", "nodev", "noexec"},
+		"/ro-noexec": {"ro", "noexec"},
+	} {
+		for _, w := range want {
+			if !slices.Contains(opts[dest], w) {
+				t.Errorf("%s mounted %v, want %s", dest, opts[dest], w)
+			}
+		}
+	}
+	if slices.Contains(opts["/plain"], "noexec") {
+		t.Errorf("/plain mounted %v: noexec it was not asked for", opts["/plain"])
 	}
 }

@@ -624,6 +624,9 @@ func bindMount(rootfs string, m api.Mount, tree int) error {
 		}
 		return unix.Mount(m.Source, t, "", unix.MS_BIND|unix.MS_REC, "")
 	}}
+	if f := mountFlags(m); f != 0 {
+		steps = append(steps, func(t string) error { return remountWith(t, f) })
+	}
 	if m.Readonly {
 		// Read-only covers the bound mount; the mounts beneath it only
 		// when asked (recursive read-only, which has no fallback).
@@ -638,6 +641,35 @@ func bindMount(rootfs string, m api.Mount, tree int) error {
 		return unix.Mount("", t, "", prop|unix.MS_REC, "")
 	})
 	return mountIn(rootfs, m.Destination, st.IsDir(), steps...)
+}
+
+// mountFlags are m's nosuid, nodev and noexec flags.
+func mountFlags(m api.Mount) uintptr {
+	var f uintptr
+	if m.NoSuid {
+		f |= unix.MS_NOSUID
+	}
+	if m.NoDev {
+		f |= unix.MS_NODEV
+	}
+	if m.NoExec {
+		f |= unix.MS_NOEXEC
+	}
+	return f
+}
+
+// remountWith adds flags to the bind mount at path, keeping the flags it
+// has.
+func remountWith(path string, flags uintptr) error {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(path, &sfs); err != nil {
+		return err
+	}
+	keep := uintptr(sfs.Flags) & (unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOATIME | unix.MS_NODIRATIME | unix.MS_RELATIME)
+	if err := unix.Mount("", path, "", unix.MS_BIND|unix.MS_REMOUNT|keep|flags, ""); err != nil {
+		return fmt.Errorf("remount %s: %w", path, err)
+	}
+	return nil
 }
 
 // remountReadonly makes the mount at path read-only, keeping its other
