@@ -26,6 +26,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/agent/client"
+	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/policy"
@@ -66,7 +67,9 @@ type Options struct {
 	// Network gives pods their own network namespace; nil means only
 	// pods in the host network can be created.
 	Network Network
-	Log     *slog.Logger
+	// CDI resolves CDI device names; nil: devices.NewCDI(nil).
+	CDI *devices.CDI
+	Log *slog.Logger
 }
 
 // Broker is the node's pod and container manager. Create it with New, then
@@ -155,6 +158,9 @@ func New(opts Options) (*Broker, error) {
 	}
 	if len(opts.Backends) == 0 {
 		return nil, fmt.Errorf("broker: no stage1 backends")
+	}
+	if opts.CDI == nil {
+		opts.CDI = devices.NewCDI(nil)
 	}
 	b := &Broker{
 		opts:      opts,
@@ -247,6 +253,9 @@ func (b *Broker) SetPolicy(p *policy.Policy) { b.policy.Store(p) }
 
 // Capabilities returns every registered backend's capability facts.
 func (b *Broker) Capabilities() map[string]stage1.Capabilities { return b.caps }
+
+// CDISpecDirs are the directories CDI device specs are read from.
+func (b *Broker) CDISpecDirs() []string { return b.opts.CDI.SpecDirs() }
 
 // DecisionCounts returns how many pods each stage1 got, and refusals
 // (key "refused"), since the daemon started.

@@ -1,6 +1,9 @@
 package broker
 
 import (
+	"slices"
+	"strings"
+
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/errdefs"
@@ -30,15 +33,23 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) erro
 	userns := p.rec.Config.UserNS != nil
 	b.mu.Unlock()
 	caps := b.caps[stage1]
+	cdiNames, err := devices.FromAnnotations(cfg.Annotations)
+	if err != nil {
+		return err
+	}
+	cdiNames = append(slices.Clone(cfg.CDIDevices), cdiNames...)
 	switch {
 	case caps.KernelIsolated:
 		if len(cfg.Devices) > 0 {
 			return errdefs.InvalidArgument("config.devices: the pod runs in a VM (stage1 %s), whose kernel has none of the host's device nodes", stage1)
 		}
+		if len(cdiNames) > 0 {
+			return errdefs.InvalidArgument("config.CDI_devices: the pod runs in a VM (stage1 %s), whose kernel has none of the host's devices (%s)", stage1, strings.Join(cdiNames, ", "))
+		}
 		return nil
 	case userns:
-		if len(cfg.Devices) > 0 {
-			return errdefs.InvalidArgument("config.devices: the pod has a user namespace of its own (hostUsers: false), in which no device node can be made")
+		if len(cfg.Devices) > 0 || len(cdiNames) > 0 {
+			return errdefs.InvalidArgument("config.devices, CDI_devices: the pod has a user namespace of its own (hostUsers: false), in which no device node can be made")
 		}
 		return nil
 	}
@@ -46,6 +57,13 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) erro
 	if err != nil {
 		return err
 	}
+	edits, err := b.opts.CDI.Resolve(cdiNames, "config.CDI_devices")
+	if err != nil {
+		return err
+	}
+	set.Nodes = append(set.Nodes, edits.Nodes...)
+	set.Rules = append(set.Rules, edits.Rules...)
+	applyCDI(app, edits)
 	if app.Privileged {
 		app.DeviceCgroup = devices.AllowAll()
 		if caps.Privileged == "host" && !noHostDevices {
@@ -60,4 +78,26 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) erro
 	}
 	app.Devices = append(app.Devices, set.Nodes...)
 	return nil
+}
+
+// applyCDI adds CDI edits beside the device nodes: bind mounts,
+// environment variables (replacing the container's of the same name) and
+// supplementary groups.
+func applyCDI(app *api.AppSpec, e devices.Edits) {
+	for _, m := range e.Mounts {
+		app.Mounts = append(app.Mounts, api.Mount{
+			Source: m.Host, Destination: m.Container, Readonly: m.Readonly, Propagation: m.Propagation,
+			NoSuid: m.NoSuid, NoDev: m.NoDev, NoExec: m.NoExec,
+		})
+	}
+	for _, kv := range e.Env {
+		name, _, _ := strings.Cut(kv, "=")
+		app.Env = slices.DeleteFunc(app.Env, func(x string) bool { return strings.HasPrefix(x, name+"=") })
+		app.Env = append(app.Env, kv)
+	}
+	for _, g := range e.GIDs {
+		if !slices.Contains(app.AdditionalGIDs, g) {
+			app.AdditionalGIDs = append(app.AdditionalGIDs, g)
+		}
+	}
 }

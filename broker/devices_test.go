@@ -95,6 +95,14 @@ func TestContainerDevices(t *testing.T) {
 	vmPod := run("vm", "vm", nil)
 	_, err = b.CreateContainer(ctx, vmPod, withDevice("v"))
 	wantClass(t, err, errdefs.ErrInvalidArgument)
+	withCDI := ctrCfg("v")
+	withCDI.CDIDevices = []string{"example.com/dev=a"}
+	_, err = b.CreateContainer(ctx, vmPod, withCDI)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	withCDI.CDIDevices = nil
+	withCDI.Annotations = map[string]string{"cdi.k8s.io/x": "example.com/dev=a"}
+	_, err = b.CreateContainer(ctx, vmPod, withCDI)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
 	id, err = b.CreateContainer(ctx, vmPod, ctrCfg("v"))
 	if err != nil {
 		t.Fatal(err)

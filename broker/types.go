@@ -173,7 +173,10 @@ type ContainerConfig struct {
 	Env        []KeyValue `json:"env,omitempty"`
 	Mounts     []Mount    `json:"mounts,omitempty"`
 	// Devices are the host's device nodes the container is given.
-	Devices     []devices.Request `json:"devices,omitempty"`
+	Devices []devices.Request `json:"devices,omitempty"`
+	// CDIDevices are fully qualified CDI device names (CDI_devices); the
+	// cdi.k8s.io/* annotations name more.
+	CDIDevices  []string          `json:"cdiDevices,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
 	LogPath     string            `json:"logPath,omitempty"`

@@ -82,6 +82,14 @@ type Streaming struct {
 	Port int `yaml:"port"`
 }
 
+// CDI configures the Container Device Interface: the specs of devices
+// that CDI_devices and cdi.k8s.io/* annotations name.
+type CDI struct {
+	// SpecDirs are read in order; a later directory's spec of a device
+	// wins.
+	SpecDirs []string `yaml:"spec_dirs"`
+}
+
 // Config is the node configuration.
 type Config struct {
 	Version int `yaml:"version"`
@@ -107,6 +115,8 @@ type Config struct {
 	CNI CNI `yaml:"cni"`
 	// Streaming is where exec, attach and port-forward sessions connect.
 	Streaming Streaming `yaml:"streaming"`
+	// CDI locates the CDI device specs.
+	CDI CDI `yaml:"cdi"`
 	// Policy decides each pod's stage1. Absent: the embedded default
 	// policy. PolicyFile names a policy file instead (relative to this
 	// file's directory); the two are exclusive.
@@ -203,6 +213,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Streaming.Port < 0 || c.Streaming.Port > 65535 {
 		errs = append(errs, fmt.Errorf("streaming.port: %d: want 0 (any free port) to 65535", c.Streaming.Port))
+	}
+	for _, d := range c.CDI.SpecDirs {
+		if !path.IsAbs(d) {
+			errs = append(errs, fmt.Errorf("cdi.spec_dirs: %q is not absolute", d))
+		}
 	}
 	for host, r := range c.Registries {
 		if host == "" || strings.ContainsAny(host, "/ ") {

@@ -66,6 +66,12 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 	if err := unsupportedContainerFields(c); err != nil {
 		return nil, err
 	}
+	for i, d := range c.GetCDIDevices() {
+		if d.GetName() == "" {
+			return nil, badRequest(fmt.Sprintf("config.CDI_devices[%d].name", i))
+		}
+		cc.CDIDevices = append(cc.CDIDevices, d.GetName())
+	}
 	for _, d := range c.GetDevices() {
 		cc.Devices = append(cc.Devices, devices.Request{Host: d.GetHostPath(), Container: d.GetContainerPath(), Permissions: d.GetPermissions()})
 	}
@@ -112,9 +118,6 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 func unsupportedContainerFields(c *runtimeapi.ContainerConfig) error {
 	if c.GetWindows() != nil {
 		return errdefs.InvalidArgument("config.windows: a Windows container cannot run on a Linux node")
-	}
-	if len(c.GetCDIDevices()) > 0 {
-		return errdefs.New(errdefs.ErrUnimplemented, "config.CDI_devices: CDI devices are not supported")
 	}
 	if c.GetStopSignal() != runtimeapi.Signal_SIGNAL_RUNTIME_DEFAULT {
 		return errdefs.New(errdefs.ErrUnimplemented, "config.stop_signal: a stop signal other than the image's is not supported")

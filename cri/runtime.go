@@ -71,6 +71,9 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 			"pods":          fmt.Sprint(len(s.b.ListPods(podFilterAll))),
 			// Records recovery could not read, moved to quarantine.
 			"quarantinedRecords": fmt.Sprint(s.b.QuarantinedRecords()),
+			// CDI devices are resolved (containerd's enableCDI).
+			"cdi.enabled":  "true",
+			"cdi.specDirs": strings.Join(s.b.CDISpecDirs(), ","),
 		}
 		for k, v := range s.b.BackendInfo(ctx) {
 			resp.Info[k] = v

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/stage1/host"
 
@@ -241,6 +242,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		AgentBinary:   self,
 		Backends:      backends,
 		Images:        images,
+		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
 		Log:           log,
 	})
 	if err != nil {

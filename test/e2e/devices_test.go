@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,6 +65,72 @@ func TestDevices(t *testing.T) {
 		requireCode(t, err, codes.InvalidArgument, "CreateContainer with a device the host does not have")
 		if !strings.Contains(err.Error(), "config.devices[0].host_path") {
 			t.Errorf("the refusal does not name the field: %v", err)
+		}
+	})
+}
+
+// TestCDIDevices: CDI devices named in CDI_devices or by a cdi.k8s.io/*
+// annotation are resolved through the daemon's spec directory, read when
+// the container is created: device nodes, bind mounts and environment
+// reach the container on fly and nspawn; an unknown device is
+// InvalidArgument naming it. Status says CDI is on and where its specs are.
+func TestCDIDevices(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		st, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Info["cdi.enabled"] != "true" || st.Info["cdi.specDirs"] != e.d.CDIDir {
+			t.Errorf("Status info cdi.enabled %q, cdi.specDirs %q", st.Info["cdi.enabled"], st.Info["cdi.specDirs"])
+		}
+		share := filepath.Join(e.d.LogsDir, "cdi-share-"+randHex(3))
+		if err := os.MkdirAll(share, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(share, "lib.txt"), []byte("from the driver\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		spec := fmt.Sprintf(`{"cdiVersion": "0.7.0", "kind": "example.com/dev",
+  "devices": [
+    {"name": "a", "containerEdits": {"deviceNodes": [{"path": "/dev/cdi-a", "hostPath": "/dev/zero", "permissions": "rw"}], "env": ["CDI_DEVICE=a"]}},
+    {"name": "b", "containerEdits": {"deviceNodes": [{"path": "/dev/cdi-b", "hostPath": "/dev/kmsg", "permissions": "r"}]}}
+  ],
+  "containerEdits": {"mounts": [{"hostPath": %q, "containerPath": "/opt/driver", "options": ["ro", "nosuid", "nodev", "bind"]}]}}`, share)
+		if err := os.WriteFile(filepath.Join(e.d.CDIDir, "example.json"), []byte(spec), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg := e.netPodConfig("cdi", s)
+		podID := e.runStage1Pod(cfg, s)
+		c := e.netContainer(s, "app", "sleep", "3600")
+		c.CDIDevices = []*runtimeapi.CDIDevice{{Name: "example.com/dev=a"}}
+		c.Annotations = map[string]string{"cdi.k8s.io/plugin": "example.com/dev=b"}
+		c.Linux.SecurityContext.Capabilities = &runtimeapi.Capability{AddCapabilities: []string{"SYSLOG"}}
+		ctr := e.createAndStart(podID, cfg, c)
+		e.waitContainerState(ctr, running, stateTimeout)
+		if got := strings.TrimSpace(e.execOK(ctr, "stat", "-c", "%t:%T", "/dev/cdi-a", "/dev/cdi-b")); got != "1:5\n1:b" {
+			t.Errorf("the CDI device nodes: %q, want 1:5 and 1:b", got)
+		}
+		e.execOK(ctr, "head", "-c", "1", "/dev/cdi-a")
+		e.execOK(ctr, "dd", "if=/dev/cdi-b", "of=/dev/null", "bs=8192", "count=1")
+		if r := e.execSync(ctr, "sh", "-c", "echo x > /dev/cdi-b"); !strings.Contains(string(r.Stderr), "Operation not permitted") {
+			t.Errorf("writing a CDI device given read-only: exit %d, %q: want EPERM", r.ExitCode, r.Stderr)
+		}
+		if got := e.execOK(ctr, "cat", "/opt/driver/lib.txt"); got != "from the driver\n" {
+			t.Errorf("the CDI mount: %q", got)
+		}
+		if got := e.execOK(ctr, "grep", " /opt/driver ", "/proc/self/mounts"); !strings.Contains(got, "ro,nosuid,nodev") {
+			t.Errorf("the CDI mount's flags: %q, want ro,nosuid,nodev", got)
+		}
+		if got := strings.TrimSpace(e.execOK(ctr, "sh", "-c", "echo $CDI_DEVICE")); got != "a" {
+			t.Errorf("CDI_DEVICE=%q, want a", got)
+		}
+
+		unknown := e.netContainer(s, "unknown", "sleep", "3600")
+		unknown.CDIDevices = []*runtimeapi.CDIDevice{{Name: "example.com/dev=missing"}}
+		_, err = e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: unknown, SandboxConfig: cfg})
+		requireCode(t, err, codes.InvalidArgument, "CreateContainer with an unknown CDI device")
+		if !strings.Contains(err.Error(), "example.com/dev=missing") {
+			t.Errorf("the refusal does not name the device: %v", err)
 		}
 	})
 }

@@ -121,6 +121,8 @@ type Daemon struct {
 	CNIConfDir string
 	Bridge     string
 	Subnet     string
+	// CDIDir is the daemon's only CDI spec directory.
+	CDIDir string
 
 	opts Options
 	log  *slog.Logger
@@ -175,6 +177,7 @@ func New(opts Options) (*Daemon, error) {
 		LogPath:      filepath.Join(root, "daemon.log"),
 		CgroupParent: "stagelet-e2e-" + hex.EncodeToString(suffix[:]),
 		CNIConfDir:   filepath.Join(root, "cni"),
+		CDIDir:       filepath.Join(root, "cdi"),
 		Bridge:       "se2e" + hex.EncodeToString(suffix[:]),
 		Subnet:       fmt.Sprintf("10.213.%d.0/24", suffix[0]),
 		opts:         opts,
@@ -186,6 +189,10 @@ func New(opts Options) (*Daemon, error) {
 			os.RemoveAll(root)
 			return nil, err
 		}
+	}
+	if err := os.MkdirAll(d.CDIDir, 0o755); err != nil {
+		os.RemoveAll(root)
+		return nil, err
 	}
 	if err := os.MkdirAll(d.CNIConfDir, 0o755); err != nil {
 		os.RemoveAll(root)
@@ -211,6 +218,7 @@ func (d *Daemon) configYAML() string {
 		pol = fmt.Sprintf("version: 1\ndefault_stage1: %s\nhandlers:\n  fly: {stage1: fly}\n", d.opts.DefaultStage1)
 	}
 	fmt.Fprintf(&b, "cni:\n  conf_dir: %q\n", d.CNIConfDir)
+	fmt.Fprintf(&b, "cdi:\n  spec_dirs: [%q]\n", d.CDIDir)
 	guest := d.opts.GuestAssets
 	if guest == "" {
 		guest = os.Getenv("STAGELET_GUEST_ASSETS")
