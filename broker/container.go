@@ -231,6 +231,25 @@ func (b *Broker) checkCpuset(p *pod, r *Resources, field string) error {
 	return nil
 }
 
+// mountRootfs mounts a container's rootfs from img in dir: in a pod with
+// a user namespace of its own, the pod's root owns the image's files as
+// the host's root does.
+func (b *Broker) mountRootfs(p *pod, img *image.Image, dir string) (string, error) {
+	b.mu.Lock()
+	podNS := p.rec.Config.UserNS
+	b.mu.Unlock()
+	var userns *image.UserNS
+	if podNS != nil {
+		f, err := host.UserNSFile(*podNS)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		userns = &image.UserNS{File: f, UID: int(podNS.HostID), GID: int(podNS.HostID)}
+	}
+	return b.opts.Images.MountRootfs(img.ID, dir, userns)
+}
+
 func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err error) {
 	h, err := b.podHandle(p)
 	if err != nil {
@@ -260,20 +279,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		}
 		b.rec.deleteContainer(rec.ID)
 	}()
-	var userns *image.UserNS
-	b.mu.Lock()
-	podNS := p.rec.Config.UserNS
-	b.mu.Unlock()
-	if podNS != nil {
-		// The pod's root owns the image's files as the host's root does.
-		f, err := host.UserNSFile(*podNS)
-		if err != nil {
-			return fmt.Errorf("container rootfs: %w", err)
-		}
-		defer f.Close()
-		userns = &image.UserNS{File: f, UID: int(podNS.HostID), GID: int(podNS.HostID)}
-	}
-	rootfs, err := b.opts.Images.MountRootfs(img.ID, rec.Dir, userns)
+	rootfs, err := b.mountRootfs(p, img, rec.Dir)
 	if err != nil {
 		return fmt.Errorf("container rootfs: %w", err)
 	}
@@ -293,7 +299,8 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	if err != nil {
 		return err
 	}
-	if err := b.appDevices(p, &rec.Config, app); err != nil {
+	pci, err := b.appDevices(p, &rec.Config, app)
+	if err != nil {
 		lsm.ReleaseSELinux(app.SELinuxProcessLabel)
 		return err
 	}
@@ -313,7 +320,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	b.mu.Unlock()
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
-	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app})
+	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app, PCIDevices: pci})
 	if err != nil {
 		return fmt.Errorf("create container in pod: %w", err)
 	}

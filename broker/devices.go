@@ -9,15 +9,17 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 )
 
-// hostDev is the host's /dev, whose nodes a privileged container gets
-// where its stage1 gives privileged containers the host's devices.
-var hostDev = "/dev"
+// hostDev and hostSys are the host's /dev, whose nodes a privileged
+// container gets where its stage1 gives privileged containers the host's
+// devices, and /sys, where VFIO groups' devices are listed.
+var hostDev, hostSys = "/dev", "/sys"
 
 // appDevices gives app the device nodes its container asks for and the
 // device cgroup rules that fence the rest, by what the pod's stage1 is:
 //   - in a VM, a host device node means nothing to the guest kernel:
-//     devices are refused, and the guest's own devices are not fenced
-//     (the VM is the boundary);
+//     devices are refused but VFIO groups (/dev/vfio/N), whose PCI
+//     devices the stage1 passes through to the guest (returned), and the
+//     guest's own devices are not fenced (the VM is the boundary);
 //   - in a pod with a user namespace of its own, the kernel makes no
 //     device node and the agent, not root there, attaches no device
 //     filter: devices are refused, the pod's /dev holds the usual nodes
@@ -26,7 +28,7 @@ var hostDev = "/dev"
 //     privileged one every device, and gets the host's nodes where its
 //     stage1 makes privileged mean the host's devices (fly) and the
 //     runtime handler does not say otherwise.
-func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) error {
+func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) (pci []string, err error) {
 	b.mu.Lock()
 	stage1 := p.rec.Stage1
 	noHostDevices := p.rec.PrivilegedWithoutHostDevices
@@ -35,31 +37,38 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) erro
 	caps := b.caps[stage1]
 	cdiNames, err := devices.FromAnnotations(cfg.Annotations)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cdiNames = append(slices.Clone(cfg.CDIDevices), cdiNames...)
 	switch {
 	case caps.KernelIsolated:
-		if len(cfg.Devices) > 0 {
-			return errdefs.InvalidArgument("config.devices: the pod runs in a VM (stage1 %s), whose kernel has none of the host's device nodes", stage1)
+		for i, d := range cfg.Devices {
+			vfio, addrs, err := devices.VFIOGroup(d.Host, hostDev, hostSys)
+			switch {
+			case !vfio:
+				return nil, errdefs.InvalidArgument("config.devices[%d]: the pod runs in a VM (stage1 %s), whose kernel has none of the host's device nodes (%s); only VFIO groups (/dev/vfio/N) can be passed through", i, stage1, d.Host)
+			case err != nil:
+				return nil, errdefs.InvalidArgument("config.devices[%d].host_path: %v", i, err)
+			}
+			pci = append(pci, addrs...)
 		}
 		if len(cdiNames) > 0 {
-			return errdefs.InvalidArgument("config.CDI_devices: the pod runs in a VM (stage1 %s), whose kernel has none of the host's devices (%s)", stage1, strings.Join(cdiNames, ", "))
+			return nil, errdefs.InvalidArgument("config.CDI_devices: the pod runs in a VM (stage1 %s), whose kernel has none of the host's devices (%s)", stage1, strings.Join(cdiNames, ", "))
 		}
-		return nil
+		return pci, nil
 	case userns:
 		if len(cfg.Devices) > 0 || len(cdiNames) > 0 {
-			return errdefs.InvalidArgument("config.devices, CDI_devices: the pod has a user namespace of its own (hostUsers: false), in which no device node can be made")
+			return nil, errdefs.InvalidArgument("config.devices, CDI_devices: the pod has a user namespace of its own (hostUsers: false), in which no device node can be made")
 		}
-		return nil
+		return nil, nil
 	}
 	set, err := devices.Resolve(cfg.Devices, "config.devices")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	edits, err := b.opts.CDI.Resolve(cdiNames, "config.CDI_devices")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	set.Nodes = append(set.Nodes, edits.Nodes...)
 	set.Rules = append(set.Rules, edits.Rules...)
@@ -69,7 +78,7 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) erro
 		if caps.Privileged == "host" && !noHostDevices {
 			host, err := devices.Host(hostDev)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			app.Devices = host
 		}
@@ -77,7 +86,7 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) erro
 		app.DeviceCgroup = append(devices.DefaultRules(), set.Rules...)
 	}
 	app.Devices = append(app.Devices, set.Nodes...)
-	return nil
+	return nil, nil
 }
 
 // applyCDI adds CDI edits beside the device nodes: bind mounts,

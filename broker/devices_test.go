@@ -2,8 +2,10 @@ package broker
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stagelet/stagelet/devices"
@@ -95,6 +97,32 @@ func TestContainerDevices(t *testing.T) {
 	vmPod := run("vm", "vm", nil)
 	_, err = b.CreateContainer(ctx, vmPod, withDevice("v"))
 	wantClass(t, err, errdefs.ErrInvalidArgument)
+	// But a VFIO group, whose PCI devices the stage1 passes through.
+	vfio := ctrCfg("vfio")
+	vfio.Devices = []devices.Request{{Host: "/dev/vfio/4242", Container: "/dev/vfio/4242"}}
+	_, err = b.CreateContainer(ctx, vmPod, vfio)
+	wantClass(t, err, errdefs.ErrInvalidArgument)
+	if err == nil || !strings.Contains(err.Error(), "config.devices[0].host_path") || !strings.Contains(err.Error(), "VFIO group 4242") {
+		t.Errorf("a VFIO group that does not exist: %v", err)
+	}
+	hostDev, hostSys = t.TempDir(), t.TempDir()
+	t.Cleanup(func() { hostDev, hostSys = "/dev", "/sys" })
+	if err := os.MkdirAll(filepath.Join(hostDev, "vfio"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hostDev, "vfio/4242"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(hostSys, "kernel/iommu_groups/4242/devices/0000:03:00.0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	id, err = b.CreateContainer(ctx, vmPod, vfio)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nodes, rules, _ := app(id); len(nodes) != 0 || rules != 0 {
+		t.Errorf("a VM's container given a VFIO group: nodes %v, %d rules; want none (the device is the guest's)", nodes, rules)
+	}
 	withCDI := ctrCfg("v")
 	withCDI.CDIDevices = []string{"example.com/dev=a"}
 	_, err = b.CreateContainer(ctx, vmPod, withCDI)

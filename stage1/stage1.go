@@ -87,6 +87,10 @@ type PodResources struct {
 // LogPath are host paths; the backend maps them to what its agent sees.
 type ContainerSpec struct {
 	api.AppSpec
+	// PCIDevices are host PCI devices (addresses, "0000:01:00.0") bound to
+	// vfio-pci that the container's pod is given: a VM's backend passes
+	// them through to its guest. Only for a KernelIsolated stage1.
+	PCIDevices []string
 }
 
 // Persist stores a backend's opaque state with the pod record. A backend

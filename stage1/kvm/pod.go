@@ -28,6 +28,9 @@ type Pod struct {
 	st   *state
 	log  *slog.Logger
 	b    *Backend
+	// vfio are the PCI devices containers were given, plugged into the
+	// VM.
+	vfio *vfioPlugs
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -39,13 +42,13 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b}
+	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}}
 }
 
 // Agent implements stage1.Pod: streams over the VM's serial session, and
 // the pod's shared directory (the guest's 9p mount) for container paths.
 func (p *Pod) Agent() stage1.AgentEndpoint {
-	return stage1.AgentEndpoint{Dial: p.dial, Paths: p.st.shared()}
+	return stage1.AgentEndpoint{Dial: p.dial, Paths: vmPaths{SharedDir: p.st.shared(), p: p}}
 }
 
 // State implements stage1.Pod.

@@ -68,6 +68,14 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 	if !strings.Contains(err.Error(), "config.devices") {
 		t.Errorf("the refusal does not name config.devices: %v", err)
 	}
+	// A VFIO group is passed through, where the host has it (this one
+	// has no IOMMU).
+	withDevice.Devices = []*runtimeapi.Device{{HostPath: "/dev/vfio/4242", ContainerPath: "/dev/vfio/4242", Permissions: "rw"}}
+	_, err = e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: vmPod, Config: withDevice, SandboxConfig: vmCfg})
+	requireCode(t, err, codes.InvalidArgument, "CreateContainer with a VFIO group the host does not have")
+	if !strings.Contains(err.Error(), "VFIO group 4242") {
+		t.Errorf("the refusal does not name the VFIO group: %v", err)
+	}
 
 	nsCfg := e.netPodConfig("ns", nspawnStage1)
 	nsPod := e.runStage1Pod(nsCfg, nspawnStage1)
