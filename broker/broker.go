@@ -42,6 +42,9 @@ type Images interface {
 	Usage() (bytes, inodes uint64, err error)
 	Root() string
 	MountRootfs(imageID, dir string, userns *image.UserNS) (string, error)
+	// MountImageVolume mounts an image read-only beneath dir (a
+	// container's directory, which UnmountRootfs takes away).
+	MountImageVolume(ref, dir, subPath string) (string, error)
 	UnmountRootfs(dir string) error
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,7 +41,12 @@ func validateContainerConfig(c *ContainerConfig) error {
 		if !filepath.IsAbs(m.ContainerPath) {
 			return errdefs.InvalidArgument("config.mounts[%d].container_path: %q must be an absolute path", i, m.ContainerPath)
 		}
-		if !filepath.IsAbs(m.HostPath) {
+		switch {
+		case m.Image != "" && m.HostPath != "":
+			return errdefs.InvalidArgument("config.mounts[%d]: host_path and image: a mount has one source", i)
+		case m.Image == "" && m.ImageSubPath != "":
+			return errdefs.InvalidArgument("config.mounts[%d].image_sub_path: given without image", i)
+		case m.Image == "" && !filepath.IsAbs(m.HostPath):
 			return errdefs.InvalidArgument("config.mounts[%d].host_path: %q must be an absolute path", i, m.HostPath)
 		}
 		if m.RecursiveReadonly {
@@ -250,6 +257,26 @@ func (b *Broker) mountRootfs(p *pod, img *image.Image, dir string) (string, erro
 	return b.opts.Images.MountRootfs(img.ID, dir, userns)
 }
 
+// mountImageVolumes mounts the images of cfg's image volumes beneath the
+// container's directory dir (dir/ivol/<n>, which goes with its rootfs)
+// and returns the config with their paths as the mounts' host paths,
+// read-only.
+func (b *Broker) mountImageVolumes(cfg *ContainerConfig, dir string) (*ContainerConfig, error) {
+	out := *cfg
+	out.Mounts = slices.Clone(cfg.Mounts)
+	for i, m := range out.Mounts {
+		if m.Image == "" {
+			continue
+		}
+		path, err := b.opts.Images.MountImageVolume(m.Image, filepath.Join(dir, "ivol", strconv.Itoa(i)), m.ImageSubPath)
+		if err != nil {
+			return nil, fmt.Errorf("config.mounts[%d].image %s: %w", i, m.Image, err)
+		}
+		out.Mounts[i].HostPath, out.Mounts[i].Readonly = path, true
+	}
+	return &out, nil
+}
+
 func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err error) {
 	h, err := b.podHandle(p)
 	if err != nil {
@@ -283,6 +310,10 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	if err != nil {
 		return fmt.Errorf("container rootfs: %w", err)
 	}
+	cfg, err := b.mountImageVolumes(&rec.Config, rec.Dir)
+	if err != nil {
+		return err
+	}
 	b.mu.Lock()
 	podCfg := p.rec.Config
 	var target *ContainerRecord
@@ -295,7 +326,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	if rec.Config.Security.PIDMode == PIDModeTarget && target == nil {
 		return errdefs.NotFound("config.linux.security_context.namespace_options.target_id: container %q is not in pod sandbox %s", rec.Config.Security.PIDTarget, rec.PodID)
 	}
-	app, err := buildAppSpec(rec.ID, &podCfg, &rec.Config, img, rootfs)
+	app, err := buildAppSpec(rec.ID, &podCfg, cfg, img, rootfs)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,13 @@ func (f *fakeImages) MountRootfs(id, dir string, userns *image.UserNS) (string, 
 	f.mu.Unlock()
 	return rootfs, nil
 }
+func (f *fakeImages) MountImageVolume(ref, dir, subPath string) (string, error) {
+	if _, err := f.Get(ref); err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "root", subPath)
+	return p, os.MkdirAll(p, 0o755)
+}
 func (f *fakeImages) UnmountRootfs(dir string) error {
 	f.mu.Lock()
 	delete(f.mounted, dir)

@@ -72,6 +72,11 @@ type Mount struct {
 	// RecursiveReadonly makes the mounts beneath a read-only mount
 	// read-only too; Readonly alone covers the top mount only.
 	RecursiveReadonly bool `json:"recursiveReadonly,omitempty"`
+	// Image, instead of HostPath, mounts an image's root filesystem
+	// read-only (an image volume); ImageSubPath is the part of it to
+	// mount.
+	Image        string `json:"image,omitempty"`
+	ImageSubPath string `json:"imageSubPath,omitempty"`
 	// NoSuid, NoDev and NoExec are the bind mount's flags of those names
 	// (CRI mount_options).
 	NoSuid bool `json:"nosuid,omitempty"`

@@ -83,6 +83,8 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 			SelinuxRelabel:    m.GetSelinuxRelabel(),
 			Propagation:       propagation(m.GetPropagation()),
 			RecursiveReadonly: m.GetRecursiveReadOnly(),
+			Image:             m.GetImage().GetImage(),
+			ImageSubPath:      m.GetImageSubPath(),
 		}
 		for _, o := range m.GetMountOptions() {
 			switch o {
@@ -127,8 +129,6 @@ func unsupportedContainerFields(c *runtimeapi.ContainerConfig) error {
 		switch {
 		case len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0:
 			return errdefs.InvalidArgument("%s.uidMappings, gidMappings: idmapped mounts are made for a pod's user namespace, not asked per mount", field)
-		case m.GetImage() != nil || m.GetImageSubPath() != "":
-			return errdefs.New(errdefs.ErrUnimplemented, "%s.image, image_sub_path: image volumes are not supported", field)
 		}
 	}
 	if len(c.GetLinux().GetSecurityContext().GetCapabilities().GetAddAmbientCapabilities()) > 0 {

@@ -249,3 +249,51 @@ func TestMountRootfsIDMapped(t *testing.T) {
 		t.Errorf("mounts left: %v", m)
 	}
 }
+
+// TestMountImageVolume: an image's root filesystem, read-only, at a
+// directory UnmountRootfs of its container takes away; a sub path of it;
+// errors for an image the store lacks and a sub path it does not hold.
+func TestMountImageVolume(t *testing.T) {
+	requireRoot(t)
+	r := testregistry.Start(t)
+	ref := r.PushBusybox(t, "busybox", "latest")
+	s := newStore(t, Config{})
+	img, err := s.Pull(pullCtx(t), ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := filepath.Join(t.TempDir(), "ctr")
+	t.Cleanup(func() { _ = s.UnmountRootfs(ctr) })
+	root, err := s.MountImageVolume(ref, filepath.Join(ctr, "ivol", "0"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "bin/busybox")); err != nil {
+		t.Errorf("the image's files: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "new"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("writing into an image volume: %v, want EROFS", err)
+	}
+	again, err := s.MountImageVolume(img.ID, filepath.Join(ctr, "ivol", "0"), "")
+	if err != nil || again != root || len(mountsUnder(ctr)) != 1 {
+		t.Errorf("mounted again: %s %v, mounts %v", again, err, mountsUnder(ctr))
+	}
+	sub, err := s.MountImageVolume(ref, filepath.Join(ctr, "ivol", "1"), "bin")
+	if err != nil || sub != filepath.Join(ctr, "ivol", "1", "root", "bin") {
+		t.Errorf("sub path bin: %s %v", sub, err)
+	}
+	for _, p := range []string{"no/such/dir", "../etc", "/bin"} {
+		if _, err := s.MountImageVolume(ref, filepath.Join(ctr, "ivol", "2"), p); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("sub path %q: %v, want InvalidArgument", p, err)
+		}
+	}
+	if _, err := s.MountImageVolume("example.test/missing:1", filepath.Join(ctr, "ivol", "3"), ""); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("an image the store lacks: %v, want NotFound", err)
+	}
+	if err := s.UnmountRootfs(ctr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(ctr); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the container's directory is left: %v", err)
+	}
+}

@@ -134,3 +134,45 @@ func TestCDIDevices(t *testing.T) {
 		}
 	})
 }
+
+// TestImageVolume: a CRI image mount (KEP-4639) gives the container an
+// image's root filesystem, read-only, or the part image_sub_path names, on
+// fly and nspawn (kvm: TestKVMPodBesideNspawnPod); an image the node does
+// not have is NotFound, a sub path the image lacks InvalidArgument.
+func TestImageVolume(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("ivol", s)
+		podID := e.runStage1Pod(cfg, s)
+		c := e.netContainer(s, "app", "sleep", "3600")
+		c.Mounts = []*runtimeapi.Mount{
+			{ContainerPath: "/image", Image: &runtimeapi.ImageSpec{Image: e.image}},
+			{ContainerPath: "/image-bin", Image: &runtimeapi.ImageSpec{Image: e.image}, ImageSubPath: "bin"},
+		}
+		ctr := e.createAndStart(podID, cfg, c)
+		e.waitContainerState(ctr, running, stateTimeout)
+		checkImageVolume(t, e, ctr)
+
+		for _, tc := range []struct {
+			m    *runtimeapi.Mount
+			code codes.Code
+		}{
+			{&runtimeapi.Mount{ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: "127.0.0.1:1/not/pulled:1"}}, codes.NotFound},
+			{&runtimeapi.Mount{ContainerPath: "/x", Image: &runtimeapi.ImageSpec{Image: e.image}, ImageSubPath: "no/such/dir"}, codes.InvalidArgument},
+		} {
+			bad := e.netContainer(s, "bad", "sleep", "3600")
+			bad.Mounts = []*runtimeapi.Mount{tc.m}
+			_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: bad, SandboxConfig: cfg})
+			requireCode(t, err, tc.code, fmt.Sprintf("CreateContainer with image volume %v", tc.m))
+		}
+	})
+}
+
+// checkImageVolume checks the container of TestImageVolume's mounts.
+func checkImageVolume(t *testing.T, e *env, ctr string) {
+	t.Helper()
+	e.execOK(ctr, "test", "-x", "/image/bin/busybox")
+	e.execOK(ctr, "test", "-x", "/image-bin/busybox")
+	if r := e.execSync(ctr, "touch", "/image/new"); r.ExitCode == 0 || !strings.Contains(string(r.Stderr), "Read-only file system") {
+		t.Errorf("writing into an image volume: exit %d, %q: want EROFS", r.ExitCode, r.Stderr)
+	}
+}

@@ -58,7 +58,13 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 
 	vmCfg := e.netPodConfig("vm", kvmStage1)
 	vmPod := e.runStage1Pod(vmCfg, kvmStage1)
-	vmCtr := e.createAndStart(vmPod, vmCfg, e.netContainer(kvmStage1, "app", "sh", "-c", "echo hello from the vm; echo to stderr >&2; exec sleep 1000"))
+	app := e.netContainer(kvmStage1, "app", "sh", "-c", "echo hello from the vm; echo to stderr >&2; exec sleep 1000")
+	// An image volume reaches the guest through the pod's share.
+	app.Mounts = []*runtimeapi.Mount{
+		{ContainerPath: "/image", Image: &runtimeapi.ImageSpec{Image: e.image}},
+		{ContainerPath: "/image-bin", Image: &runtimeapi.ImageSpec{Image: e.image}, ImageSubPath: "bin"},
+	}
+	vmCtr := e.createAndStart(vmPod, vmCfg, app)
 
 	// A host device node means nothing to the guest's kernel.
 	withDevice := e.netContainer(kvmStage1, "device", "sleep", "1000")
@@ -81,6 +87,7 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 	nsPod := e.runStage1Pod(nsCfg, nspawnStage1)
 	nsCtr := e.createAndStart(nsPod, nsCfg, e.netContainer(nspawnStage1, "app", "sleep", "1000"))
 
+	checkImageVolume(t, e, vmCtr)
 	vmKernel := strings.TrimSpace(e.execOK(vmCtr, "uname", "-r"))
 	nsKernel := strings.TrimSpace(e.execOK(nsCtr, "uname", "-r"))
 	if nsKernel != host {
