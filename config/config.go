@@ -52,6 +52,10 @@ type KVM struct {
 	AssetsDir string `yaml:"assets_dir"`
 	// Accelerator: "kvm", "tcg", or empty to probe with a real boot.
 	Accelerator string `yaml:"accelerator"`
+	// Machine is qemu's machine type: "microvm" (the default: no PCI
+	// bus, the fastest to start) or "q35" (PCI: what VFIO passthrough
+	// needs).
+	Machine string `yaml:"machine"`
 	// Template: pods' VMs are restored from a VM booted once and saved
 	// (kept in <run_dir>/kvm-templates) instead of booting their kernel.
 	// Absent means true.
@@ -192,6 +196,11 @@ func (c *Config) Validate() error {
 	case "", "kvm", "tcg":
 	default:
 		errs = append(errs, fmt.Errorf("kvm.accelerator: %q: want kvm, tcg or empty (probe)", c.KVM.Accelerator))
+	}
+	switch c.KVM.Machine {
+	case "", "microvm", "q35":
+	default:
+		errs = append(errs, fmt.Errorf("kvm.machine: %q: want microvm or q35", c.KVM.Machine))
 	}
 	if c.Policy != nil && c.PolicyFile != "" {
 		errs = append(errs, fmt.Errorf("policy and policy_file: give one of them, not both"))

@@ -56,6 +56,13 @@ func TestParse(t *testing.T) {
 		{name: "bad version", yaml: "version: 7\n", wantErr: "version: 7 is not supported"},
 		{name: "bad mirror", yaml: "registries:\n  a.io:\n    mirrors: [\"ftp://x\"]\n", wantErr: "scheme \"ftp\""},
 		{name: "dotdot cgroup", yaml: "cgroup_parent: ../x\n", wantErr: "cgroup_parent"},
+		{name: "q35", yaml: "kvm: {machine: q35}\n", check: func(t *testing.T, c *Config) {
+			if c.KVM.Machine != "q35" || len(c.CDI.SpecDirs) != 2 {
+				t.Errorf("kvm.machine %q, cdi.spec_dirs %v", c.KVM.Machine, c.CDI.SpecDirs)
+			}
+		}},
+		{name: "unknown machine", yaml: "kvm: {machine: pc}\n", wantErr: "kvm.machine"},
+		{name: "relative CDI dir", yaml: "cdi: {spec_dirs: [etc/cdi]}\n", wantErr: "cdi.spec_dirs"},
 		{name: "streaming defaults to loopback, any port", yaml: "", check: func(t *testing.T, c *Config) {
 			if got := c.StreamingAddr(); got != "127.0.0.1:0" {
 				t.Errorf("streaming address = %q", got)

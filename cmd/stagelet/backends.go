@@ -29,7 +29,7 @@ func builtinBackends(log *slog.Logger, cfg *config.Config, l host.Launcher, anyA
 	}
 	assets := kvmAssetsDir(cfg)
 	if anyAssets || kvm.HasAssets(assets) {
-		kc := kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Launcher: l}
+		kc := kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Machine: cfg.KVM.Machine, Launcher: l}
 		if cfg.KVM.Templates() && runDir != "" {
 			kc.TemplateDir = filepath.Join(runDir, "kvm-templates")
 		}

@@ -71,7 +71,7 @@ func (v vmPaths) Unshare(id string) error {
 // FailedPrecondition, naming the option that gives one.
 func (p *Pod) plugPCI(ctx context.Context, ctr string, addrs []string) error {
 	if m := p.st.VM.Machine; m != "q35" {
-		return errdefs.FailedPrecondition("kvm: the pod's VM is a %s, which has no PCI bus to pass VFIO devices %v through to: run the pod with the stage1 option machine: q35", m, addrs)
+		return errdefs.FailedPrecondition("kvm: the pod's VM is a %s, which has no PCI bus to pass VFIO devices %v through to: set kvm.machine: q35 in the node configuration", m, addrs)
 	}
 	p.vfio.mu.Lock()
 	defer p.vfio.mu.Unlock()

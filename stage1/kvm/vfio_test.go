@@ -120,7 +120,7 @@ func TestVFIOPassThrough(t *testing.T) {
 	// A microvm has no PCI bus.
 	p, f = vfioPod(t, "microvm")
 	err = p.plugPCI(ctx, "c3", []string{"0000:01:00.0"})
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "machine: q35") {
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "kvm.machine: q35") {
 		t.Errorf("a microvm: %v, want FailedPrecondition naming the option", err)
 	}
 	if got := f.commands(); len(got) != 0 {
