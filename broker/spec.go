@@ -273,15 +273,25 @@ func appUser(sec *Security, img *image.Image, rootfs string) (uid, gid uint32, g
 		}
 		gid = uint32(*sec.RunAsGroup)
 	}
-	if sec.StrictGroups {
-		groups = nil
-	}
+	// The process's groups, as containerd gives them and the CRI's
+	// ContainerUser reports them: its group, the pod's supplemental
+	// groups, then (policy Merge) those the image's /etc/group gives its
+	// user.
+	imageGroups := groups
+	groups = []uint32{gid}
 	for _, g := range sec.SupplementalGroups {
 		if g < 0 || g > 1<<32-1 {
 			return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.supplemental_groups: %d is out of range", g)
 		}
 		if !slices.Contains(groups, uint32(g)) {
 			groups = append(groups, uint32(g))
+		}
+	}
+	if !sec.StrictGroups {
+		for _, g := range imageGroups {
+			if !slices.Contains(groups, g) {
+				groups = append(groups, g)
+			}
 		}
 	}
 	return uid, gid, groups, nil

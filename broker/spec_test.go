@@ -95,8 +95,8 @@ func TestAppUserGroupsPolicy(t *testing.T) {
 		strict bool
 		want   []uint32
 	}{
-		{false, []uint32{50, 7}}, // Merge: the image's /etc/group, then the pod's
-		{true, []uint32{7}},      // Strict: the pod's only
+		{false, []uint32{1000, 7, 50}}, // Merge: its group, the pod's, then the image's /etc/group's
+		{true, []uint32{1000, 7}},      // Strict: its group and the pod's only
 	} {
 		sec := &Security{SupplementalGroups: []int64{7}, StrictGroups: tc.strict}
 		uid, gid, groups, err := appUser(sec, img, root)
