@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -539,4 +540,82 @@ func TestSystemdDriver(t *testing.T) {
 		}
 	}
 	noThreadedCgroups(t)
+}
+
+// rootDisk is the node's first disk (/dev/vda in the node VM), which the
+// host's root can read.
+func rootDisk(t *testing.T) string {
+	t.Helper()
+	ents, err := os.ReadDir("/sys/block")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, "loop") || strings.HasPrefix(n, "ram") || strings.HasPrefix(n, "zram") {
+			continue
+		}
+		dev := "/dev/" + n
+		if f, err := os.Open(dev); err == nil {
+			f.Close()
+			return dev
+		}
+	}
+	t.Fatal("no disk the host's root can open")
+	return ""
+}
+
+// TestDeviceFilter: on a pure cgroup v2 node (no devices controller: a
+// BPF device program per container) a default container of nspawn and of
+// fly can make a node for the host's disk but not open it, and a container
+// given the disk through CRI devices reads it.
+func TestDeviceFilter(t *testing.T) {
+	e := nodeEnv(t)
+	e.install(t, "")
+	t.Cleanup(func() { stopService(t) })
+	rt, img := client(t)
+	ref := pullBusybox(t, img)
+	disk := rootDisk(t)
+	var st unix.Stat_t
+	if err := unix.Stat(disk, &st); err != nil {
+		t.Fatal(err)
+	}
+	mknod := fmt.Sprintf("mknod /tmp/d b %d %d && head -c 512 /tmp/d | wc -c", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	for _, tc := range []struct{ name, namespace, handler string }{
+		{"dev-nspawn", "default", ""},
+		{"dev-fly", "kube-system", "fly"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startPod(t, rt, ref, tc.name, tc.namespace, tc.handler, "")
+			p.check(t, rt, tc.name)
+			c := ctx(t)
+			ex, err := rt.ExecSync(c, &runtimeapi.ExecSyncRequest{ContainerId: p.ctr, Cmd: []string{"sh", "-c", mknod}, Timeout: 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(ex.Stderr), "Operation not permitted") || strings.TrimSpace(string(ex.Stdout)) == "512" {
+				t.Errorf("a default container reading %s through a node it made: stdout %q stderr %q, want EPERM", disk, ex.Stdout, ex.Stderr)
+			}
+			cr, err := rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{
+				PodSandboxId: p.id, SandboxConfig: p.cfg,
+				Config: &runtimeapi.ContainerConfig{
+					Metadata: &runtimeapi.ContainerMetadata{Name: "given"},
+					Image:    &runtimeapi.ImageSpec{Image: ref},
+					Command:  []string{"sleep", "100000"},
+					Devices:  []*runtimeapi.Device{{HostPath: disk, ContainerPath: "/dev/xdisk", Permissions: "r"}},
+				},
+			})
+			if err != nil {
+				t.Fatalf("CreateContainer given %s: %v", disk, err)
+			}
+			if _, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+				t.Fatal(err)
+			}
+			ex, err = rt.ExecSync(c, &runtimeapi.ExecSyncRequest{ContainerId: cr.ContainerId, Cmd: []string{"sh", "-c", "head -c 512 /dev/xdisk | wc -c"}, Timeout: 30})
+			if err != nil || strings.TrimSpace(string(ex.Stdout)) != "512" {
+				t.Errorf("a container given %s reading it: %+v %v", disk, ex, err)
+			}
+			p.remove(t, rt)
+		})
+	}
 }
