@@ -27,7 +27,9 @@ var hostDev, hostSys = "/dev", "/sys"
 //   - otherwise a container may open the default devices and its own; a
 //     privileged one every device, and gets the host's nodes where its
 //     stage1 makes privileged mean the host's devices (fly) and the
-//     runtime handler does not say otherwise.
+//     runtime handler does not say otherwise, else the pod's (nspawn's).
+//
+// A privileged container in a VM gets the guest's device nodes.
 func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) (pci []string, err error) {
 	b.mu.Lock()
 	stage1 := p.rec.Stage1
@@ -55,6 +57,7 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) (pci
 		if len(cdiNames) > 0 {
 			return nil, errdefs.InvalidArgument("config.CDI_devices: the pod runs in a VM (stage1 %s), whose kernel has none of the host's devices (%s)", stage1, strings.Join(cdiNames, ", "))
 		}
+		app.PodDevices = app.Privileged // the guest's devices
 		return pci, nil
 	case userns:
 		if len(cfg.Devices) > 0 || len(cdiNames) > 0 {
@@ -75,7 +78,10 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) (pci
 	applyCDI(app, edits)
 	if app.Privileged {
 		app.DeviceCgroup = devices.AllowAll()
-		if caps.Privileged == "host" && !noHostDevices {
+		switch {
+		case caps.Privileged != "host":
+			app.PodDevices = true // the pod's own, not the host's
+		case !noHostDevices:
 			host, err := devices.Host(hostDev)
 			if err != nil {
 				return nil, err

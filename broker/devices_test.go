@@ -93,6 +93,19 @@ func TestContainerDevices(t *testing.T) {
 		t.Errorf("privileged_without_host_devices: nodes %v (allow all: %v), want its own device only", nodes, allowAll)
 	}
 
+	// A privileged container in a VM gets the guest's nodes.
+	vmPriv := run("vmpriv", "vm", func(c *PodConfig) { c.Privileged = true })
+	id, err = b.CreateContainer(ctx, vmPriv, priv(ctrCfg("p")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	podDevices := b.ctrs[id].rec.App.PodDevices
+	b.mu.Unlock()
+	if !podDevices {
+		t.Error("a privileged container in a VM does not get the guest's devices")
+	}
+
 	// A VM's kernel has no host device nodes; a user namespace makes none.
 	vmPod := run("vm", "vm", nil)
 	_, err = b.CreateContainer(ctx, vmPod, withDevice("v"))

@@ -252,6 +252,10 @@ type AppSpec struct {
 	// the mode and owner given), as the host's devices are numbered; a
 	// node already there as the same device is kept.
 	Devices []specs.LinuxDevice `json:"devices,omitempty"`
+	// PodDevices: the app (a privileged one) also gets the device nodes
+	// of the agent's own /dev: the pod's (nspawn) or the guest's (kvm),
+	// where the host's are not the app's to have.
+	PodDevices bool `json:"podDevices,omitempty"`
 	// DeviceCgroup fences the devices the app's processes may create and
 	// open: a first rule over every device that allows or denies all,
 	// then what is allowed besides (package devices makes them). Nil:

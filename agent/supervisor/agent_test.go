@@ -1273,6 +1273,24 @@ func TestOOMScoreAboveAgent(t *testing.T) {
 	}
 }
 
+// TestPodDevices: a privileged app of a stage1 whose privileged does not
+// mean the host's devices gets the agent's own /dev nodes.
+func TestPodDevices(t *testing.T) {
+	ta := startAgent(t)
+	rootfs := makeRootfs(t)
+	ta.run(&api.AppSpec{ID: "p", Rootfs: rootfs, Args: []string{"sleep", "1000"}, Privileged: true, PodDevices: true, DeviceCgroup: devices.AllowAll()})
+	own, err := devices.Host("/dev")
+	if err != nil || len(own) == 0 {
+		t.Fatalf("the agent's devices: %v %v", own, err)
+	}
+	for _, d := range own {
+		res := ta.exec("p", "stat", "-c", "%t:%T", d.Path)
+		if want := fmt.Sprintf("%x:%x", d.Major, d.Minor); strings.TrimSpace(string(res.Stdout)) != want {
+			t.Errorf("%s in the app: %q, want %s", d.Path, res.Stdout, want)
+		}
+	}
+}
+
 // TestDevices: an app gets the device nodes it is given (numbers, mode,
 // owner) and may open those and the default ones only: it can make any
 // node, but not open one it was not given.

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/seccomp"
 )
@@ -511,7 +512,8 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 		return err
 	}
 	// A privileged app's /dev is made as anyone's: the host's devices
-	// it is given, where its stage1 gives them, are among app.Devices.
+	// it is given, where its stage1 gives them, are among app.Devices;
+	// the pod's own, elsewhere, PodDevices.
 	if err := setupDev(rootfs, app.SELinuxMountLabel, warn); err != nil {
 		return err
 	}
@@ -524,7 +526,15 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 			return err
 		}
 	}
-	for _, d := range app.Devices {
+	nodes := app.Devices
+	if app.PodDevices {
+		own, err := devices.Host("/dev")
+		if err != nil {
+			return fmt.Errorf("the pod's devices: %w", err)
+		}
+		nodes = append(own, nodes...)
+	}
+	for _, d := range nodes {
 		if err := makeDevice(rootfs, d); err != nil {
 			return err
 		}

@@ -59,6 +59,23 @@ func TestDevices(t *testing.T) {
 			t.Errorf("a default container reading /dev/zero: exit %d, %s", r.ExitCode, r.Stderr)
 		}
 
+		privCfg := e.netPodConfig("dev-priv", s)
+		privCfg.Linux.SecurityContext.Privileged = true
+		privPod := e.runStage1Pod(privCfg, s)
+		pc := e.netContainer(s, "priv", "sleep", "3600")
+		pc.Linux.SecurityContext.Privileged = true
+		priv := e.createAndStart(privPod, privCfg, pc)
+		e.waitContainerState(priv, running, stateTimeout)
+		// fly: the host's devices, as containerd gives them; nspawn: the
+		// pod's (systemd-nspawn's /dev), which holds /dev/net/tun.
+		node := map[podStage1]string{flyStage1: "/dev/kmsg", nspawnStage1: "/dev/net/tun"}[s]
+		if r := e.execSync(priv, "test", "-c", node); r.ExitCode != 0 {
+			t.Errorf("a privileged container has no %s:\n%s", node, e.execOK(priv, "ls", "-lR", "/dev"))
+		}
+		if r := e.execSync(priv, "head", "-c", "1", "/dev/zero"); r.ExitCode != 0 {
+			t.Errorf("a privileged container reading /dev/zero: %d %s", r.ExitCode, r.Stderr)
+		}
+
 		bad := e.netContainer(s, "bad", "sleep", "3600")
 		bad.Devices = []*runtimeapi.Device{{HostPath: "/dev/no-such-device", ContainerPath: "/dev/x", Permissions: "rw"}}
 		_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: bad, SandboxConfig: cfg})
