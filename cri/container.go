@@ -125,10 +125,8 @@ func unsupportedContainerFields(c *runtimeapi.ContainerConfig) error {
 		return errdefs.New(errdefs.ErrUnimplemented, "config.stop_signal: a stop signal other than the image's is not supported")
 	}
 	for i, m := range c.GetMounts() {
-		field := fmt.Sprintf("config.mounts[%d]", i)
-		switch {
-		case len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0:
-			return errdefs.InvalidArgument("%s.uidMappings, gidMappings: idmapped mounts are made for a pod's user namespace, not asked per mount", field)
+		if len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0 {
+			return errdefs.InvalidArgument("config.mounts[%d].uidMappings, gidMappings: idmapped mounts are made for a pod's user namespace, not asked per mount", i)
 		}
 	}
 	if len(c.GetLinux().GetSecurityContext().GetCapabilities().GetAddAmbientCapabilities()) > 0 {
@@ -377,6 +375,8 @@ func containerStatus(rec *broker.ContainerRecord) *runtimeapi.ContainerStatus {
 			SelinuxRelabel:    m.SelinuxRelabel,
 			Propagation:       fromPropagation(m.Propagation),
 			RecursiveReadOnly: m.RecursiveReadonly,
+			Image:             imageSpec(m.Image),
+			ImageSubPath:      m.ImageSubPath,
 		})
 	}
 	if rec.App != nil {
@@ -465,4 +465,12 @@ func (s *Server) ReopenContainerLog(ctx context.Context, r *runtimeapi.ReopenCon
 		return nil, err
 	}
 	return &runtimeapi.ReopenContainerLogResponse{}, nil
+}
+
+// imageSpec is the ImageSpec of an image volume's image; nil for none.
+func imageSpec(ref string) *runtimeapi.ImageSpec {
+	if ref == "" {
+		return nil
+	}
+	return &runtimeapi.ImageSpec{Image: ref}
 }
