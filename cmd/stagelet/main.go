@@ -22,6 +22,7 @@ commands:
   serve     run the CRI daemon
   agent     run a pod's agent (started by stage1 backends, not by hand)
   policy    check a policy file, or explain the stage1 a pod would get
+  config    print the default node configuration, or check one
   cni       install the default pod network configuration (cni init)
   version   print the version
 `)
@@ -49,6 +50,8 @@ func main() {
 		os.Exit(cniMain(os.Args[2:]))
 	case "policy":
 		os.Exit(policyMain(os.Args[2:]))
+	case "config":
+		os.Exit(configMain(os.Args[2:], os.Stdout, os.Stderr))
 	case "version", "--version":
 		fmt.Printf("stagelet %s\n", version)
 	case "help", "-h", "--help":
