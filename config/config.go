@@ -47,7 +47,8 @@ type Registry struct {
 // KVM configures the kvm stage1.
 type KVM struct {
 	// AssetsDir holds the guest kernel and initramfs (`make guest`);
-	// empty means "guest" beside the stagelet binary. Without them the
+	// empty means "guest" beside the stagelet binary, else
+	// /usr/lib/stagelet/guest (the Debian package's). Without them the
 	// kvm stage1 is not offered.
 	AssetsDir string `yaml:"assets_dir"`
 	// Accelerator: "kvm", "tcg", or empty to probe with a real boot.

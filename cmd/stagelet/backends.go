@@ -40,17 +40,33 @@ func builtinBackends(log *slog.Logger, cfg *config.Config, l host.Launcher, anyA
 	return r
 }
 
+// packagedGuestDir is where the Debian package (make deb) installs the
+// kvm guest assets.
+const packagedGuestDir = "/usr/lib/stagelet/guest"
+
 // kvmAssetsDir is the configured guest assets directory, else "guest"
-// beside the stagelet binary.
+// beside the stagelet binary (make guest, a hand install), else the
+// packaged assets in packagedGuestDir.
 func kvmAssetsDir(cfg *config.Config) string {
 	if cfg.KVM.AssetsDir != "" {
 		return cfg.KVM.AssetsDir
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return "guest"
+	beside := "guest"
+	if exe, err := os.Executable(); err == nil {
+		beside = filepath.Join(filepath.Dir(exe), "guest")
 	}
-	return filepath.Join(filepath.Dir(exe), "guest")
+	return chooseAssetsDir(beside, packagedGuestDir)
+}
+
+// chooseAssetsDir is the first of dirs that holds guest assets, else the
+// first of dirs (which the warning of a node without kvm then names).
+func chooseAssetsDir(dirs ...string) string {
+	for _, d := range dirs {
+		if kvm.HasAssets(d) {
+			return d
+		}
+	}
+	return dirs[0]
 }
 
 // capabilitiesOf returns each backend's declared capability facts.
