@@ -10,7 +10,7 @@ VERSION := $(RELEASE)+$(shell git describe --always --dirty 2>/dev/null || echo 
 # under TCG and fits a 128 MiB VM.
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build guest run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node node-e2e test-cluster
+.PHONY: all build guest deb run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node node-e2e test-cluster
 
 all: build guest
 
@@ -29,6 +29,16 @@ deps:
 GUEST_DIR ?= bin/guest
 guest: deps build
 	./guest/build.sh $(BIN) $(GUEST_DIR)
+
+# The Debian package, bin/stagelet_<DEB_VERSION>_amd64.deb (DEB_DIR),
+# built with dpkg-deb (scripts/deb.sh): the binary, the service, a
+# commented /etc/stagelet/config.yaml and the kvm guest. DEB_VERSION is a
+# pre-release of RELEASE that grows with the commits ("~" sorts before the
+# release itself); a package built from a tree with changes says so.
+DEB_VERSION ?= $(RELEASE)~git$(shell git rev-list --count HEAD 2>/dev/null || echo 0).g$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)$(shell git diff --quiet HEAD 2>/dev/null || echo .dirty)
+DEB_DIR     ?= bin
+deb: deps build
+	./scripts/deb.sh $(BIN) $(DEB_VERSION) $(DEB_DIR)
 
 # Runs the CRI daemon with the embedded default configuration (root),
 # after installing a default pod network if the node has none.
