@@ -6,8 +6,9 @@
 #
 # It builds (or reuses) the node image (scripts/node-image.sh) and a payload
 # disk with the binary, the node tests (test/node, compiled static),
-# contrib/systemd/stagelet.service and, when ../shared/conformance exists,
-# the CRI conformance kit. In the VM the node tests install and drive the
+# contrib/systemd/stagelet.service, two versions of the Debian package
+# (make deb) and, when ../shared/conformance exists, the CRI conformance
+# kit. In the VM the node tests install and drive the
 # service under both cgroup drivers, then critest runs against the nspawn
 # stage1 with the systemd driver. critest also runs on this host first, and
 # the two runs must fail the same specs. Everything it makes goes in one
@@ -53,6 +54,14 @@ mkdir -p "$P"
 cp "$BIN" "$P/stagelet"
 cp "$top/contrib/systemd/stagelet.service" "$P/stagelet.service"
 (cd "$top" && CGO_ENABLED=0 go test -c -o "$P/node.test" ./test/node)
+# Two Debian packages of this tree (make deb), the second a higher
+# version, for the package's install, upgrade and purge
+# (TestDebianPackage): each with a binary of its own version, so that the
+# upgrade shows in the daemon's version.
+for n in 1 2; do
+	make -s -C "$top" deb BIN="$W/deb$n/stagelet" VERSION="0.1.0+node.$n" \
+		DEB_VERSION="0.1.0~node$n" DEB_DIR="$P" >/dev/null
+done
 if [ -n "$kit" ] && [ -x "$kit/critest.sh" ]; then
 	cp -r "$kit" "$P/conformance"
 elif [ -n "$tests" ]; then
@@ -71,6 +80,7 @@ cp $P/stagelet /usr/local/bin/stagelet && /usr/local/bin/stagelet cni init --sub
 cd /tmp
 if [ $rc = 0 ]; then
 	STAGELET_NODE_TEST=1 STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service \
+		STAGELET_DEB_A=$P/stagelet_0.1.0~node1_amd64.deb STAGELET_DEB_B=$P/stagelet_0.1.0~node2_amd64.deb \
 		$P/node.test -test.v -test.timeout 20m -test.run "$(cat $P/tests)" || rc=1
 fi
 R=/var/tmp/node-result
