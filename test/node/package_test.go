@@ -51,6 +51,7 @@ func TestDebianPackage(t *testing.T) {
 	apt(t, "install", "-y", debA)
 	checkPackagedService(t)
 	rt, img := client(t)
+	checkGuestFound(t)
 	v1 := runtimeVersion(t, rt)
 	ref := pullBusybox(t, img)
 	p := startPod(t, rt, ref, "deb-pod", "default", "", "")
@@ -65,6 +66,7 @@ func TestDebianPackage(t *testing.T) {
 		t.Errorf("the daemon's PID did not change across the upgrade (%d)", pid)
 	}
 	rt, _ = client(t)
+	checkGuestFound(t)
 	if v2 := runtimeVersion(t, rt); v2 == v1 {
 		t.Errorf("the daemon's version is %s before and after the upgrade", v1)
 	}
@@ -213,6 +215,27 @@ func checkPackagedService(t *testing.T) {
 	}
 	if es := unitProp(t, unitName, "ExecStart"); !strings.Contains(es, "--config "+filepath.Join(configDir, "config.yaml")) {
 		t.Errorf("the service does not read the packaged configuration: %s", es)
+	}
+}
+
+// checkGuestFound: the packaged guest in /usr/lib/stagelet/guest is found
+// without configuration: the daemon's start, logged before it answers,
+// offers kvm among its stage1s.
+func checkGuestFound(t *testing.T) {
+	t.Helper()
+	id := unitProp(t, unitName, "InvocationID")
+	out, err := exec.Command("journalctl", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+id).CombinedOutput()
+	if err != nil {
+		t.Fatalf("journalctl: %v\n%s", err, out)
+	}
+	var serving string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "stagelet serving") {
+			serving = l
+		}
+	}
+	if serving == "" || !strings.Contains(serving, "kvm") || strings.Contains(string(out), "kvm stage1 is not offered") {
+		t.Errorf("the packaged daemon does not offer kvm (its guest in /usr/lib/stagelet/guest):\n%s", out)
 	}
 }
 
