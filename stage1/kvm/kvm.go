@@ -189,6 +189,9 @@ type Backend struct {
 
 	accelOnce sync.Once
 	accel     string
+	// accelReason says why accel was chosen: the configuration, or the
+	// probe's failure under KVM.
+	accelReason string
 
 	mu      sync.Mutex
 	dialers map[string]*transport.SerialDialer // by control socket path
@@ -789,6 +792,10 @@ func (b *Backend) NodeInfo(ctx context.Context) map[string]string {
 		return info
 	}
 	info["accelerator"] = accel
+	info["acceleratorReason"] = b.accelReason
+	if t, err := b.resolveTools(); err == nil {
+		info["qemu"] = t.qemu
+	}
 	if v := manifestKernel(b.cfg.AssetsDir); v != "" {
 		info["guestKernel"] = v
 	}
