@@ -31,6 +31,7 @@ import (
 // Recover returns; it is called once, before serving.
 func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	start := time.Now()
+	b.recordNodeCgroup()
 	pods, ctrs, bad, err := b.rec.loadAll()
 	if err != nil {
 		return RecoveryResult{}, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"google.golang.org/grpc"
@@ -91,7 +92,7 @@ func serveMain(args []string) int {
 // untilSignal recovers the pods, then serves until SIGTERM or SIGINT (or
 // a server fails: errc), reloading the policy meanwhile (reload). Pods
 // outlive the daemon: it stops serving and leaves them running.
-func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Server, errc <-chan error, reload func(context.Context)) error {
+func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Server, errc <-chan error, reload func(context.Context), preflight func(context.Context)) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	if _, err := b.Recover(ctx); err != nil {
@@ -101,6 +102,7 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 	// Backends that probe the node (kvm's accelerator) do it now, not
 	// when the first pod waits for it; what they find is logged.
 	go b.BackendInfo(ctx)
+	go preflight(ctx)
 	go reload(ctx)
 	select {
 	case err := <-errc:
@@ -206,45 +208,16 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 			return err
 		}
 	}
-	self, err := agentBinary()
+	lock, err := lockState(state)
 	if err != nil {
 		return err
 	}
-	images, err := openImages(log, cfg, state)
-	if err != nil {
-		return err
-	}
+	defer lock.Close()
 	launcher, parent, err := placePods(log, cfg)
 	if err != nil {
 		return err
 	}
-	if sl, ok := launcher.(*host.SystemdLauncher); ok {
-		// Its units are this daemon's: after a restart it collects only
-		// those of its pods that lost their record.
-		sl.Owner = state
-	}
-	backends := builtinBackends(log, cfg, launcher, false, run)
-	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
-	if err != nil {
-		return fmt.Errorf("policy: %w", err)
-	}
-	netm, err := openNetwork(log, cfg, state, run)
-	if err != nil {
-		return err
-	}
-	b, err := broker.New(broker.Options{
-		Network:       netm,
-		StateDir:      state,
-		RunDir:        run,
-		CgroupParent:  parent,
-		SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd,
-		Policy:        pol,
-		AgentBinary:   self,
-		Backends:      backends,
-		Images:        images,
-		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
-		Log:           log,
-	})
+	b, pol, err := openBroker(log, cfg, state, run, launcher, parent)
 	if err != nil {
 		return err
 	}
@@ -273,7 +246,59 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 
 	return untilSignal(log, b, srv, g, errc, func(ctx context.Context) {
 		reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)
+	}, func(ctx context.Context) {
+		// What stagelet doctor would say, for crictl info; failed
+		// checks are logged once.
+		rep := nodeReport(ctx, cfg, state, b)
+		srv.SetNodeInfo(rep.Info())
+		for _, c := range rep.Checks {
+			if c.Status == "fail" || c.Status == "warn" {
+				log.Warn("preflight: "+c.Name, "status", c.Status, "detail", c.Detail)
+			}
+		}
 	})
+}
+
+// openBroker makes the broker over this node's stage1s, image store and
+// pod network, with the policy the configuration names. Pods without a
+// kubelet-given cgroup parent go to parent; l starts their processes.
+func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.Launcher, parent string) (*broker.Broker, *policy.Policy, error) {
+	self, err := agentBinary()
+	if err != nil {
+		return nil, nil, err
+	}
+	images, err := openImages(log, cfg, state)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sl, ok := l.(*host.SystemdLauncher); ok {
+		// Its units are this daemon's: after a restart it collects only
+		// those of its pods that lost their record.
+		sl.Owner = state
+	}
+	backends := builtinBackends(log, cfg, l, false, run)
+	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	netm, err := openNetwork(log, cfg, state, run)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := broker.New(broker.Options{
+		Network:       netm,
+		StateDir:      state,
+		RunDir:        run,
+		CgroupParent:  parent,
+		SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd,
+		Policy:        pol,
+		AgentBinary:   self,
+		Backends:      backends,
+		Images:        images,
+		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
+		Log:           log,
+	})
+	return b, pol, err
 }
 
 // systemdServiceRoot returns the cgroup of the systemd service the daemon
