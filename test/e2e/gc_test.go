@@ -152,3 +152,48 @@ func (e *env) stageletTool(t *testing.T, args ...string) ([]byte, []byte, error)
 	t.Logf("stagelet %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), stderr.String())
 	return out.Bytes(), stderr.Bytes(), err
 }
+
+// TestGCAll: with the daemon stopped, stagelet gc --all stops and removes
+// every pod, as the kubelet would (a runtime being removed): the apps
+// stop answering, nothing is left (the harness checks when the test
+// ends), and the next daemon lists no pod.
+func TestGCAll(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		var urls []string
+		for _, name := range []string{"one", "two"} {
+			cfg := e.netPodConfig(name, s)
+			podID := e.runStage1Pod(cfg, s)
+			e.createAndStart(podID, cfg, e.netContainer(s, "app", httpServer(name)...))
+			url := "http://" + e.podIP(podID).String() + ":8080/"
+			e.waitHTTP(url, name+"\n")
+			urls = append(urls, url)
+		}
+		if err := e.d.Stop(t.Context(), 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		out, stderr, err := e.stageletTool(t, "gc", "--all")
+		if err != nil || !strings.Contains(string(out), "released 2 pods") {
+			t.Fatalf("gc --all: %v\n%s%s", err, out, stderr)
+		}
+		for _, url := range urls {
+			if got, err := httpGet(url); err == nil {
+				t.Errorf("%s still answers: %q", url, got)
+			}
+		}
+		if held := e.networkHeld(); len(held) > 0 {
+			t.Errorf("network held after gc --all: %v", held)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
+		defer cancel()
+		if err := e.d.Restart(ctx); err != nil {
+			t.Fatalf("restart the daemon: %v", err)
+		}
+		pods, err := e.rt().ListPodSandbox(e.ctx(), &runtimeapi.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) != 0 {
+			t.Errorf("pods listed after gc --all: %v", pods.Items)
+		}
+	})
+}
