@@ -12,6 +12,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // TestSetAsideRecordReleased: a running pod whose record is torn while
@@ -81,6 +83,12 @@ func TestSetAsideRecordReleased(t *testing.T) {
 				t.Errorf("doctor's set-aside check lacks %q:\n%s", want, aside)
 			}
 		}
+
+		// crictl info says the same, once the daemon's preflight ran.
+		testutil.WaitFor(t, 2*time.Minute, "the preflight in verbose Status", func() (bool, string) {
+			got := e.verboseStatus()["preflight.set-aside"]
+			return strings.Contains(got, "pod "+podID) && strings.Contains(got, ip), got
+		})
 
 		// Not while the daemon runs.
 		if _, stderr, err := e.stageletTool(t, "gc", "--set-aside"); err == nil || !strings.Contains(string(stderr), "the daemon runs") {
