@@ -173,8 +173,9 @@ func orUnknown(s string) string {
 }
 
 // CNI reports whether pods can get their own network: ready says so, or
-// why not; dirs are the configuration and plugin directories.
-func CNI(ready func() (bool, string), confDir string, pluginDirs []string) Prober {
+// why not, and describe which network; dirs are the configuration and
+// plugin directories.
+func CNI(ready func() (bool, string), describe func() string, confDir string, pluginDirs []string) Prober {
 	return func(context.Context) Check {
 		c := Check{Name: "cni"}
 		ok, why := ready()
@@ -184,8 +185,8 @@ func CNI(ready func() (bool, string), confDir string, pluginDirs []string) Probe
 			return c
 		}
 		c.Status, c.Detail = OK, where
-		if why != "" {
-			c.Detail = why + "; " + where
+		if d := describe(); d != "" {
+			c.Detail = d + "; " + where
 		}
 		return c
 	}

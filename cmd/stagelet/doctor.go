@@ -91,7 +91,7 @@ func nodeReport(ctx context.Context, cfg *config.Config, state string, b *broker
 		preflight.Tool("nspawn", "systemd-nspawn", "systemd-container", []string{"nspawn"}, "--version"),
 		preflight.Tool("qemu", "qemu-system-x86_64", "qemu-system-x86", []string{kvm.Name}, "--version"),
 		preflight.KVM(kvmInfo),
-		preflight.CNI(b.NetworkStatus, cfg.CNI.ConfDir, cfg.CNI.PluginDirs),
+		preflight.CNI(b.NetworkStatus, b.NetworkDescription, cfg.CNI.ConfDir, cfg.CNI.PluginDirs),
 		preflight.UserNamespaces(),
 		preflight.CDI(cdi.SpecDirs(), cdi.Devices),
 		preflight.CRIU(),
