@@ -372,37 +372,51 @@ func (b *Broker) ReleaseSetAside(ctx context.Context, id string) (Holdings, erro
 		return Holdings{}, errdefs.NotFound("no set-aside record names %s", id)
 	}
 	r := found[0]
+	var paths []string // the records released with it
+	for _, f := range found {
+		paths = append(paths, f.Path)
+	}
+	// ctrIDs: the containers whose file systems go with it.
+	ctrIDs := []string{id}
 	if r.Kind == "container" {
 		if r.PodID != "" {
 			if _, err := os.Stat(b.rec.podPath(r.PodID)); err == nil {
 				return r.Holds, errdefs.FailedPrecondition("container %s runs in pod %s, whose record is readable: remove that pod through the CRI (crictl stopp/rmp), which stops the container, then release this record", id, r.PodID)
 			}
 		}
-		if err := b.opts.Images.UnmountRootfs(filepath.Join(b.containersDir(), id)); err != nil {
-			return r.Holds, fmt.Errorf("container %s's file system: %w", id, err)
-		}
 	} else {
+		ctrIDs = nil
+		_, ctrs, _, _ := b.rec.loadAll()
+		for _, c := range ctrs {
+			if c.PodID == id {
+				ctrIDs = append(ctrIDs, c.ID)
+				paths = append(paths, b.rec.containerPath(c.ID))
+			}
+		}
+		for _, c := range recs {
+			if c.Kind == "container" && c.PodID == id {
+				ctrIDs = append(ctrIDs, c.ID)
+				paths = append(paths, c.Path)
+			}
+		}
 		if err := b.releasePod(ctx, id); err != nil {
 			return r.Holds, err
 		}
 	}
-	_, ctrs, _, _ := b.rec.loadAll()
-	// What is left, its containers' file systems included.
-	left := b.containerHoldings(id)
-	var paths []string
-	for _, f := range found {
-		paths = append(paths, f.Path)
+	for _, c := range ctrIDs {
+		if err := b.opts.Images.UnmountRootfs(filepath.Join(b.containersDir(), c)); err != nil {
+			return r.Holds, fmt.Errorf("container %s's file system: %w", c, err)
+		}
 	}
+	// What is left, its containers' file systems included.
+	var left Holdings
 	if r.Kind == "pod" {
 		left = b.podHoldings(ctx, id, nil)
-		for _, c := range ctrs {
-			if c.PodID == id {
-				ch := b.containerHoldings(c.ID)
-				left.Mounts = append(left.Mounts, ch.Mounts...)
-				left.Dirs = append(left.Dirs, ch.Dirs...)
-				paths = append(paths, b.rec.containerPath(c.ID))
-			}
-		}
+	}
+	for _, c := range ctrIDs {
+		ch := b.containerHoldings(c)
+		left.Mounts = append(left.Mounts, ch.Mounts...)
+		left.Dirs = append(left.Dirs, ch.Dirs...)
 	}
 	if !left.Empty() {
 		return left, fmt.Errorf("%s %s still holds %s; the record stays set aside", r.Kind, id, describe(left))
@@ -418,6 +432,9 @@ func (b *Broker) ReleaseSetAside(ctx context.Context, id string) (Holdings, erro
 // releasePod releases what pod id holds, its record unread.
 func (b *Broker) releasePod(ctx context.Context, id string) error {
 	var errs []error
+	// The stage1's own host resources first (a unit is stopped through
+	// systemd), then whatever still runs in a cgroup named after the pod.
+	b.collectBackends(ctx, func(x string) bool { return x != id })
 	cgs, _ := podCgroups(id, b.NodeCgroup())
 	for _, c := range cgs {
 		if err := c.Kill(); err != nil {
@@ -426,22 +443,12 @@ func (b *Broker) releasePod(ctx context.Context, id string) error {
 			errs = append(errs, fmt.Errorf("cgroup %s: %w", c, err))
 		}
 	}
-	b.collectBackends(ctx, func(x string) bool { return x != id })
 	if b.opts.Network != nil {
 		ns := b.opts.Network.NetNSPath(id)
 		if _, err := os.Lstat(ns); err == nil {
 			if err := b.teardownNetwork(ctx, &PodRecord{ID: id, NetNS: ns}, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				errs = append(errs, err)
 			}
-		}
-	}
-	_, ctrs, _, _ := b.rec.loadAll()
-	for _, c := range ctrs {
-		if c.PodID != id {
-			continue
-		}
-		if err := b.opts.Images.UnmountRootfs(c.Dir); err != nil {
-			errs = append(errs, fmt.Errorf("container %s's file system: %w", c.ID, err))
 		}
 	}
 	if err := host.RemoveUnmounted(filepath.Join(b.podsRunDir(), id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
