@@ -110,6 +110,9 @@ type result struct {
 	// disk) their memory files take, once for all the pods.
 	templates     int
 	templateBytes uint64
+	// Teardown, as the kubelet does it on a pod's deletion: its container
+	// stopped and removed, then the sandbox stopped and removed.
+	stopCtr, rmCtr, stopPod, rmPod []time.Duration
 }
 
 func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool, levels []int, calls int, log *slog.Logger) (err error) {
@@ -211,7 +214,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 	}
 	rt := d.Runtime()
 	var firstCtr string
-	var pods []string
+	var pods, ctrs []string
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -229,6 +232,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 			}
 		}
 		pods = append(pods, bp.podID)
+		ctrs = append(ctrs, bp.ctrID)
 	}
 	for _, id := range pods {
 		m, err := podMemory(id)
@@ -265,7 +269,54 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		return nil, err
 	}
 	res.templates, res.templateBytes = templateMemory(filepath.Join(d.RunDir, "kvm-templates"))
+	if err := measureTeardown(ctx, rt, ctrs, pods, res); err != nil {
+		return nil, err
+	}
 	return res, nil
+}
+
+// measureTeardown removes the pods as the kubelet removes a deleted pod,
+// timing each call: StopContainer (its sleep ends at SIGTERM),
+// RemoveContainer, StopPodSandbox, RemovePodSandbox.
+func measureTeardown(ctx context.Context, rt runtimeapi.RuntimeServiceClient, ctrs, pods []string, res *result) error {
+	timed := func(into *[]time.Duration, what string, call func() error) error {
+		began := time.Now()
+		if err := call(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		*into = append(*into, time.Since(began))
+		return nil
+	}
+	for i, pod := range pods {
+		ctr := ctrs[i]
+		for _, step := range []struct {
+			into *[]time.Duration
+			what string
+			call func() error
+		}{
+			{&res.stopCtr, "StopContainer", func() error {
+				_, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: ctr, Timeout: 10})
+				return err
+			}},
+			{&res.rmCtr, "RemoveContainer", func() error {
+				_, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: ctr})
+				return err
+			}},
+			{&res.stopPod, "StopPodSandbox", func() error {
+				_, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+				return err
+			}},
+			{&res.rmPod, "RemovePodSandbox", func() error {
+				_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+				return err
+			}},
+		} {
+			if err := timed(step.into, step.what, step.call); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // benchPod is a pod startPod started.
@@ -433,6 +484,10 @@ func report(w io.Writer, n int, what string, r *result) {
 	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
 	fmt.Fprintf(w, row, "streaming exec true: Exec call to its exit status (first byte)", ms(median(r.streamTrue)), ms(percentile(r.streamTrue, 90)))
 	fmt.Fprintf(w, row, "streaming exec echo: Exec call to the first byte of output", ms(median(r.streamEcho)), ms(percentile(r.streamEcho, 90)))
+	fmt.Fprintf(w, row, "StopContainer (sleep, ends at SIGTERM)", ms(median(r.stopCtr)), ms(percentile(r.stopCtr, 90)))
+	fmt.Fprintf(w, row, "RemoveContainer", ms(median(r.rmCtr)), ms(percentile(r.rmCtr, 90)))
+	fmt.Fprintf(w, row, "StopPodSandbox", ms(median(r.stopPod)), ms(percentile(r.stopPod, 90)))
+	fmt.Fprintf(w, row, "RemovePodSandbox", ms(median(r.rmPod)), ms(percentile(r.rmPod, 90)))
 	fmt.Fprintln(w)
 	const rss = "%-72s %10s\n"
 	fmt.Fprintf(w, rss, "daemon RSS (VmRSS) before the runs", mib(r.rssIdle))
