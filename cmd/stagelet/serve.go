@@ -27,6 +27,7 @@ import (
 	"github.com/stagelet/stagelet/cri"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/staticbin"
+	"github.com/stagelet/stagelet/metrics"
 	"github.com/stagelet/stagelet/network"
 )
 
@@ -116,8 +117,9 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 }
 
 // criServers makes the CRI gRPC server over b and its streaming server
-// (exec, attach, port-forward), which logs through klog into log.
-func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
+// (exec, attach, port-forward), which logs through klog into log. m
+// (nil: metrics off) counts the calls, first in the chain.
+func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker, m *metrics.Metrics) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
 	klog.SetSlogLogger(log.With("component", "streaming"))
 	streams, err := cri.NewStreamServer(b, cfg.StreamingAddr(), log.With("component", "streaming"))
 	if err != nil {
@@ -125,7 +127,7 @@ func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker) (*cri.St
 	}
 	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
 	unary, stream := srv.Interceptors()
-	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream), grpc.StatsHandler(srv.StatsHandler()))
+	g := grpc.NewServer(append(interceptors(m, unary, stream), grpc.StatsHandler(srv.StatsHandler()))...)
 	srv.Register(g)
 	return streams, srv, g, nil
 }
@@ -232,6 +234,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return err
 	}
+	m := newMetrics(cfg)
 	b, err := broker.New(broker.Options{
 		Network:       netm,
 		StateDir:      state,
@@ -244,10 +247,12 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		Images:        images,
 		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
 		Log:           log,
+		Observer:      m.BrokerObserver(),
 	})
 	if err != nil {
 		return err
 	}
+	m.Watch(b)
 
 	// Listen first, so a restarted daemon answers Unavailable while it
 	// recovers instead of refusing connections.
@@ -255,13 +260,18 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return err
 	}
-	streams, srv, g, err := criServers(log, cfg, b)
+	streams, srv, g, err := criServers(log, cfg, b, m)
 	if err != nil {
 		return err
 	}
 	defer streams.Close()
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	stopMetrics, err := serveMetrics(log, cfg.Metrics.Address, m, errc)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	go func() { errc <- g.Serve(lis) }()
 	go func() {
 		if err := streams.Serve(); err != nil {
