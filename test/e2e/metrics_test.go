@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -194,5 +195,48 @@ func TestMetricsAfterRestart(t *testing.T) {
 	}
 	if m["stagelet_recovery_duration_seconds"] == nil {
 		t.Error("no stagelet_recovery_duration_seconds after a restart")
+	}
+}
+
+// TestMetricsKVM: kvm pods move the VM template counters (the first pod
+// of a shape waits for its template's build, the second is restored from
+// it) and the accelerator in use is reported.
+func TestMetricsKVM(t *testing.T) {
+	requireRoot(t)
+	if os.Getenv("STAGELET_GUEST_ASSETS") == "" {
+		t.Skip("no kvm guest assets: run through `make test` or `make e2e`, or set STAGELET_GUEST_ASSETS (make guest)")
+	}
+	e := newEnvOpts(t, harness.Options{Policy: allStage1sPolicy, MetricsAddress: "127.0.0.1:0"}, true)
+	url, err := e.d.MetricsURL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvm := map[string]string{"stage1": "kvm"}
+	for i, name := range []string{"vm-a", "vm-b"} {
+		cfg := e.netPodConfig(name, kvmStage1)
+		id := e.runStage1Pod(cfg, kvmStage1)
+		e.createAndStart(id, cfg, e.netContainer(kvmStage1, "app", "sleep", "1000"))
+		m := e.scrape(url)
+		for _, c := range []struct {
+			name   string
+			labels map[string]string
+			want   float64
+		}{
+			{"stagelet_vm_template_misses_total", kvm, 1},
+			{"stagelet_vm_template_builds_total", kvm, 1},
+			{"stagelet_vm_template_hits_total", kvm, float64(i)},
+			{"stagelet_vm_template_build_failures_total", kvm, 0},
+			{"stagelet_pods", map[string]string{"stage1": "kvm", "state": "ready"}, float64(i + 1)},
+			{"stagelet_pod_start_duration_seconds", kvm, float64(i + 1)},
+		} {
+			if got := m.value(c.name, c.labels); got != c.want {
+				t.Errorf("after pod %s: %s%v = %v, want %v", name, c.name, c.labels, got, c.want)
+			}
+		}
+		accel := m.value("stagelet_vm_accelerator_info", map[string]string{"stage1": "kvm", "accelerator": "kvm"}) +
+			m.value("stagelet_vm_accelerator_info", map[string]string{"stage1": "kvm", "accelerator": "tcg"})
+		if accel != 1 {
+			t.Errorf("after pod %s: stagelet_vm_accelerator_info names no accelerator of kvm (kvm or tcg)", name)
+		}
 	}
 }
