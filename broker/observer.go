@@ -64,14 +64,20 @@ type Census struct {
 type StageState struct{ Stage1, State string }
 
 // Census counts the pods and containers by stage1 and state, from the
-// broker's memory alone: no pod is asked. Pods whose agent is gone are
-// "notready".
+// broker's memory alone: no pod is asked. A pod is "ready" as
+// PodSandboxStatus says it: recorded ready and its agent connected (one
+// that recovery could not reattach, or whose agent is gone, is
+// "notready").
 func (b *Broker) Census() Census {
 	c := Census{Pods: map[StageState]int{}, Containers: map[StageState]int{}}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, p := range b.pods {
-		c.Pods[StageState{p.rec.Stage1, p.rec.State}]++
+		state := p.rec.State
+		if state == PodReady && p.handle == nil {
+			state = PodNotReady
+		}
+		c.Pods[StageState{p.rec.Stage1, state}]++
 	}
 	for _, ctr := range b.ctrs {
 		stage1 := ""
