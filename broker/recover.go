@@ -70,6 +70,7 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	b.log.InfoContext(ctx, "recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
 		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside,
 		"orphanCgroups", res.OrphanCgroups, "took", res.Took)
+	b.obs.Recovered(res)
 	return res, nil
 }
 

@@ -65,7 +65,7 @@ func toolBroker(log *slog.Logger, cfg *config.Config, state, run string) (*broke
 	if err != nil {
 		return nil, err
 	}
-	b, _, err := openBroker(log, cfg, state, run, l, "")
+	b, _, err := openBroker(log, cfg, state, run, l, "", nil)
 	return b, err
 }
 

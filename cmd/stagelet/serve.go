@@ -28,6 +28,7 @@ import (
 	"github.com/stagelet/stagelet/cri"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/staticbin"
+	"github.com/stagelet/stagelet/metrics"
 	"github.com/stagelet/stagelet/network"
 )
 
@@ -118,8 +119,9 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 }
 
 // criServers makes the CRI gRPC server over b and its streaming server
-// (exec, attach, port-forward), which logs through klog into log.
-func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
+// (exec, attach, port-forward), which logs through klog into log. m
+// (nil: metrics off) counts the calls, first in the chain.
+func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker, m *metrics.Metrics) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
 	klog.SetSlogLogger(log.With("component", "streaming"))
 	streams, err := cri.NewStreamServer(b, cfg.StreamingAddr(), log.With("component", "streaming"))
 	if err != nil {
@@ -127,7 +129,7 @@ func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker) (*cri.St
 	}
 	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
 	unary, stream := srv.Interceptors()
-	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream), grpc.StatsHandler(srv.StatsHandler()))
+	g := grpc.NewServer(append(interceptors(m, unary, stream), grpc.StatsHandler(srv.StatsHandler()))...)
 	srv.Register(g)
 	return streams, srv, g, nil
 }
@@ -217,10 +219,12 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return err
 	}
-	b, pol, err := openBroker(log, cfg, state, run, launcher, parent)
+	m := newMetrics(cfg)
+	b, pol, err := openBroker(log, cfg, state, run, launcher, parent, m.BrokerObserver())
 	if err != nil {
 		return err
 	}
+	m.Watch(b)
 
 	// Listen first, so a restarted daemon answers Unavailable while it
 	// recovers instead of refusing connections.
@@ -228,13 +232,18 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return err
 	}
-	streams, srv, g, err := criServers(log, cfg, b)
+	streams, srv, g, err := criServers(log, cfg, b, m)
 	if err != nil {
 		return err
 	}
 	defer streams.Close()
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	stopMetrics, err := serveMetrics(log, cfg.Metrics.Address, m, errc)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	go func() { errc <- g.Serve(lis) }()
 	go func() {
 		if err := streams.Serve(); err != nil {
@@ -262,7 +271,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 // openBroker makes the broker over this node's stage1s, image store and
 // pod network, with the policy the configuration names. Pods without a
 // kubelet-given cgroup parent go to parent; l starts their processes.
-func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.Launcher, parent string) (*broker.Broker, *policy.Policy, error) {
+func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.Launcher, parent string, obs broker.Observer) (*broker.Broker, *policy.Policy, error) {
 	self, err := agentBinary()
 	if err != nil {
 		return nil, nil, err
@@ -297,6 +306,7 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 		Images:        images,
 		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
 		Log:           log,
+		Observer:      obs,
 	})
 	return b, pol, err
 }

@@ -303,6 +303,7 @@ func tscKHz() int {
 // boots to its agent under KVM within ProbeTimeout, else TCG).
 func (b *Backend) accelerator(ctx context.Context, t *tools) string {
 	b.accelOnce.Do(func() {
+		defer func() { a := b.accel; b.chosen.Store(&a) }()
 		if a := b.cfg.Accelerator; a != "" {
 			b.accel = a
 			b.accelReason = "set by kvm.accelerator in the configuration"
