@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -40,6 +41,9 @@ import (
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
+
+// scrape: print the daemon's stagelet_* metrics once the pods run.
+var scrape = flag.Bool("metrics", false, "enable the daemon's metrics endpoint and print its stagelet_* series once the measured pods run (before their teardown)")
 
 func main() {
 	n := flag.Int("n", 20, "runs of each measurement")
@@ -113,6 +117,9 @@ type result struct {
 	// Teardown, as the kubelet does it on a pod's deletion: its container
 	// stopped and removed, then the sandbox stopped and removed.
 	stopCtr, rmCtr, stopPod, rmPod []time.Duration
+	// metrics: the daemon's stagelet_* series with the pods running
+	// (-metrics).
+	metrics string
 }
 
 func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool, levels []int, calls int, log *slog.Logger) (err error) {
@@ -151,6 +158,7 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 		LogLevel:           "info",
 		Logger:             log,
 		KVMNoTemplate:      noTemplate,
+		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
 	})
 	if err != nil {
 		return err
@@ -269,10 +277,44 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		return nil, err
 	}
 	res.templates, res.templateBytes = templateMemory(filepath.Join(d.RunDir, "kvm-templates"))
+	if *scrape {
+		if res.metrics, err = scrapeMetrics(ctx, d); err != nil {
+			return nil, err
+		}
+	}
 	if err := measureTeardown(ctx, rt, ctrs, pods, res); err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// scrapeMetrics reads the daemon's metrics endpoint and keeps the
+// stagelet_* series.
+func scrapeMetrics(ctx context.Context, d *harness.Daemon) (string, error) {
+	url, err := d.MetricsURL()
+	if err != nil {
+		return "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	var keep []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "stagelet_") && !strings.Contains(line, "_bucket{") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n") + "\n", nil
 }
 
 // measureTeardown removes the pods as the kubelet removes a deleted pod,
@@ -498,6 +540,9 @@ func report(w io.Writer, n int, what string, r *result) {
 	fmt.Fprintf(w, rss, fmt.Sprintf("host memory per pod, %d pods running: PSS", n), mib(r.memN.pss))
 	if r.templates > 0 {
 		fmt.Fprintf(w, rss, fmt.Sprintf("kvm templates' memory files, allocated (%d templates, once for all pods)", r.templates), mib(r.templateBytes))
+	}
+	if r.metrics != "" {
+		fmt.Fprintf(w, "\nthe daemon's metrics with the %d pods running (histogram buckets left out):\n%s", n, r.metrics)
 	}
 }
 
