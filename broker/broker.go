@@ -73,6 +73,9 @@ type Options struct {
 	// CDI resolves CDI device names; nil: devices.NewCDI(nil).
 	CDI *devices.CDI
 	Log *slog.Logger
+	// Observer is told of decisions, pod starts, agent disconnects and
+	// recovery, for metrics; nil: nobody.
+	Observer Observer
 }
 
 // Broker is the node's pod and container manager. Create it with New, then
@@ -81,6 +84,7 @@ type Broker struct {
 	opts Options
 	log  *slog.Logger
 	rec  records
+	obs  Observer
 
 	ready atomic.Bool
 	// quarantined counts the records in quarantine (Recover).
@@ -139,6 +143,10 @@ type pod struct {
 	// agent said of itself when following began. Guarded by Broker.mu.
 	unwatch context.CancelFunc
 	agent   *api.Info
+	// runAt is when this daemon's RunPodSandbox of the pod began, until
+	// its first container runs (Observer.PodStarted); zero for a
+	// recovered pod, or once told. Guarded by Broker.mu.
+	runAt time.Time
 }
 
 // id is the pod's ID, which never changes.
@@ -165,9 +173,13 @@ func New(opts Options) (*Broker, error) {
 	if opts.CDI == nil {
 		opts.CDI = devices.NewCDI(nil)
 	}
+	if opts.Observer == nil {
+		opts.Observer = nopObserver{}
+	}
 	b := &Broker{
 		opts:      opts,
 		log:       opts.Log,
+		obs:       opts.Observer,
 		rec:       records{dir: opts.StateDir},
 		pods:      map[string]*pod{},
 		podNames:  map[string]*pod{},

@@ -29,6 +29,8 @@ type env struct {
 	images *fakeImages
 	state  string
 	run    string
+	// obs is the brokers' Observer; nil: none.
+	obs Observer
 }
 
 func newEnv(t *testing.T) *env {
@@ -86,6 +88,7 @@ func (e *env) broker(t *testing.T) *Broker {
 	b, err := New(Options{
 		StateDir: e.state, RunDir: e.run, CgroupParent: "test", Policy: e.policy(t),
 		AgentBinary: "/nonexistent", Backends: stage1.Registry{"fake": e.be, "vm": e.vm}, Images: e.images, Network: e.network(),
+		Observer: e.obs,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -454,10 +454,19 @@ func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
 		rec.StartedAt, changed = st.StartedAt, true
 	}
 	cp := *rec
+	var started func()
 	if p := b.pods[rec.PodID]; p != nil && event != "" {
 		b.publishLocked(event, p, c)
+		if event == EventStarted && !p.runAt.IsZero() {
+			stage1, took := p.rec.Stage1, time.Since(p.runAt)
+			p.runAt = time.Time{}
+			started = func() { b.obs.PodStarted(stage1, took) }
+		}
 	}
 	b.mu.Unlock()
+	if started != nil {
+		started()
+	}
 	if changed {
 		if err := b.rec.saveContainer(&cp); err != nil {
 			b.log.Error("persist container record", "container", cp.ID, "err", err)

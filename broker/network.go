@@ -33,6 +33,15 @@ func (b *Broker) NetworkStatus() (bool, string) {
 	return b.opts.Network.Status()
 }
 
+// NetworkDescription names the pod network in use and its plugins, when
+// the network manager can say.
+func (b *Broker) NetworkDescription() string {
+	if d, ok := b.opts.Network.(interface{ Describe() string }); ok {
+		return d.Describe()
+	}
+	return ""
+}
+
 func podNetwork(rec *PodRecord) network.PodNetwork {
 	c := rec.Config
 	pn := network.PodNetwork{

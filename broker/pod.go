@@ -92,6 +92,7 @@ func (b *Broker) decide(c *PodConfig) (policy.Decision, error) {
 	d, err := b.policy.Load().Decide(policyPod(c), b.caps)
 	if err != nil {
 		b.count("refused")
+		b.obs.PolicyRefused(refusalReason(err))
 		b.log.Warn("pod refused by policy", "name", podNameKey(c.Metadata), "err", err)
 		return d, err
 	}
@@ -99,9 +100,11 @@ func (b *Broker) decide(c *PodConfig) (policy.Decision, error) {
 		// The policy checks this too; never start a pod on a stage1 the
 		// node lacks.
 		b.count("refused")
+		b.obs.PolicyRefused(RefusedStage1Unavailable)
 		return d, errdefs.FailedPrecondition("stage1 %q is not available on this node", d.Stage1)
 	}
 	b.count(d.Stage1)
+	b.obs.PolicyDecided(d.Stage1, d.Rule)
 	return d, nil
 }
 
@@ -110,6 +113,7 @@ func (b *Broker) decide(c *PodConfig) (policy.Decision, error) {
 // the same pod; a different configuration under a reserved name is
 // AlreadyExists.
 func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
+	runAt := time.Now()
 	if err := b.validatePodConfig(cfg); err != nil {
 		return "", err
 	}
@@ -157,6 +161,7 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 			CreatedAt:                    time.Now(),
 		},
 		created: make(chan struct{}),
+		runAt:   runAt,
 	}
 	b.podNames[key] = p
 	b.pods[id] = p

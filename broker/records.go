@@ -109,6 +109,27 @@ func (r *records) quarantine(path string) (string, error) {
 	return dst, os.Rename(path, dst)
 }
 
+// release moves a set-aside record (in quarantine, or in place) into
+// dir/quarantine/released, where it is kept and no longer set aside.
+func (r *records) release(path string) error {
+	rdir := filepath.Join(r.dir, "quarantine", releasedDir)
+	if err := os.MkdirAll(rdir, 0o700); err != nil {
+		return err
+	}
+	name := filepath.Base(path)
+	if filepath.Dir(path) != filepath.Join(r.dir, "quarantine") {
+		name = filepath.Base(filepath.Dir(path)) + "-" + name
+	}
+	dst := filepath.Join(rdir, name)
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		dst = filepath.Join(rdir, fmt.Sprintf("%s.%d", name, i))
+	}
+	return os.Rename(path, dst)
+}
+
 // quarantined returns the IDs of the records in dir/quarantine (named
 // <kind>-<id>.json, maybe with a .N suffix).
 func (r *records) quarantined() []string {

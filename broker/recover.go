@@ -31,6 +31,7 @@ import (
 // Recover returns; it is called once, before serving.
 func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	start := time.Now()
+	b.recordNodeCgroup()
 	pods, ctrs, bad, err := b.rec.loadAll()
 	if err != nil {
 		return RecoveryResult{}, err
@@ -69,6 +70,7 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	b.log.InfoContext(ctx, "recovery done", "pods", res.Pods, "ready", res.Ready, "gone", res.Gone, "unrecovered", res.Unrecovered,
 		"stopped", res.Stopped, "discarded", res.Discarded, "badRecords", res.BadRecords, "setAside", res.SetAside,
 		"orphanCgroups", res.OrphanCgroups, "took", res.Took)
+	b.obs.Recovered(res)
 	return res, nil
 }
 

@@ -96,6 +96,7 @@ func (b *Broker) follow(ctx context.Context, p *pod, h *client.Pod, synced chan 
 			b.poll(ctx, p, h, markSynced)
 			return
 		}
+		b.obs.AgentDisconnected(p.rec.Stage1) // its Stage1 never changes
 		if b.agentGone(ctx, p, h, err) {
 			return
 		}

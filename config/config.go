@@ -87,6 +87,18 @@ type Streaming struct {
 	Port int `yaml:"port"`
 }
 
+// Metrics configures the Prometheus metrics endpoint (/metrics). It is
+// off unless an address is set, as containerd's and CRI-O's are: an open
+// port on every node is the operator's choice. The endpoint has no
+// authentication: loopback (127.0.0.1:PORT) is the safe choice, reached
+// by a node-local agent; any other address lets whoever reaches it read
+// the figures.
+type Metrics struct {
+	// Address is the host:port to listen on; "" (the default): no
+	// endpoint. Port 0 takes any free port (logged).
+	Address string `yaml:"address"`
+}
+
 // CDI configures the Container Device Interface: the specs of devices
 // that CDI_devices and cdi.k8s.io/* annotations name.
 type CDI struct {
@@ -122,6 +134,8 @@ type Config struct {
 	Streaming Streaming `yaml:"streaming"`
 	// CDI locates the CDI device specs.
 	CDI CDI `yaml:"cdi"`
+	// Metrics is the Prometheus endpoint; off by default.
+	Metrics Metrics `yaml:"metrics"`
 	// Policy decides each pod's stage1. Absent: the embedded default
 	// policy. PolicyFile names a policy file instead (relative to this
 	// file's directory); the two are exclusive.
@@ -224,6 +238,9 @@ func (c *Config) Validate() error {
 	if c.Streaming.Port < 0 || c.Streaming.Port > 65535 {
 		errs = append(errs, fmt.Errorf("streaming.port: %d: want 0 (any free port) to 65535", c.Streaming.Port))
 	}
+	if err := checkHostPort(c.Metrics.Address); c.Metrics.Address != "" && err != nil {
+		errs = append(errs, fmt.Errorf("metrics.address: %q: %v", c.Metrics.Address, err))
+	}
 	for _, d := range c.CDI.SpecDirs {
 		if !path.IsAbs(d) {
 			errs = append(errs, fmt.Errorf("cdi.spec_dirs: %q is not absolute", d))
@@ -303,6 +320,22 @@ func CheckPolicy(p *policy.Policy, known map[string]stage1.Capabilities) (missin
 		return missing, real
 	}
 	return missing, nil
+}
+
+// checkHostPort checks a listen address: host:port, the host an IP
+// address or a name (empty: every address), the port 0 to 65535.
+func checkHostPort(a string) error {
+	h, p, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("want host:port (127.0.0.1:9090, [::1]:9090, :9090)")
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q: want 0 (any free port) to 65535", p)
+	}
+	if h != "" && strings.ContainsAny(h, " /%") {
+		return fmt.Errorf("host %q: want an IP address or a host name", h)
+	}
+	return nil
 }
 
 func checkMirror(m string) error {

@@ -78,6 +78,22 @@ func TestParse(t *testing.T) {
 		{name: "streaming port range", yaml: "streaming: {port: 70000}\n", wantErr: "streaming.port: 70000"},
 		{name: "streaming negative port", yaml: "streaming: {port: -1}\n", wantErr: "streaming.port: -1"},
 		{name: "streaming unknown key", yaml: "streaming:\n  adress: 127.0.0.1\n", wantErr: "line 2: field adress not found"},
+		{name: "metrics off by default", yaml: "", check: func(t *testing.T, c *Config) {
+			if c.Metrics.Address != "" {
+				t.Errorf("metrics.address = %q, want off", c.Metrics.Address)
+			}
+		}},
+		{name: "metrics on loopback", yaml: "metrics: {address: \"127.0.0.1:9477\"}\n", check: func(t *testing.T, c *Config) {
+			if c.Metrics.Address != "127.0.0.1:9477" {
+				t.Errorf("metrics.address = %q", c.Metrics.Address)
+			}
+		}},
+		{name: "metrics on IPv6, any port", yaml: "metrics: {address: \"[::1]:0\"}\n", check: func(*testing.T, *Config) {}},
+		{name: "metrics on every address", yaml: "metrics: {address: \":9477\"}\n", check: func(*testing.T, *Config) {}},
+		{name: "metrics address without port", yaml: "metrics: {address: 127.0.0.1}\n", wantErr: "metrics.address: \"127.0.0.1\": want host:port"},
+		{name: "metrics port range", yaml: "metrics: {address: \"127.0.0.1:70000\"}\n", wantErr: "metrics.address: \"127.0.0.1:70000\": port"},
+		{name: "metrics port name", yaml: "metrics: {address: \"127.0.0.1:http\"}\n", wantErr: "metrics.address"},
+		{name: "metrics unknown key", yaml: "metrics:\n  port: 9477\n", wantErr: "line 2: field port not found"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

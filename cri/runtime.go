@@ -78,6 +78,11 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 		for k, v := range s.b.BackendInfo(ctx) {
 			resp.Info[k] = v
 		}
+		if info := s.nodeInfo.Load(); info != nil {
+			for k, v := range *info {
+				resp.Info[k] = v
+			}
+		}
 	}
 	return resp, nil
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -42,7 +43,14 @@ type Server struct {
 	// stopping is closed by Stop: long-lived streams end.
 	stopping chan struct{}
 	stopOnce sync.Once
+	// nodeInfo is what the node's preflight found (SetNodeInfo), shown in
+	// verbose Status.
+	nodeInfo atomic.Pointer[map[string]string]
 }
+
+// SetNodeInfo replaces the node facts verbose Status shows beside its own
+// (the daemon's preflight report, computed off the status path).
+func (s *Server) SetNodeInfo(info map[string]string) { s.nodeInfo.Store(&info) }
 
 // Stop ends the calls that would otherwise last as long as their client
 // (GetContainerEvents), so that a graceful stop of the gRPC server does

@@ -151,3 +151,15 @@ func bindMount(m specs.Mount) (Mount, error) {
 	}
 	return out, nil
 }
+
+// Devices reads the spec directories again and lists the fully qualified
+// names of the devices they declare, with what could not be read.
+func (r *CDI) Devices() ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.c == nil {
+		return nil, fmt.Errorf("CDI: no cache for %s", strings.Join(r.dirs, ", "))
+	}
+	err := r.c.Refresh()
+	return r.c.ListDevices(), err
+}

@@ -147,6 +147,20 @@ func (m *Manager) NetworkName() string {
 	return ""
 }
 
+// Describe names the network in use, its file and its plugins, "" when
+// none is ready.
+func (m *Manager) Describe() string {
+	n := m.current()
+	if n.list == nil {
+		return ""
+	}
+	var types []string
+	for _, p := range n.list.Plugins {
+		types = append(types, p.Network.Type)
+	}
+	return fmt.Sprintf("network %s from %s, plugins %s", n.list.Name, n.file, strings.Join(types, ", "))
+}
+
 // current returns the network to use now, reloading ConfDir if it changed.
 func (m *Manager) current() *netConf {
 	stamp := m.confStamp()

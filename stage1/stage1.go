@@ -203,6 +203,27 @@ type NodeInformer interface {
 	NodeInfo(ctx context.Context) map[string]string
 }
 
+// VMReporter is an optional interface of a Backend that runs pods in
+// VMs restored from templates: what it counted since the daemon started,
+// for metrics. It answers from memory, at once, and probes nothing.
+type VMReporter interface {
+	VMStats() VMStats
+}
+
+// VMStats are a VM stage1's figures since the daemon started.
+type VMStats struct {
+	// TemplateHits: pods' VMs restored from a template that was there;
+	// TemplateMisses: pods' VMs that waited for a template to be built
+	// (their own build or one under way).
+	TemplateHits, TemplateMisses uint64
+	// TemplateBuilds and TemplateBuildFailures: template builds that
+	// finished, and those that failed.
+	TemplateBuilds, TemplateBuildFailures uint64
+	// Accelerator pods' VMs use ("kvm", "tcg"); "" until chosen (the
+	// first pod or the start-up probe chooses it).
+	Accelerator string
+}
+
 // Registry is the set of backends a broker runs pods with, by name. The
 // daemon builds it from its configuration; tests build their own.
 type Registry map[string]Backend

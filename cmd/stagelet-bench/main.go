@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -40,6 +41,9 @@ import (
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
+
+// scrape: print the daemon's stagelet_* metrics once the pods run.
+var scrape = flag.Bool("metrics", false, "enable the daemon's metrics endpoint and print its stagelet_* series once the measured pods run (before their teardown)")
 
 func main() {
 	n := flag.Int("n", 20, "runs of each measurement")
@@ -110,6 +114,12 @@ type result struct {
 	// disk) their memory files take, once for all the pods.
 	templates     int
 	templateBytes uint64
+	// Teardown, as the kubelet does it on a pod's deletion: its container
+	// stopped and removed, then the sandbox stopped and removed.
+	stopCtr, rmCtr, stopPod, rmPod []time.Duration
+	// metrics: the daemon's stagelet_* series with the pods running
+	// (-metrics).
+	metrics string
 }
 
 func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool, levels []int, calls int, log *slog.Logger) (err error) {
@@ -148,6 +158,7 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 		LogLevel:           "info",
 		Logger:             log,
 		KVMNoTemplate:      noTemplate,
+		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
 	})
 	if err != nil {
 		return err
@@ -211,7 +222,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 	}
 	rt := d.Runtime()
 	var firstCtr string
-	var pods []string
+	var pods, ctrs []string
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -229,6 +240,7 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 			}
 		}
 		pods = append(pods, bp.podID)
+		ctrs = append(ctrs, bp.ctrID)
 	}
 	for _, id := range pods {
 		m, err := podMemory(id)
@@ -265,7 +277,88 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		return nil, err
 	}
 	res.templates, res.templateBytes = templateMemory(filepath.Join(d.RunDir, "kvm-templates"))
+	if *scrape {
+		if res.metrics, err = scrapeMetrics(ctx, d); err != nil {
+			return nil, err
+		}
+	}
+	if err := measureTeardown(ctx, rt, ctrs, pods, res); err != nil {
+		return nil, err
+	}
 	return res, nil
+}
+
+// scrapeMetrics reads the daemon's metrics endpoint and keeps the
+// stagelet_* series.
+func scrapeMetrics(ctx context.Context, d *harness.Daemon) (string, error) {
+	url, err := d.MetricsURL()
+	if err != nil {
+		return "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	var keep []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "stagelet_") && !strings.Contains(line, "_bucket{") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n") + "\n", nil
+}
+
+// measureTeardown removes the pods as the kubelet removes a deleted pod,
+// timing each call: StopContainer (its sleep ends at SIGTERM),
+// RemoveContainer, StopPodSandbox, RemovePodSandbox.
+func measureTeardown(ctx context.Context, rt runtimeapi.RuntimeServiceClient, ctrs, pods []string, res *result) error {
+	timed := func(into *[]time.Duration, what string, call func() error) error {
+		began := time.Now()
+		if err := call(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		*into = append(*into, time.Since(began))
+		return nil
+	}
+	for i, pod := range pods {
+		ctr := ctrs[i]
+		for _, step := range []struct {
+			into *[]time.Duration
+			what string
+			call func() error
+		}{
+			{&res.stopCtr, "StopContainer", func() error {
+				_, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: ctr, Timeout: 10})
+				return err
+			}},
+			{&res.rmCtr, "RemoveContainer", func() error {
+				_, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: ctr})
+				return err
+			}},
+			{&res.stopPod, "StopPodSandbox", func() error {
+				_, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+				return err
+			}},
+			{&res.rmPod, "RemovePodSandbox", func() error {
+				_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+				return err
+			}},
+		} {
+			if err := timed(step.into, step.what, step.call); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // benchPod is a pod startPod started.
@@ -433,6 +526,10 @@ func report(w io.Writer, n int, what string, r *result) {
 	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
 	fmt.Fprintf(w, row, "streaming exec true: Exec call to its exit status (first byte)", ms(median(r.streamTrue)), ms(percentile(r.streamTrue, 90)))
 	fmt.Fprintf(w, row, "streaming exec echo: Exec call to the first byte of output", ms(median(r.streamEcho)), ms(percentile(r.streamEcho, 90)))
+	fmt.Fprintf(w, row, "StopContainer (sleep, ends at SIGTERM)", ms(median(r.stopCtr)), ms(percentile(r.stopCtr, 90)))
+	fmt.Fprintf(w, row, "RemoveContainer", ms(median(r.rmCtr)), ms(percentile(r.rmCtr, 90)))
+	fmt.Fprintf(w, row, "StopPodSandbox", ms(median(r.stopPod)), ms(percentile(r.stopPod, 90)))
+	fmt.Fprintf(w, row, "RemovePodSandbox", ms(median(r.rmPod)), ms(percentile(r.rmPod, 90)))
 	fmt.Fprintln(w)
 	const rss = "%-72s %10s\n"
 	fmt.Fprintf(w, rss, "daemon RSS (VmRSS) before the runs", mib(r.rssIdle))
@@ -443,6 +540,9 @@ func report(w io.Writer, n int, what string, r *result) {
 	fmt.Fprintf(w, rss, fmt.Sprintf("host memory per pod, %d pods running: PSS", n), mib(r.memN.pss))
 	if r.templates > 0 {
 		fmt.Fprintf(w, rss, fmt.Sprintf("kvm templates' memory files, allocated (%d templates, once for all pods)", r.templates), mib(r.templateBytes))
+	}
+	if r.metrics != "" {
+		fmt.Fprintf(w, "\nthe daemon's metrics with the %d pods running (histogram buckets left out):\n%s", n, r.metrics)
 	}
 }
 

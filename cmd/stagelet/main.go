@@ -24,6 +24,8 @@ commands:
   policy    check a policy file, or explain the stage1 a pod would get
   config    print the default node configuration, or check one
   cni       install the default pod network configuration (cni init)
+  doctor    check what this node can run, and why not
+  gc        release what set-aside records name, or every pod (daemon stopped)
   version   print the version
 `)
 }
@@ -52,6 +54,10 @@ func main() {
 		os.Exit(policyMain(os.Args[2:]))
 	case "config":
 		os.Exit(configMain(os.Args[2:], os.Stdout, os.Stderr))
+	case "gc":
+		os.Exit(gcMain(os.Args[2:], os.Stdout, os.Stderr))
+	case "doctor":
+		os.Exit(doctorMain(os.Args[2:], os.Stdout, os.Stderr))
 	case "version", "--version":
 		fmt.Printf("stagelet %s\n", version)
 	case "help", "-h", "--help":

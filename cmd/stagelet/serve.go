@@ -16,6 +16,7 @@ import (
 
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"google.golang.org/grpc"
@@ -27,6 +28,7 @@ import (
 	"github.com/stagelet/stagelet/cri"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/staticbin"
+	"github.com/stagelet/stagelet/metrics"
 	"github.com/stagelet/stagelet/network"
 )
 
@@ -91,7 +93,7 @@ func serveMain(args []string) int {
 // untilSignal recovers the pods, then serves until SIGTERM or SIGINT (or
 // a server fails: errc), reloading the policy meanwhile (reload). Pods
 // outlive the daemon: it stops serving and leaves them running.
-func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Server, errc <-chan error, reload func(context.Context)) error {
+func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Server, errc <-chan error, reload func(context.Context), preflight func(context.Context)) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	if _, err := b.Recover(ctx); err != nil {
@@ -101,6 +103,7 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 	// Backends that probe the node (kvm's accelerator) do it now, not
 	// when the first pod waits for it; what they find is logged.
 	go b.BackendInfo(ctx)
+	go preflight(ctx)
 	go reload(ctx)
 	select {
 	case err := <-errc:
@@ -116,8 +119,9 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 }
 
 // criServers makes the CRI gRPC server over b and its streaming server
-// (exec, attach, port-forward), which logs through klog into log.
-func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
+// (exec, attach, port-forward), which logs through klog into log. m
+// (nil: metrics off) counts the calls, first in the chain.
+func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker, m *metrics.Metrics) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
 	klog.SetSlogLogger(log.With("component", "streaming"))
 	streams, err := cri.NewStreamServer(b, cfg.StreamingAddr(), log.With("component", "streaming"))
 	if err != nil {
@@ -125,7 +129,7 @@ func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker) (*cri.St
 	}
 	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
 	unary, stream := srv.Interceptors()
-	g := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream), grpc.StatsHandler(srv.StatsHandler()))
+	g := grpc.NewServer(append(interceptors(m, unary, stream), grpc.StatsHandler(srv.StatsHandler()))...)
 	srv.Register(g)
 	return streams, srv, g, nil
 }
@@ -206,31 +210,89 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 			return err
 		}
 	}
-	self, err := agentBinary()
+	lock, err := lockState(state)
 	if err != nil {
 		return err
 	}
-	images, err := openImages(log, cfg, state)
-	if err != nil {
-		return err
-	}
+	defer lock.Close()
 	launcher, parent, err := placePods(log, cfg)
 	if err != nil {
 		return err
 	}
-	if sl, ok := launcher.(*host.SystemdLauncher); ok {
+	m := newMetrics(cfg)
+	b, pol, err := openBroker(log, cfg, state, run, launcher, parent, m.BrokerObserver())
+	if err != nil {
+		return err
+	}
+	m.Watch(b)
+
+	// Listen first, so a restarted daemon answers Unavailable while it
+	// recovers instead of refusing connections.
+	lis, err := listenCRI(sock)
+	if err != nil {
+		return err
+	}
+	streams, srv, g, err := criServers(log, cfg, b, m)
+	if err != nil {
+		return err
+	}
+	defer streams.Close()
+
+	errc := make(chan error, 3)
+	stopMetrics, err := serveMetrics(log, cfg.Metrics.Address, m, errc)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	go func() { errc <- g.Serve(lis) }()
+	go func() {
+		if err := streams.Serve(); err != nil {
+			errc <- fmt.Errorf("streaming server: %w", err)
+		}
+	}()
+	log.Info("stagelet serving", "socket", sock, "streaming", streams.Addr(), "stateDir", state, "runDir", run, "config", cfg.Source,
+		"stage1s", b.Stage1s(), "policy", pol.Source, "default", pol.DefaultStage1, "handlers", b.Handlers(), "version", version)
+
+	return untilSignal(log, b, srv, g, errc, func(ctx context.Context) {
+		reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)
+	}, func(ctx context.Context) {
+		// What stagelet doctor would say, for crictl info; failed
+		// checks are logged once.
+		rep := nodeReport(ctx, cfg, state, b)
+		srv.SetNodeInfo(rep.Info())
+		for _, c := range rep.Checks {
+			if c.Status == "fail" || c.Status == "warn" {
+				log.Warn("preflight: "+c.Name, "status", c.Status, "detail", c.Detail)
+			}
+		}
+	})
+}
+
+// openBroker makes the broker over this node's stage1s, image store and
+// pod network, with the policy the configuration names. Pods without a
+// kubelet-given cgroup parent go to parent; l starts their processes.
+func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.Launcher, parent string, obs broker.Observer) (*broker.Broker, *policy.Policy, error) {
+	self, err := agentBinary()
+	if err != nil {
+		return nil, nil, err
+	}
+	images, err := openImages(log, cfg, state)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sl, ok := l.(*host.SystemdLauncher); ok {
 		// Its units are this daemon's: after a restart it collects only
 		// those of its pods that lost their record.
 		sl.Owner = state
 	}
-	backends := builtinBackends(log, cfg, launcher, false, run)
+	backends := builtinBackends(log, cfg, l, false, run)
 	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
 	if err != nil {
-		return fmt.Errorf("policy: %w", err)
+		return nil, nil, fmt.Errorf("policy: %w", err)
 	}
 	netm, err := openNetwork(log, cfg, state, run)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	b, err := broker.New(broker.Options{
 		Network:       netm,
@@ -244,36 +306,9 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		Images:        images,
 		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
 		Log:           log,
+		Observer:      obs,
 	})
-	if err != nil {
-		return err
-	}
-
-	// Listen first, so a restarted daemon answers Unavailable while it
-	// recovers instead of refusing connections.
-	lis, err := listenCRI(sock)
-	if err != nil {
-		return err
-	}
-	streams, srv, g, err := criServers(log, cfg, b)
-	if err != nil {
-		return err
-	}
-	defer streams.Close()
-
-	errc := make(chan error, 2)
-	go func() { errc <- g.Serve(lis) }()
-	go func() {
-		if err := streams.Serve(); err != nil {
-			errc <- fmt.Errorf("streaming server: %w", err)
-		}
-	}()
-	log.Info("stagelet serving", "socket", sock, "streaming", streams.Addr(), "stateDir", state, "runDir", run, "config", cfg.Source,
-		"stage1s", b.Stage1s(), "policy", pol.Source, "default", pol.DefaultStage1, "handlers", b.Handlers(), "version", version)
-
-	return untilSignal(log, b, srv, g, errc, func(ctx context.Context) {
-		reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)
-	})
+	return b, pol, err
 }
 
 // systemdServiceRoot returns the cgroup of the systemd service the daemon

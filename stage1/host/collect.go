@@ -73,6 +73,10 @@ func CollectPodCgroups(parent string, keep func(podID string) bool) ([]OrphanCgr
 	return out, nil
 }
 
+// PodCgroupName is the name of pod id's cgroup and the prefix of its
+// launch units.
+func PodCgroupName(id string) string { return podCgroupPrefix + id }
+
 // ValidPodID: the broker's IDs are 64 lower-case hex digits.
 func ValidPodID(id string) bool {
 	if len(id) != 64 {

@@ -49,6 +49,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stagelet/stagelet/stage1/host"
@@ -189,6 +190,13 @@ type Backend struct {
 
 	accelOnce sync.Once
 	accel     string
+	// accelReason says why accel was chosen: the configuration, or the
+	// probe's failure under KVM.
+	accelReason string
+	// chosen is accel once accelOnce is done, for VMStats.
+	chosen atomic.Pointer[string]
+	// Template hits, misses, builds and failed builds (VMStats).
+	hits, misses, built, buildFailures atomic.Uint64
 
 	mu      sync.Mutex
 	dialers map[string]*transport.SerialDialer // by control socket path
@@ -775,6 +783,23 @@ func HasAssets(dir string) bool {
 
 var _ stage1.NodeInformer = (*Backend)(nil)
 
+var _ stage1.VMReporter = (*Backend)(nil)
+
+// VMStats implements stage1.VMReporter: template use since the daemon
+// started and the accelerator, once chosen. It probes nothing.
+func (b *Backend) VMStats() stage1.VMStats {
+	s := stage1.VMStats{
+		TemplateHits:          b.hits.Load(),
+		TemplateMisses:        b.misses.Load(),
+		TemplateBuilds:        b.built.Load(),
+		TemplateBuildFailures: b.buildFailures.Load(),
+	}
+	if a := b.chosen.Load(); a != nil {
+		s.Accelerator = *a
+	}
+	return s
+}
+
 // NodeInfo implements stage1.NodeInformer: the accelerator pods get (the
 // first call runs the probe), the guest kernel, and where VM templates are
 // kept (or that there are none).
@@ -789,6 +814,10 @@ func (b *Backend) NodeInfo(ctx context.Context) map[string]string {
 		return info
 	}
 	info["accelerator"] = accel
+	info["acceleratorReason"] = b.accelReason
+	if t, err := b.resolveTools(); err == nil {
+		info["qemu"] = t.qemu
+	}
 	if v := manifestKernel(b.cfg.AssetsDir); v != "" {
 		info["guestKernel"] = v
 	}

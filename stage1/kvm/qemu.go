@@ -303,8 +303,10 @@ func tscKHz() int {
 // boots to its agent under KVM within ProbeTimeout, else TCG).
 func (b *Backend) accelerator(ctx context.Context, t *tools) string {
 	b.accelOnce.Do(func() {
+		defer func() { a := b.accel; b.chosen.Store(&a) }()
 		if a := b.cfg.Accelerator; a != "" {
 			b.accel = a
+			b.accelReason = "set by kvm.accelerator in the configuration"
 			b.Log.InfoContext(ctx, "kvm: accelerator from the configuration", "accelerator", a)
 			return
 		}
@@ -312,10 +314,12 @@ func (b *Backend) accelerator(ctx context.Context, t *tools) string {
 		err := probeKVM(ctx, t, b.cfg.Machine, b.cfg.ProbeTimeout)
 		if err == nil {
 			b.accel = "kvm"
+			b.accelReason = "a guest boots under KVM"
 			b.Log.InfoContext(ctx, "kvm: a guest boots under KVM: using KVM", "accelerator", "kvm", "probe", time.Since(start).Round(time.Millisecond))
 			return
 		}
 		b.accel = "tcg"
+		b.accelReason = "a guest does not boot under KVM: " + err.Error()
 		b.Log.WarnContext(ctx, "kvm: a guest does not boot under KVM: using software emulation (TCG), which is much slower",
 			"accelerator", "tcg", "reason", err, "probe", time.Since(start).Round(time.Millisecond))
 	})
@@ -414,12 +418,32 @@ func bootProbe(ctx context.Context, t *tools, accel, machine string, timeout tim
 	if ok {
 		return nil
 	}
+	msg := telling(tail.String())
 	if ctx.Err() != nil {
-		return fmt.Errorf("no guest agent after %s under %s", timeout, accel)
-	}
-	msg := strings.TrimSpace(tail.String())
-	if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
-		msg = msg[i+1:]
+		if msg == "" {
+			msg = "the console stayed silent"
+		}
+		return fmt.Errorf("no guest agent after %s under %s (console: %s)", timeout, accel, msg)
 	}
 	return fmt.Errorf("qemu exited under %s: %s", accel, msg)
+}
+
+// telling picks from a console's tail the line that says most about a
+// failed boot: qemu's own complaint (an assertion, an error), else the
+// guest kernel's (a panic, an oops and its cause), else the last line.
+func telling(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for _, marks := range [][]string{
+		{"Assertion", "qemu-system", "KVM internal error", "error"},
+		{"Kernel panic", "invalid opcode", "general protection", "BUG:", "Oops", "unchecked MSR", "RIP:"},
+	} {
+		for _, m := range marks {
+			for i := len(lines) - 1; i >= 0; i-- {
+				if strings.Contains(lines[i], m) {
+					return strings.TrimSpace(lines[i])
+				}
+			}
+		}
+	}
+	return strings.TrimSpace(lines[len(lines)-1])
 }

@@ -126,14 +126,21 @@ func (b *Backend) template(ctx context.Context, t *tools, vm vmInfo) (*template,
 	}
 	if info, err := readTemplateInfo(dir); err == nil && info.Key == key {
 		b.mu.Unlock()
+		b.hits.Add(1)
 		return &template{dir: dir, info: *info}, nil
 	}
+	b.misses.Add(1)
 	tb, building := b.builds[key]
 	if !building {
 		tb = &templateBuild{done: make(chan struct{})}
 		b.builds[key] = tb
 		go func() {
 			tb.t, tb.err = b.buildTemplate(context.WithoutCancel(ctx), t, vm, assets, key, dir)
+			if tb.err != nil {
+				b.buildFailures.Add(1)
+			} else {
+				b.built.Add(1)
+			}
 			b.mu.Lock()
 			delete(b.builds, key)
 			b.mu.Unlock()

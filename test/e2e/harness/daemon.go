@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -95,6 +96,9 @@ type Options struct {
 	// KVMNoTemplate: kvm pods' VMs boot their kernel instead of being
 	// restored from a template (kvm.template: false).
 	KVMNoTemplate bool
+	// MetricsAddress enables the metrics endpoint (metrics.address, such
+	// as "127.0.0.1:0"); empty: off. MetricsURL says where it listens.
+	MetricsAddress string
 	// LogLevel is the daemon's --log-level; "debug" when empty.
 	LogLevel string
 	// Logger receives the harness's own messages; discarded when nil.
@@ -229,6 +233,9 @@ func (d *Daemon) configYAML() string {
 	fmt.Fprintf(&b, "kvm:\n  assets_dir: %q\n", guest)
 	if d.opts.KVMNoTemplate {
 		b.WriteString("  template: false\n")
+	}
+	if d.opts.MetricsAddress != "" {
+		fmt.Fprintf(&b, "metrics:\n  address: %q\n", d.opts.MetricsAddress)
 	}
 	b.WriteString("policy:\n")
 	for _, line := range strings.Split(strings.TrimRight(pol, "\n"), "\n") {
@@ -542,4 +549,22 @@ func (d *Daemon) LogTail(n int) string {
 func IsCode(err error, c codes.Code) bool {
 	s, ok := status.FromError(err)
 	return ok && s.Code() == c
+}
+
+// metricsLine is the daemon's log line saying where it serves metrics.
+var metricsLine = regexp.MustCompile(`msg="serving metrics" address=(\S+)`)
+
+// MetricsURL is the URL of the metrics endpoint the running daemon
+// serves (Options.MetricsAddress), from its log: the daemon logs it
+// before it serves CRI, so once Start returned it is there.
+func (d *Daemon) MetricsURL() (string, error) {
+	data, err := os.ReadFile(d.LogPath)
+	if err != nil {
+		return "", err
+	}
+	m := metricsLine.FindAllSubmatch(data, -1)
+	if len(m) == 0 {
+		return "", errors.New("harness: the daemon logged no metrics address (is Options.MetricsAddress set?)")
+	}
+	return string(m[len(m)-1][1]), nil
 }

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestStateLock: one holder at a time; the second is told who holds it;
+// closing releases it.
+func TestStateLock(t *testing.T) {
+	dir := t.TempDir()
+	f, err := lockState(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, stateLockName))
+	if strings.TrimSpace(string(b)) != strconv.Itoa(os.Getpid()) {
+		t.Errorf("the lock file says %q, want this PID", b)
+	}
+	if _, err := lockState(dir); !errors.Is(err, errStateBusy) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
+		t.Errorf("second lock: %v", err)
+	}
+	f.Close()
+	g, err := lockState(dir)
+	if err != nil {
+		t.Fatalf("lock after release: %v", err)
+	}
+	g.Close()
+}
+
+// TestGCUsage: gc wants exactly one of --set-aside and --all, and --all
+// takes no IDs; doctor wants text or json.
+func TestGCUsage(t *testing.T) {
+	for _, args := range [][]string{{}, {"--set-aside", "--all"}, {"--all", "abc"}} {
+		var out, errb bytes.Buffer
+		if rc := gcMain(args, &out, &errb); rc != 2 {
+			t.Errorf("gc %v: rc %d, want 2\n%s", args, rc, errb.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if rc := doctorMain([]string{"-o", "yaml"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "want text or json") {
+		t.Errorf("doctor -o yaml: rc %d\n%s", rc, errb.String())
+	}
+}
+
+// TestGCRefusedWhileLocked: with the state directory's lock held (a
+// running daemon), gc changes nothing and says why.
+func TestGCRefusedWhileLocked(t *testing.T) {
+	state := t.TempDir()
+	f, err := lockState(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out, errb bytes.Buffer
+	if rc := gcMain([]string{"--set-aside", "--state-dir", state, "--run-dir", t.TempDir()}, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "the daemon runs; stop it first") {
+		t.Errorf("gc with the lock held: rc %d\n%s", rc, errb.String())
+	}
+}
