@@ -40,6 +40,11 @@ func TestDebianPackage(t *testing.T) {
 	if debA == "" || debB == "" {
 		t.Fatal("STAGELET_DEB_A and STAGELET_DEB_B must name the packages to install and upgrade to")
 	}
+	for _, d := range []string{debA, debB} {
+		if _, err := os.Stat(d); err != nil {
+			t.Fatalf("no package to test (scripts/test-node.sh builds them when NODE_TESTS selects this test): %v", err)
+		}
+	}
 	clearHandInstall(t)
 	t.Cleanup(func() {
 		if dpkgStatus(t) != "" {
