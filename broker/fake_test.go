@@ -74,11 +74,12 @@ type fakeNetwork struct {
 	dir      string
 	netns    map[string]string
 	attached map[string]*network.PodNetwork
+	dels     map[string]int // Teardown calls by pod
 }
 
 func newFakeNetwork(dir string) *fakeNetwork {
 	os.MkdirAll(dir, 0o700)
-	return &fakeNetwork{dir: dir, netns: map[string]string{}, attached: map[string]*network.PodNetwork{}}
+	return &fakeNetwork{dir: dir, netns: map[string]string{}, attached: map[string]*network.PodNetwork{}, dels: map[string]int{}}
 }
 
 func (n *fakeNetwork) Status() (bool, string)     { return true, "" }
@@ -115,5 +116,6 @@ func (n *fakeNetwork) Teardown(ctx context.Context, pn network.PodNetwork) error
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.attached, pn.PodID)
+	n.dels[pn.PodID]++
 	return nil
 }

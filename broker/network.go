@@ -138,14 +138,19 @@ func (b *Broker) setupNetwork(ctx context.Context, rec *PodRecord) error {
 	return nil
 }
 
-// teardownNetwork releases the pod's CNI attachment; with remove it also
+// teardownNetwork releases the pod's CNI attachment, unless rec says an
+// earlier call did (the kubelet stops a pod, then removes it: CNI DEL runs
+// once, as containerd runs it), and marks rec so; with remove it also
 // removes the netns. Idempotent.
 func (b *Broker) teardownNetwork(ctx context.Context, rec *PodRecord, remove bool) error {
 	if rec.NetNS == "" || b.opts.Network == nil {
 		return nil
 	}
-	if err := b.opts.Network.Teardown(ctx, podNetwork(rec)); err != nil {
-		return fmt.Errorf("pod network teardown: %w", err)
+	if !rec.NetworkReleased {
+		if err := b.opts.Network.Teardown(ctx, podNetwork(rec)); err != nil {
+			return fmt.Errorf("pod network teardown: %w", err)
+		}
+		rec.NetworkReleased = true
 	}
 	if remove {
 		if err := b.opts.Network.RemoveNetNS(rec.NetNS); err != nil {

@@ -385,7 +385,7 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 			return fmt.Errorf("stop pod %s: %w", podID, err)
 		}
 		if state == PodNotReady {
-			return nil
+			return b.recordNetworkReleased(p, rec.NetworkReleased)
 		}
 	}
 	if h != nil {
@@ -409,6 +409,7 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 	}
 	b.markContainersGone(podID, "the pod was stopped")
 	b.mu.Lock()
+	p.rec.NetworkReleased = netRec.NetworkReleased
 	p.handle = nil
 	wasReady := p.rec.State == PodReady
 	p.rec.State = PodNotReady
@@ -418,6 +419,20 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 	}
 	b.mu.Unlock()
 	b.log.InfoContext(ctx, "pod stopped", "pod", podID)
+	return b.rec.savePod(&cp)
+}
+
+// recordNetworkReleased persists that a stopped pod's network was
+// released, when that is news.
+func (b *Broker) recordNetworkReleased(p *pod, released bool) error {
+	b.mu.Lock()
+	if p.rec.NetworkReleased == released {
+		b.mu.Unlock()
+		return nil
+	}
+	p.rec.NetworkReleased = released
+	cp := *p.rec
+	b.mu.Unlock()
 	return b.rec.savePod(&cp)
 }
 

@@ -243,6 +243,9 @@ type PodRecord struct {
 	CreatedAt time.Time `json:"createdAt"`
 	// Gone is set when the pod's agent was found dead.
 	Gone bool `json:"gone,omitempty"`
+	// NetworkReleased: CNI DEL of the pod's attachment succeeded (when it
+	// stopped); only its netns is left, removed with the pod.
+	NetworkReleased bool `json:"networkReleased,omitempty"`
 }
 
 // ContainerRecord is what the broker persists for a container.

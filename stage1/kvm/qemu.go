@@ -383,7 +383,12 @@ func bootProbe(ctx context.Context, t *tools, accel, machine string, timeout tim
 		return err
 	}
 	cmd.Stderr = cmd.Stdout
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The probe dies with the daemon: killed mid-probe (SIGKILL leaves no
+	// time to clean up), it would leave a VM that hangs under KVM on a
+	// host where the guest faults, paused and holding its memory, at every
+	// start. The goroutine starting it is not locked to its thread, so the
+	// thread outlives the probe.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return err
 	}

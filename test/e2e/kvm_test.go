@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -152,4 +153,55 @@ func guestKernel() string {
 		}
 	}
 	return "(no manifest in $STAGELET_GUEST_ASSETS)"
+}
+
+// TestKVMProbeDiesWithDaemon: the VM the daemon boots at start to learn
+// whether KVM works dies with the daemon, even one killed with SIGKILL
+// mid-probe: on a host where a guest hangs under KVM it would otherwise
+// stay, paused, holding its memory, for every daemon start.
+func TestKVMProbeDiesWithDaemon(t *testing.T) {
+	requireRoot(t)
+	if os.Getenv("STAGELET_GUEST_ASSETS") == "" {
+		t.Skip("no kvm guest assets: run through `make test` or `make e2e`, or set STAGELET_GUEST_ASSETS (make guest)")
+	}
+	e := newEnvOpts(t, harness.Options{Policy: allStage1sPolicy}, false)
+	daemon := e.d.PID()
+	var probe int
+	testutil.WaitFor(t, 30*time.Second, "the daemon's KVM probe", func() (bool, string) {
+		probe = childWith(daemon, "stagelet.probe=1")
+		return probe != 0 || strings.Contains(e.d.LogTail(50), "kvm: a guest boots under KVM"), "no probe VM yet"
+	})
+	if probe == 0 {
+		t.Skip("KVM works here: the probe ended before it could be seen")
+	}
+	if err := e.d.Kill9(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the probe's exit", func() (bool, string) {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", probe))
+		return os.IsNotExist(err), fmt.Sprintf("qemu %d still runs", probe)
+	})
+}
+
+// childWith is a child of ppid whose command line contains s, 0 if none.
+func childWith(ppid int, s string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(ppid) {
+			continue
+		}
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmd), s) {
+			return pid
+		}
+	}
+	return 0
 }
