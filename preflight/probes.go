@@ -207,7 +207,7 @@ func UserNamespaces() Prober {
 		case maj < 5 || maj == 5 && min < 12:
 			c.Status, c.Detail = Warn, "kernel "+rel+" has no idmapped mounts (5.12): hostUsers: false pods are refused"
 		case maj < 6 || maj == 6 && min < 3:
-			c.Status, c.Detail = OK, "kernel "+rel+": idmapped mounts; tmpfs volumes are not idmapped before 6.3 (copied with the pod's owners instead)"
+			c.Status, c.Detail = OK, "kernel "+rel+": idmapped mounts, but not of tmpfs before 6.3: a volume on tmpfs (emptyDir medium Memory) is bound unmapped, its files owned by the overflow ID"
 		default:
 			c.Status, c.Detail = OK, "kernel "+rel+": user namespaces, idmapped mounts, tmpfs included"
 		}
