@@ -76,6 +76,9 @@ type Options struct {
 	// Observer is told of decisions, pod starts, agent disconnects and
 	// recovery, for metrics; nil: nobody.
 	Observer Observer
+	// Inspect: an operator tool that only reads the state, maybe beside
+	// the running daemon (stagelet doctor): New makes no directory.
+	Inspect bool
 }
 
 // Broker is the node's pod and container manager. Create it with New, then
@@ -192,6 +195,9 @@ func New(opts Options) (*Broker, error) {
 		b.caps[n] = be.Capabilities()
 	}
 	b.policy.Store(opts.Policy)
+	if opts.Inspect {
+		return b, nil
+	}
 	if err := b.rec.init(); err != nil {
 		return nil, err
 	}

@@ -68,7 +68,7 @@ const releasedDir = "released"
 // SetAsideRecords lists the set-aside records of the state directory and
 // what each names. It reads; it changes nothing.
 func (b *Broker) SetAsideRecords(ctx context.Context) ([]SetAsideRecord, error) {
-	_, ctrs, bad, err := b.rec.loadAll()
+	_, ctrs, bad, err := b.rec.loadAll(false)
 	if err != nil {
 		return nil, err
 	}
@@ -386,7 +386,7 @@ func (b *Broker) ReleaseSetAside(ctx context.Context, id string) (Holdings, erro
 		}
 	} else {
 		ctrIDs = nil
-		_, ctrs, _, _ := b.rec.loadAll()
+		_, ctrs, _, _ := b.rec.loadAll(false)
 		for _, c := range ctrs {
 			if c.PodID == id {
 				ctrIDs = append(ctrIDs, c.ID)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/atomicfile"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -103,5 +104,26 @@ func TestReleaseSetAside(t *testing.T) {
 	}
 	if _, err := b.ContainerStatus(ctx, keptCtr); err != nil {
 		t.Errorf("the kept pod's container: %v", err)
+	}
+}
+
+// TestSetAsideRecordsReadOnly: listing set-aside records beside a running
+// daemon leaves its interrupted-looking writes alone (the daemon may be in
+// the middle of one).
+func TestSetAsideRecordsReadOnly(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	tmp := filepath.Join(e.state, "pods", ".0123.json.tmp-42")
+	if err := os.WriteFile(tmp, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !atomicfile.IsTemp(filepath.Base(tmp)) {
+		t.Fatalf("%s is not an atomicfile temporary name", tmp)
+	}
+	if _, err := b.SetAsideRecords(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tmp); err != nil {
+		t.Errorf("the write in progress was removed: %v", err)
 	}
 }

@@ -146,9 +146,14 @@ func (r *records) quarantined() []string {
 
 // loadAll reads every record. A record that cannot be read is reported in
 // bad (path → why) and skipped, never fatal.
-func (r *records) loadAll() (pods []*PodRecord, ctrs []*ContainerRecord, bad map[string]badRecord, err error) {
+//
+// With tidy (recovery, the daemon's own) an interrupted write's temporary
+// file is removed. Without it (a tool reading beside a running daemon)
+// nothing is changed: temporary files are skipped, as are records removed
+// while they are read and directories not made yet.
+func (r *records) loadAll(tidy bool) (pods []*PodRecord, ctrs []*ContainerRecord, bad map[string]badRecord, err error) {
 	bad = map[string]badRecord{}
-	if err := loadDir(filepath.Join(r.dir, "pods"), bad, func(b []byte, id string) error {
+	if err := loadDir(filepath.Join(r.dir, "pods"), tidy, bad, func(b []byte, id string) error {
 		var p PodRecord
 		if err := json.Unmarshal(b, &p); err != nil {
 			return err
@@ -164,7 +169,7 @@ func (r *records) loadAll() (pods []*PodRecord, ctrs []*ContainerRecord, bad map
 	}); err != nil {
 		return nil, nil, nil, err
 	}
-	if err := loadDir(filepath.Join(r.dir, "containers"), bad, func(b []byte, id string) error {
+	if err := loadDir(filepath.Join(r.dir, "containers"), tidy, bad, func(b []byte, id string) error {
 		var c ContainerRecord
 		if err := json.Unmarshal(b, &c); err != nil {
 			return err
@@ -183,14 +188,20 @@ func (r *records) loadAll() (pods []*PodRecord, ctrs []*ContainerRecord, bad map
 	return pods, ctrs, bad, nil
 }
 
-func loadDir(dir string, bad map[string]badRecord, decode func(b []byte, id string) error) error {
+func loadDir(dir string, tidy bool, bad map[string]badRecord, decode func(b []byte, id string) error) error {
 	ents, err := os.ReadDir(dir)
+	if !tidy && errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
 		name := e.Name()
 		if atomicfile.IsTemp(name) && e.Type().IsRegular() {
+			if !tidy {
+				continue
+			}
 			// A write the daemon died in: the record it was replacing
 			// is intact beside it (or was never written).
 			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -204,6 +215,9 @@ func loadDir(dir string, bad map[string]badRecord, decode func(b []byte, id stri
 		p := filepath.Join(dir, name)
 		fileID := strings.TrimSuffix(name, ".json")
 		b, err := os.ReadFile(p)
+		if !tidy && errors.Is(err, fs.ErrNotExist) {
+			continue // removed since the listing
+		}
 		if err != nil {
 			bad[p] = badRecord{ID: fileID, Reason: err.Error()}
 			continue

@@ -32,7 +32,7 @@ import (
 func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	start := time.Now()
 	b.recordNodeCgroup()
-	pods, ctrs, bad, err := b.rec.loadAll()
+	pods, ctrs, bad, err := b.rec.loadAll(true)
 	if err != nil {
 		return RecoveryResult{}, err
 	}

@@ -57,6 +57,10 @@ type Config struct {
 	// lives under the state root), since DEL after a restart and the IPs
 	// of recovered pods are read from it. Default DefaultCacheDir.
 	CacheDir string
+	// Inspect: a tool that only reads (stagelet doctor); New creates no
+	// directory, and only Status, Describe and CachedResult are meant to
+	// be called.
+	Inspect bool
 }
 
 // Manager sets up and tears down pod networks. Its methods are safe for
@@ -111,11 +115,13 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 			return nil, errdefs.InvalidArgument("network: plugin dir %q must be an absolute path", d)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "netns"), 0o711); err != nil {
-		return nil, fmt.Errorf("network: %w", err)
-	}
-	if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
-		return nil, fmt.Errorf("network: %w", err)
+	if !cfg.Inspect {
+		if err := os.MkdirAll(filepath.Join(cfg.RunDir, "netns"), 0o711); err != nil {
+			return nil, fmt.Errorf("network: %w", err)
+		}
+		if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
+			return nil, fmt.Errorf("network: %w", err)
+		}
 	}
 	return &Manager{
 		cfg: cfg,

@@ -45,14 +45,14 @@ func doctorMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stagelet doctor: policy: %v\n", err)
 		return 1
 	}
-	netm, err := network.New(network.Config{ConfDir: cfg.CNI.ConfDir, PluginDirs: cfg.CNI.PluginDirs, RunDir: run, CacheDir: filepath.Join(state, "cni")}, log)
+	netm, err := network.New(network.Config{ConfDir: cfg.CNI.ConfDir, PluginDirs: cfg.CNI.PluginDirs, RunDir: run, CacheDir: filepath.Join(state, "cni"), Inspect: true}, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stagelet doctor: pod network: %v\n", err)
 		return 1
 	}
 	// A broker over the state, to read the set-aside records: it runs
-	// nothing, and the daemon may be serving meanwhile.
-	b, err := broker.New(broker.Options{Network: netm, StateDir: state, RunDir: run, Policy: pol, Backends: backends, Log: log})
+	// nothing, changes nothing, and the daemon may be serving meanwhile.
+	b, err := broker.New(broker.Options{Network: netm, StateDir: state, RunDir: run, Policy: pol, Backends: backends, Log: log, Inspect: true})
 	if err != nil {
 		fmt.Fprintf(stderr, "stagelet doctor: %v\n", err)
 		return 1

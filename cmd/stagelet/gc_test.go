@@ -62,3 +62,19 @@ func TestGCRefusedWhileLocked(t *testing.T) {
 		t.Errorf("gc with the lock held: rc %d\n%s", rc, errb.String())
 	}
 }
+
+// TestDoctorChangesNothing: doctor on a node whose state and run
+// directories do not exist yet reports and creates nothing.
+func TestDoctorChangesNothing(t *testing.T) {
+	root := t.TempDir()
+	state, run := filepath.Join(root, "state"), filepath.Join(root, "run")
+	var out, errb bytes.Buffer
+	rc := doctorMain([]string{"-o", "json", "--state-dir", state, "--run-dir", run}, &out, &errb)
+	if rc == 2 || !strings.Contains(out.String(), `"name": "set-aside"`) {
+		t.Fatalf("doctor: rc %d\n%s%s", rc, out.String(), errb.String())
+	}
+	ents, _ := os.ReadDir(root)
+	if len(ents) != 0 {
+		t.Errorf("doctor created %v", ents)
+	}
+}
