@@ -76,7 +76,8 @@ func gcMain(args []string, stdout, stderr io.Writer) int {
 	all := fs.Bool("all", false, "stop and remove every pod this node's state records (for a runtime being removed)")
 	nf := addNodeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `usage: stagelet gc --set-aside [ID...] | --all [flags]
+		fmt.Fprintf(stderr, `usage: stagelet gc [flags] --set-aside [ID...]
+       stagelet gc [flags] --all
 
 Releases what the daemon no longer manages, with the daemon stopped (pods
 keep running while it is: systemctl stop stagelet). It holds the state
