@@ -419,7 +419,7 @@ func (b *Broker) ReleaseSetAside(ctx context.Context, id string) (Holdings, erro
 		left.Dirs = append(left.Dirs, ch.Dirs...)
 	}
 	if !left.Empty() {
-		return left, fmt.Errorf("%s %s still holds %s; the record stays set aside", r.Kind, id, describe(left))
+		return left, fmt.Errorf("%s %s still holds %s; the record stays set aside", r.Kind, id, left)
 	}
 	for _, p := range paths {
 		if err := b.rec.release(p); err != nil {
@@ -457,8 +457,8 @@ func (b *Broker) releasePod(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// describe says what h holds, briefly.
-func describe(h Holdings) string {
+// String says what h holds, briefly.
+func (h Holdings) String() string {
 	var parts []string
 	add := func(n int, what string) {
 		if n > 0 {
@@ -479,9 +479,6 @@ func describe(h Holdings) string {
 	}
 	return strings.Join(parts, ", ")
 }
-
-// String says what h holds, briefly.
-func (h Holdings) String() string { return describe(h) }
 
 // ReleaseAll stops and removes every pod the state directory records, as
 // the kubelet would through the CRI: for a node whose runtime is being

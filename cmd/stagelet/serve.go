@@ -47,9 +47,7 @@ func parseLevel(s string) (slog.Level, error) {
 func serveMain(args []string) int {
 	fs := flag.NewFlagSet("stagelet serve", flag.ContinueOnError)
 	socket := fs.String("socket", "", "CRI socket path (default "+defaultSocket+")")
-	stateDir := fs.String("state-dir", "", "durable state directory (default "+defaultStateDir+")")
-	runDir := fs.String("run-dir", "", "volatile state directory (default "+defaultRunDir+")")
-	configPath := fs.String("config", "", "node config YAML (default: the embedded default)")
+	nf := addNodeFlags(fs)
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -63,27 +61,14 @@ func serveMain(args []string) int {
 	log := slog.New(logctx.NewHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
 	slog.SetDefault(log)
 
-	cfg := config.Default()
-	if *configPath != "" {
-		if cfg, err = config.Load(*configPath); err != nil {
-			log.Error("invalid configuration", "err", err)
-			return 1
-		}
-	}
-	pick := func(flagVal, cfgVal, def string) string {
-		switch {
-		case flagVal != "":
-			return flagVal
-		case cfgVal != "":
-			return cfgVal
-		}
-		return def
+	cfg, state, run, err := nf.resolve()
+	if err != nil {
+		log.Error("invalid configuration", "err", err)
+		return 1
 	}
 	sock := pick(*socket, cfg.Socket, defaultSocket)
-	state := pick(*stateDir, cfg.StateDir, defaultStateDir)
-	run := pick(*runDir, cfg.RunDir, defaultRunDir)
 
-	if err := serve(log, cfg, *configPath, sock, state, run); err != nil {
+	if err := serve(log, cfg, *nf.config, sock, state, run); err != nil {
 		log.Error("stagelet serve failed", "err", err)
 		return 1
 	}

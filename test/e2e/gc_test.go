@@ -27,14 +27,7 @@ import (
 // longer set aside.
 func TestSetAsideRecordReleased(t *testing.T) {
 	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
-		vol := t.TempDir()
-		files := map[string]string{"keep.txt": "keep", "sub/nested.txt": "nested"}
-		for f, body := range files {
-			os.MkdirAll(filepath.Dir(filepath.Join(vol, f)), 0o755)
-			if err := os.WriteFile(filepath.Join(vol, f), []byte(body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
+		vol, files := hostPathVolume(t)
 		cfg := e.netPodConfig("aside", s)
 		podID := e.runStage1Pod(cfg, s)
 		c := e.netContainer(s, "app", httpServer("aside")...)
@@ -116,11 +109,7 @@ func TestSetAsideRecordReleased(t *testing.T) {
 				t.Errorf("%s after the release: %v", dir, err)
 			}
 		}
-		for f, body := range files {
-			if b, err := os.ReadFile(filepath.Join(vol, f)); err != nil || string(b) != body {
-				t.Errorf("the volume's %s after the release: %q, %v", f, b, err)
-			}
-		}
+		checkVolume(t, vol, files, "after the release")
 		for _, kept := range []string{"pods-" + podID + ".json", "containers-" + ctr + ".json"} {
 			if _, err := os.Stat(filepath.Join(e.d.StateDir, "quarantine", "released", kept)); err != nil {
 				t.Errorf("the released record %s is not kept: %v", kept, err)

@@ -46,14 +46,7 @@ func corruptRecordKeepsHostPathFiles(t *testing.T, e *env, s podStage1) {
 		{"newer backend state", "backend", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			vol := t.TempDir()
-			files := map[string]string{"keep.txt": "keep", "sub/nested.txt": "nested"}
-			for f, body := range files {
-				os.MkdirAll(filepath.Dir(filepath.Join(vol, f)), 0o755)
-				if err := os.WriteFile(filepath.Join(vol, f), []byte(body), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			vol, files := hostPathVolume(t)
 			cfg := e.netPodConfig("records", s)
 			podID := e.runStage1Pod(cfg, s)
 			c := e.netContainer(s, "app", httpServer("serving")...)
@@ -121,11 +114,7 @@ func corruptRecordKeepsHostPathFiles(t *testing.T, e *env, s podStage1) {
 			}
 			restart()
 
-			for f, body := range files {
-				if b, err := os.ReadFile(filepath.Join(vol, f)); err != nil || string(b) != body {
-					t.Errorf("the volume's %s after the restart: %q, %v", f, b, err)
-				}
-			}
+			checkVolume(t, vol, files, "after the restart")
 			resp, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{Verbose: true})
 			if err != nil {
 				t.Fatal(err)
@@ -185,12 +174,32 @@ func corruptRecordKeepsHostPathFiles(t *testing.T, e *env, s podStage1) {
 			if _, err := e.rt().RemovePodSandbox(e.ctx(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
 				t.Fatal(err)
 			}
-			for f, body := range files {
-				if b, err := os.ReadFile(filepath.Join(vol, f)); err != nil || string(b) != body {
-					t.Errorf("the volume's %s after the pod's removal: %q, %v", f, b, err)
-				}
-			}
+			checkVolume(t, vol, files, "after the pod's removal")
 		})
+	}
+}
+
+// hostPathVolume makes a directory of known files for a hostPath volume.
+func hostPathVolume(t *testing.T) (string, map[string]string) {
+	t.Helper()
+	vol := t.TempDir()
+	files := map[string]string{"keep.txt": "keep", "sub/nested.txt": "nested"}
+	for f, body := range files {
+		os.MkdirAll(filepath.Dir(filepath.Join(vol, f)), 0o755)
+		if err := os.WriteFile(filepath.Join(vol, f), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return vol, files
+}
+
+// checkVolume checks that every file of a hostPathVolume is intact.
+func checkVolume(t *testing.T, vol string, files map[string]string, when string) {
+	t.Helper()
+	for f, body := range files {
+		if b, err := os.ReadFile(filepath.Join(vol, f)); err != nil || string(b) != body {
+			t.Errorf("the volume's %s %s: %q, %v", f, when, b, err)
+		}
 	}
 }
 
