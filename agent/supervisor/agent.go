@@ -30,8 +30,15 @@ type Config struct {
 	// Exe is the stagelet binary re-executed to start apps and execs
 	// (`Exe agent init`) by the Linux System; empty means /proc/self/exe.
 	Exe string
-	// System runs the apps; nil means Linux(Exe, Logger).
+	// System runs the apps; nil means Linux(Exe, Logger), with
+	// MemoryCgroup.
 	System System
+	// MemoryCgroup, for the Linux System on a cgroup v1 host, is the
+	// memory cgroup directory the apps' memory cgroups go beneath instead
+	// of the agent's own: the pod's, where the agent itself is charged to
+	// a memory cgroup outside the pod's limit (the nspawn stage1 binds
+	// it into the pod). Empty: the agent's own.
+	MemoryCgroup string
 	// Setup answers OpSetup (at most once); nil: the agent refuses it.
 	Setup func(*api.Request) error
 }
@@ -83,7 +90,7 @@ func New(cfg Config) (*Agent, error) {
 	log = slog.New(logctx.NewHandler(log.Handler()))
 	sys := cfg.System
 	if sys == nil {
-		sys = Linux(cfg.Exe, log)
+		sys = newLinux(cfg.Exe, log, cfg.MemoryCgroup)
 	}
 	a := &Agent{
 		log:     log,

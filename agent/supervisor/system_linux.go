@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -38,7 +40,11 @@ type linuxSystem struct {
 // of the process from then on, and, on a pure cgroup v2 host, moves the
 // process into a leaf of its cgroup (so that the cgroup may hand
 // controllers to the apps'); a process makes one.
-func Linux(exe string, log *slog.Logger) System {
+func Linux(exe string, log *slog.Logger) System { return newLinux(exe, log, "") }
+
+// newLinux is Linux whose apps' memory cgroups go beneath memoryCgroup,
+// when set on a cgroup v1 host (see Config.MemoryCgroup).
+func newLinux(exe string, log *slog.Logger, memoryCgroup string) System {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -49,10 +55,30 @@ func Linux(exe string, log *slog.Logger) System {
 	if cg, err := cgroups.EnterLeaf(cgroups.LeafName); err != nil {
 		log.Warn("cgroups unavailable: app limits and stats are off", "err", err)
 	} else {
-		l.cg = cg
+		l.cg = withMemory(cg, memoryCgroup, log)
 	}
 	l.reaper = newReaper(log)
 	return l
+}
+
+// withMemory is cg with its memory directory replaced by dir, when dir is
+// set and cg a cgroup v1 cgroup with a memory controller; otherwise cg,
+// with a warning when dir was set.
+func withMemory(cg *cgroups.Cgroup, dir string, log *slog.Logger) *cgroups.Cgroup {
+	if dir == "" {
+		return cg
+	}
+	if _, ok := cg.Paths["memory"]; !ok || cg.IsV2() {
+		log.Warn("no cgroup v1 memory controller: the pod's memory cgroup is not used", "memoryCgroup", dir)
+		return cg
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "memory.limit_in_bytes")); err != nil || !fi.Mode().IsRegular() {
+		log.Warn("not a memory cgroup: the apps' memory cgroups stay beneath the agent's", "memoryCgroup", dir, "err", err)
+		return cg
+	}
+	out := &cgroups.Cgroup{Paths: maps.Clone(cg.Paths)}
+	out.Paths["memory"] = dir
+	return out
 }
 
 func (l *linuxSystem) podCgroup() cgroup {

@@ -4,7 +4,10 @@
 // in the host's network (or the pod's network namespace when it has one),
 // and starts each app with pivot_root into the app's root filesystem. The
 // pod is a cgroup holding the agent and its apps; the agent is launched
-// detached so that pods outlive the daemon.
+// detached so that pods outlive the daemon. On a cgroup v1 host the agent
+// is charged to a memory cgroup of the runtime's instead
+// (host.RuntimeMemoryCgroup) and makes its apps' memory cgroups beneath
+// the pod's: the pod's memory limit is its apps'.
 //
 // Every host resource a pod takes (its cgroup, the agent's unit and
 // process, its socket) is recorded in the pod's ledger (host.Ledger), in
@@ -39,10 +42,11 @@ const stateVersion = 2
 
 // The roles of a pod's resources in its ledger.
 const (
-	rolePodCgroup = "pod cgroup"
-	roleSocket    = "agent socket"
-	roleUnit      = "agent unit"
-	roleAgent     = "agent"
+	rolePodCgroup     = "pod cgroup"
+	roleRuntimeMemory = "runtime memory cgroup"
+	roleSocket        = "agent socket"
+	roleUnit          = "agent unit"
+	roleAgent         = "agent"
 )
 
 // migrations bring an older state up to stateVersion.
@@ -88,10 +92,18 @@ func NewWithLauncher(log *slog.Logger, l host.Launcher) *Backend {
 }
 
 // Collect implements stage1.Collector: under the systemd driver, the
-// units of pods no record names (host.CollectUnits); their pod cgroups
-// are the broker's to collect otherwise.
+// units of pods no record names (host.CollectUnits); otherwise their
+// runtime memory cgroups once empty (their pod cgroups, and the agents in
+// them, are the broker's to collect).
 func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
-	return host.CollectUnits(ctx, b.Launcher, keep)
+	if b.UnitLaunch() {
+		return host.CollectUnits(ctx, b.Launcher, keep)
+	}
+	done, err := host.CollectEmptyPodCgroups(host.RuntimeMemoryParent(), keep)
+	if err != nil {
+		return done, fmt.Errorf("fly: %w", err)
+	}
+	return done, nil
 }
 
 // Name implements stage1.Backend.
@@ -116,9 +128,10 @@ type state struct {
 	host.Ledger
 }
 
-func (s *state) cgroup() *cgroups.Cgroup { return s.Cgroup(rolePodCgroup) }
-func (s *state) socket() string          { return s.Path(roleSocket) }
-func (s *state) agent() *host.Process    { return s.Process(roleAgent) }
+func (s *state) cgroup() *cgroups.Cgroup        { return s.Cgroup(rolePodCgroup) }
+func (s *state) runtimeMemory() *cgroups.Cgroup { return s.Cgroup(roleRuntimeMemory) }
+func (s *state) socket() string                 { return s.Path(roleSocket) }
+func (s *state) agent() *host.Process           { return s.Process(roleAgent) }
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
@@ -158,20 +171,33 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	st := &state{Version: stateVersion}
 	save := func() error { return persist(st.marshal()) }
 	st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
+	var mem *cgroups.Cgroup
+	if !unitLaunch {
+		if mem = host.RuntimeMemoryCgroup(spec); mem != nil {
+			st.Record(host.Resource{Kind: host.KindCgroup, Role: roleRuntimeMemory, Cgroup: mem})
+		}
+	}
 	st.Record(host.Resource{Kind: host.KindFile, Role: roleSocket, Path: socketPath(spec)})
 	undo, err := host.Starting(ctx, log, Name, save, func(ctx context.Context) error { return b.release(ctx, st) })
 	if err != nil {
 		return nil, err
 	}
 	defer undo(&retErr)
+	agentDir := filepath.Join(spec.RunDir, "agent")
+	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fly: %w", err)
+	}
 	if !unitLaunch {
 		if err := cg.Create(); err != nil {
 			return nil, fmt.Errorf("fly: %w", err)
 		}
 	}
-	agentDir := filepath.Join(spec.RunDir, "agent")
-	if err := os.MkdirAll(agentDir, 0o700); err != nil {
-		return nil, fmt.Errorf("fly: %w", err)
+	args := agentArgs(st.socket(), agentDir, spec.NetNSPath, spec.HostIPC)
+	if mem != nil {
+		if err := mem.Create(); err != nil {
+			return nil, fmt.Errorf("fly: %w", err)
+		}
+		args = append(args, "--memory-cgroup", cg.Paths["memory"])
 	}
 	// The agent's PID is known only once it runs; it starts inside the
 	// recorded cgroup (or unit), so a crash before the next persist leaves
@@ -182,9 +208,9 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	proc, err := b.Launcher.Launch(ctx, host.LaunchSpec{
 		Name:    launchName(spec.ID),
 		Path:    spec.AgentBinary,
-		Args:    agentArgs(st.socket(), agentDir, spec.NetNSPath, spec.HostIPC),
+		Args:    args,
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
-		Cgroup:  cg,
+		Cgroup:  host.WithMemory(cg, mem),
 		Slice:   host.PodSlice(spec),
 	})
 	if err != nil {
@@ -231,6 +257,9 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		if spec.ID != "" {
 			if cg, err := host.PodCgroup(spec); err == nil {
 				st.Default(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
+			}
+			if mem := host.RuntimeMemoryCgroup(spec); mem != nil && !b.UnitLaunch() {
+				st.Default(host.Resource{Kind: host.KindCgroup, Role: roleRuntimeMemory, Cgroup: mem})
 			}
 			st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
 		}
@@ -283,7 +312,7 @@ func (p *Pod) Details() map[string]string { return map[string]string{"stage1": N
 // pod cgroup. The cgroup itself stays until DestroyPod. Idempotent: a gone
 // agent is fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
-	if err := host.StopHostPod(ctx, p.log, "the agent", p.st.agent(), []*cgroups.Cgroup{p.st.cgroup()}, shutdown, timeout, AgentExitGrace); err != nil {
+	if err := host.StopHostPod(ctx, p.log, "the agent", p.st.agent(), []*cgroups.Cgroup{p.st.cgroup(), p.st.runtimeMemory()}, shutdown, timeout, AgentExitGrace); err != nil {
 		return fmt.Errorf("fly: %w", err)
 	}
 	return nil

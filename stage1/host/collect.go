@@ -73,6 +73,47 @@ func CollectPodCgroups(parent string, keep func(podID string) bool) ([]OrphanCgr
 	return out, nil
 }
 
+// CollectEmptyPodCgroups removes the cgroups "stagelet-pod-<id>" beneath
+// parent whose pod ID keep refuses and that hold no process: the cgroups a
+// stage1 keeps outside the pod cgroup (systemd-nspawn's own hierarchies,
+// the runtime's memory cgroup) after a lost record's processes went with
+// its pod cgroup (CollectPodCgroups, first). Those beneath the daemon's
+// own cgroup are shared by every daemon on the host, whose pods this one
+// does not know: one still holding a process is left. It returns the
+// pods whose cgroups it removed.
+func CollectEmptyPodCgroups(parent *cgroups.Cgroup, keep func(podID string) bool) ([]string, error) {
+	if parent == nil {
+		return nil, nil
+	}
+	ids := map[string]bool{}
+	for _, dir := range parent.Paths {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("collect: %w", err)
+		}
+		for _, e := range ents {
+			if id, ok := strings.CutPrefix(e.Name(), podCgroupPrefix); ok && e.IsDir() && ValidPodID(id) && !keep(id) {
+				ids[id] = true
+			}
+		}
+	}
+	var done []string
+	var errs []error
+	for id := range ids {
+		cg := parent.Child(podCgroupPrefix + id)
+		if pids, err := cg.Procs(); err != nil || len(pids) > 0 {
+			continue
+		}
+		if err := cg.Delete(); err != nil {
+			errs = append(errs, err)
+		} else {
+			done = append(done, id)
+		}
+	}
+	slices.Sort(done)
+	return done, errors.Join(errs...)
+}
+
 // PodCgroupName is the name of pod id's cgroup and the prefix of its
 // launch units.
 func PodCgroupName(id string) string { return podCgroupPrefix + id }

@@ -1,6 +1,8 @@
 package host
 
 import (
+	"maps"
+
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -39,4 +41,65 @@ func PodBudget(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 		return cgroups.Resolve(slicePath(s))
 	}
 	return PodCgroup(spec)
+}
+
+// RuntimeMemoryParent is the daemon's own memory cgroup on a cgroup v1 or
+// hybrid host whose memory controller has a hierarchy of its own (key
+// "memory"), beneath which RuntimeMemoryCgroup places the pods' runtime
+// processes; nil otherwise (cgroup v2, memory co-mounted with another
+// controller, no cgroups).
+func RuntimeMemoryParent() *cgroups.Cgroup {
+	self, err := cgroups.Self()
+	if err != nil || self.IsV2() {
+		return nil
+	}
+	mem, ok := self.Paths["memory"]
+	if !ok {
+		return nil
+	}
+	for k, p := range self.Paths {
+		if k != "memory" && p == mem {
+			return nil
+		}
+	}
+	return &cgroups.Cgroup{Paths: map[string]string{"memory": mem}}
+}
+
+// RuntimeMemoryCgroup is the memory cgroup a pod's runtime processes (its
+// agent; systemd-nspawn) are charged to instead of the pod cgroup, under
+// the plain launcher on a cgroup v1 host: "stagelet-pod-<id>" beneath the
+// daemon's own memory cgroup (RuntimeMemoryParent), as containerd's shim
+// is charged to containerd's cgroup rather than the pod's. The agent makes
+// its apps' memory cgroups beneath the pod cgroup's all the same (its
+// --memory-cgroup), so the pod's memory limit bounds its containers only.
+// Otherwise the kernel's OOM killer, choosing within the pod's cgroup,
+// may take the agent (its static binary, mapped, counts as resident)
+// before the app that ran out of memory, and with the agent every app of
+// the pod. Nil where RuntimeMemoryParent is, or where this would be the
+// pod cgroup itself (its parent is the daemon's own cgroup). On cgroup v2
+// a process cannot move another into a cgroup outside its cgroup
+// namespace, which nspawn's agent has, so the agent stays in the pod
+// cgroup there; under the service unit its oom_score_adj of -999 keeps
+// the OOM killer off it.
+func RuntimeMemoryCgroup(spec *stage1.PodSpec) *cgroups.Cgroup {
+	parent := RuntimeMemoryParent()
+	if parent == nil {
+		return nil
+	}
+	cg := parent.Child(podCgroupPrefix + spec.ID)
+	if pod, err := PodCgroup(spec); err != nil || pod.Paths["memory"] == cg.Paths["memory"] {
+		return nil
+	}
+	return cg
+}
+
+// WithMemory is cg with its memory directory replaced by mem's (a cgroup
+// of RuntimeMemoryCgroup), or cg itself when mem is nil.
+func WithMemory(cg, mem *cgroups.Cgroup) *cgroups.Cgroup {
+	if mem == nil {
+		return cg
+	}
+	out := &cgroups.Cgroup{Paths: maps.Clone(cg.Paths)}
+	out.Paths["memory"] = mem.Paths["memory"]
+	return out
 }

@@ -17,19 +17,24 @@ import (
 	"github.com/stagelet/stagelet/stage1/host"
 )
 
-// systemdCgroup is the pod's cgroup in the hierarchies systemd-nspawn
-// itself moves processes in on a v1 or hybrid host: name=systemd and the
-// hybrid cgroup2 mount, where no controller stagelet uses is attached. It
-// is "stagelet-pod-<id>" beneath the daemon's own cgroup there (the spec's
+// systemdCgroup is the pod's cgroup in the hierarchies where
+// systemd-nspawn and the agent run outside the pod cgroup, on a v1 or
+// hybrid host: name=systemd and the hybrid cgroup2 mount, which
+// systemd-nspawn itself moves processes in (into payload/ and
+// supervisor/) and where no controller stagelet uses is attached; and the
+// memory hierarchy (host.RuntimeMemoryCgroup), so that the pod's memory
+// limit bounds its apps only, the agent making their memory cgroups
+// beneath the pod's, bound into the pod at podMemoryCgroup. It is
+// "stagelet-pod-<id>" beneath the daemon's own cgroup there (the spec's
 // cgroup parent names the controllers' hierarchies only), so no parent is
-// created. On a pure v2 host the pod cgroup already is nspawn's, and an
-// error is returned.
+// created. On a pure cgroup v2 host the pod cgroup already is nspawn's,
+// and an error is returned.
 func systemdCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 	parent, err := systemdParent()
 	if err != nil {
 		return nil, err
 	}
-	return parent.Child(host.LaunchName(spec.ID)), nil
+	return host.WithMemory(parent.Child(host.LaunchName(spec.ID)), host.RuntimeMemoryCgroup(spec)), nil
 }
 
 // systemdParent is the daemon's own cgroup in the hierarchies of
@@ -92,9 +97,9 @@ func systemdParent() (*cgroups.Cgroup, error) {
 // Collect implements stage1.Collector for what a lost record leaves,
 // which the broker's search of the pod cgroups does not reach: under the
 // systemd driver, the pods' units (host.CollectUnits); on a v1 or hybrid
-// host under the plain launcher, the pod cgroups in systemd-nspawn's own
-// hierarchies (systemdCgroup) once nothing runs in them (these are
-// shared with any other daemon on the host). keep says which pods have a
+// host under the plain launcher, the pods' cgroups outside the pod cgroup
+// (systemdCgroup) once nothing runs in them (these are shared with any
+// other daemon on the host). keep says which pods have a
 // record. It returns the pods whose resources it released.
 func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
 	if b.UnitLaunch() {
@@ -104,35 +109,11 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 	if err != nil {
 		return nil, nil // pure cgroup v2: the pod cgroup is nspawn's
 	}
-	ids := map[string]bool{}
-	for _, dir := range parent.Paths {
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			return nil, fmt.Errorf("nspawn: collect: %w", err)
-		}
-		for _, e := range ents {
-			if id, ok := strings.CutPrefix(e.Name(), host.LaunchName("")); ok && e.IsDir() && host.ValidPodID(id) && !keep(id) {
-				ids[id] = true
-			}
-		}
+	// Only empty ones: a lost pod's processes went with its pod cgroup
+	// (the broker's collection, first).
+	done, err := host.CollectEmptyPodCgroups(host.WithMemory(parent, host.RuntimeMemoryParent()), keep)
+	if err != nil {
+		return done, fmt.Errorf("nspawn: collect: %w", err)
 	}
-	var done []string
-	var errs []error
-	for id := range ids {
-		cg := parent.Child(host.LaunchName(id))
-		// Only an empty one: a lost pod's processes went with its pod
-		// cgroup (the broker's collection, first), and these hierarchies
-		// are shared by every daemon on the host, whose pods this one
-		// does not know.
-		if pids, err := cg.Procs(); err != nil || len(pids) > 0 {
-			continue
-		}
-		if err := cg.Delete(); err != nil {
-			errs = append(errs, err)
-		} else {
-			done = append(done, id)
-		}
-	}
-	slices.Sort(done)
-	return done, errors.Join(errs...)
+	return done, nil
 }

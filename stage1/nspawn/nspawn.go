@@ -19,7 +19,10 @@
 // children of its cgroup in the name=systemd and hybrid cgroup2
 // hierarchies, which the cgroups package does not manage: the pod gets its
 // own cgroup there too, joined by a /bin/sh shim that then execs nspawn
-// (same PID), so nothing is created in the daemon's cgroups. Where systemd
+// (same PID), so nothing is created in the daemon's cgroups. The shim
+// joins the pod's runtime memory cgroup as well (host.RuntimeMemoryCgroup),
+// and the agent makes its apps' memory cgroups beneath the pod's, bound
+// into the pod: the pod's memory limit is its apps'. Where systemd
 // is PID 1 (a host.UnitLauncher) nspawn is the main process of the
 // pod's transient unit, which systemd supervises: --keep-unit makes nspawn
 // use that unit and its cgroup (delegated), which is the pod cgroup in
@@ -182,9 +185,8 @@ type state struct {
 }
 
 // Cgroup is the pod cgroup; SystemdCgroup the pod's cgroup in the
-// hierarchies systemd-nspawn itself uses on a v1 or hybrid host
-// (name=systemd, the hybrid cgroup2), which nspawn splits into payload/
-// and supervisor/. The tree holds the stage1 root (tree/rootfs); the
+// hierarchies where systemd-nspawn and the agent run outside it on a v1
+// or hybrid host (systemdCgroup). The tree holds the stage1 root (tree/rootfs); the
 // agent directory its socket and records; the shared mounts directory is
 // bound into the pod, and every mount beneath it is the backend's. The
 // leader is the container's PID 1 (the agent) as the host sees it.
@@ -195,6 +197,18 @@ func (s *state) agentDir() string               { return s.Path(roleAgentDir) }
 func (s *state) mounts() string                 { return s.Path(roleMounts) }
 func (s *state) nspawn() *host.Process          { return s.Process(roleNSpawn) }
 func (s *state) leader() *host.Process          { return s.Process(roleLeader) }
+
+// memoryApart reports whether systemd-nspawn and the agent are charged to
+// a memory cgroup outside the pod's (systemdCgroup), the pod's memory
+// cgroup then bound into the pod for the agent at podMemoryCgroup.
+func (s *state) memoryApart() bool {
+	scg := s.systemdCgroup()
+	return scg != nil && scg.Paths["memory"] != ""
+}
+
+// podMemoryCgroup is where the pod's memory cgroup is bound beneath the
+// shared mounts directory when memoryApart: a name no container ID takes.
+const podMemoryCgroup = "cgroup.memory"
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
 
@@ -355,6 +369,9 @@ func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 	args = append(args, podAgent, "agent",
 		"--socket", podAgentDir+"/agent.sock",
 		"--state-dir", podAgentDir+"/state")
+	if st.memoryApart() {
+		args = append(args, "--memory-cgroup", podMounts+"/"+podMemoryCgroup)
+	}
 	if spec.Hostname != "" {
 		// Set by the agent, not by nspawn's --hostname: nspawn takes only
 		// what systemd calls a valid hostname, and the kubelet gives
@@ -560,6 +577,12 @@ func prepareHost(st *state, cg *cgroups.Cgroup, unitLaunch bool) error {
 	}
 	if err := st.shared().Prepare(); err != nil {
 		return fmt.Errorf("nspawn: %w", err)
+	}
+	if st.memoryApart() {
+		// Unmounted with the shared directory (Release).
+		if err := host.Bind(cg.Paths["memory"], filepath.Join(st.mounts(), podMemoryCgroup)); err != nil {
+			return fmt.Errorf("nspawn: the pod's memory cgroup: %w", err)
+		}
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/agent/supervisor"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
@@ -224,6 +228,91 @@ func TestOOMKilledReason(t *testing.T) {
 	if st.Reason != "OOMKilled" || st.ExitCode != 137 {
 		t.Errorf("memory hog beyond its limit: reason %q exit code %d, want OOMKilled 137", st.Reason, st.ExitCode)
 	}
+}
+
+// A pod's memory limit bounds its containers, not its runtime. In a pod
+// whose cgroup is limited as the kubelet limits it (the OOMKiller node
+// conformance spec: 15 MiB for one container of 15 MiB running dd with a
+// 20 MiB buffer), the OOM killer takes the container's dd, which exits
+// 137 OOMKilled, and the pod's agent lives on: on cgroup v1 it and
+// systemd-nspawn are charged to a memory cgroup outside the pod's, where
+// before the OOM killer chose the agent (its mapped binary counts as
+// resident) and the container was reported exited 255. On fly likewise
+// for the agent alone.
+func TestPodMemoryLimitSparesAgent(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		podMemoryLimitSparesAgent(t, e, s)
+	})
+}
+
+func podMemoryLimitSparesAgent(t *testing.T, e *env, s podStage1) {
+	self, err := cgroups.Self()
+	if err != nil {
+		t.Skipf("no cgroups: %v", err)
+	}
+	mem, ok := self.Paths["memory"]
+	if !ok {
+		t.Skip("no cgroup v1 memory hierarchy: on cgroup v2 the agent shares the pod's memory cgroup")
+	}
+	// The pod cgroup's parent, limited as the kubelet's pod<uid>.
+	parent := filepath.Join(e.d.CgroupParent, "oom-pod")
+	dir := filepath.Join(mem, parent)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte("15728640"), 0); err != nil {
+		t.Fatal(err)
+	}
+	podCfg := e.netPodConfig("oom-pod", s)
+	podCfg.Linux.CgroupParent = parent
+	podID := e.runStage1Pod(podCfg, s)
+	t.Cleanup(func() {
+		// The pod first (the harness's teardown comes after), then
+		// the parent it lived in, which the daemon made in the other
+		// hierarchies.
+		ctx := context.Background()
+		_, _ = e.rt().StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID})
+		_, _ = e.rt().RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID})
+		for _, h := range self.Paths {
+			if err := unix.Rmdir(filepath.Join(h, parent)); err != nil && !errors.Is(err, unix.ENOENT) {
+				t.Errorf("rmdir %s: %v", filepath.Join(h, parent), err)
+			}
+		}
+	})
+	podMem := filepath.Join(dir, "stagelet-pod-"+podID)
+	if procs := readProcs(t, podMem); len(procs) != 0 {
+		t.Errorf("processes charged to the pod's memory cgroup %s itself (the pod's agent belongs elsewhere): %v", podMem, procs)
+	}
+
+	cfg := e.netContainer(s, "hog", "sh", "-c", "sleep 1 && dd if=/dev/zero of=/dev/null bs=20M")
+	cfg.Linux.Resources.MemoryLimitInBytes = 15 << 20
+	id := e.createAndStart(podID, podCfg, cfg)
+	st := e.waitContainerState(id, exited, 60*time.Second)
+	if st.ExitCode != 137 || st.Reason != "OOMKilled" {
+		t.Errorf("dd beyond its pod's and its own 15 MiB: exit code %d reason %q message %q, want 137 OOMKilled", st.ExitCode, st.Reason, st.Message)
+	}
+	if procs := readProcs(t, filepath.Join(podMem, "app-"+id)); len(procs) != 0 {
+		t.Errorf("processes left in the exited container's memory cgroup: %v", procs)
+	}
+	// The agent survived: the pod takes another container.
+	next := e.createAndStart(podID, podCfg, e.netContainer(s, "next", "sleep", "3600"))
+	e.waitContainerState(next, running, stateTimeout)
+	if out := e.execOK(next, "echo", "alive"); out != "alive\n" {
+		t.Errorf("exec in the pod after the OOM kill: %q", out)
+	}
+	if procs := readProcs(t, filepath.Join(podMem, "app-"+next)); len(procs) == 0 {
+		t.Errorf("the running container's process is not in its memory cgroup beneath the pod's %s", podMem)
+	}
+}
+
+// readProcs lists the processes of the cgroup directory dir.
+func readProcs(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		t.Fatalf("cgroup %s: %v", dir, err)
+	}
+	return strings.Fields(string(b))
 }
 
 // StopContainer gives a container the timeout to react to SIGTERM, then
