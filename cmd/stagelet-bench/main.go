@@ -54,8 +54,8 @@ func main() {
 	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls ListContainers and ListPodSandbox and 3 kill -9 restarts at each, then -n container exits to their GetContainerEvents event")
 	calls := flag.Int("calls", 200, "list calls timed at each -scale level")
 	noTemplate := flag.Bool("notemplate", false, "kvm: pods' VMs boot their kernel instead of being restored from a template")
-	endpoint := flag.String("endpoint", "", "with -scale: time the list calls of another CRI runtime listening on this unix socket (containerd's, say) instead, on host-network pods of -image run with its default handler; no restarts, no events")
-	img := flag.String("image", "", "with -endpoint: the image of the pods' containers (one the runtime can pull; it needs sleep)")
+	endpoint := flag.String("endpoint", "", "time another CRI runtime listening on this unix socket (containerd's, say) instead, on pods of -image run with its default handler: the same calls as stagelet's (-podnet: its pods in their own network, through its own CNI config), or with -scale the list calls on host-network pods (no restarts, no events)")
+	img := flag.String("image", "", "with -endpoint: the image of the pods' containers (one the runtime can pull; it needs sleep and echo)")
 	flag.Parse()
 	var levels []int
 	if *scale != "" {
@@ -81,11 +81,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *endpoint != "" {
-		if levels == nil || *img == "" {
-			fmt.Fprintln(os.Stderr, "stagelet-bench: -endpoint needs -scale and -image")
+		if *img == "" {
+			fmt.Fprintln(os.Stderr, "stagelet-bench: -endpoint needs -image")
 			os.Exit(2)
 		}
-		if err := runExternal(ctx, *endpoint, *img, levels, *calls); err != nil {
+		if err := runExternal(ctx, *endpoint, *img, levels, *calls, *n, *podNet); err != nil {
 			fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 			os.Exit(1)
 		}
@@ -99,7 +99,11 @@ func main() {
 
 type result struct {
 	podStart []time.Duration
-	exec     []time.Duration
+	// The calls of a pod start, each timed: runPod (RunPodSandbox),
+	// createCtr, startCtr (the StartContainer call; RUNNING may come
+	// later, within podStart).
+	runPod, createCtr, startCtr []time.Duration
+	exec                        []time.Duration
 	// streamTrue: Exec call to the exit status of `true`, the first (and
 	// only) byte its session receives; streamEcho: Exec call to the first
 	// byte of `echo`'s output.
@@ -220,27 +224,13 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 	if res.rssIdle, err = d.RSS(); err != nil {
 		return nil, err
 	}
-	rt := d.Runtime()
-	var firstCtr string
-	var pods, ctrs []string
-	for i := range n {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		began := time.Now()
-		bp, err := startPod(ctx, d, ref, stage1, podNet, fmt.Sprintf("bench-%d", i))
-		if err != nil {
-			return nil, fmt.Errorf("run %d: %w", i, err)
-		}
-		res.podStart = append(res.podStart, time.Since(began))
-		if firstCtr == "" {
-			firstCtr = bp.ctrID
-			if res.mem1, err = podMemory(bp.podID); err != nil {
-				return nil, err
-			}
-		}
-		pods = append(pods, bp.podID)
-		ctrs = append(ctrs, bp.ctrID)
+	pods, ctrs, err := measureRunning(ctx, d.Runtime(), d.LogsDir, ref, n, stage1, podNet, res, func(podID string) error {
+		var err error
+		res.mem1, err = podMemory(podID)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, id := range pods {
 		m, err := podMemory(id)
@@ -251,28 +241,6 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 		res.memN.pss += m.pss / uint64(n)
 		res.memN.procs += m.procs
 	}
-	for i := range n {
-		began := time.Now()
-		r, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: firstCtr, Cmd: []string{"true"}, Timeout: 30})
-		if err != nil {
-			return nil, fmt.Errorf("exec %d: %w", i, err)
-		}
-		if r.ExitCode != 0 {
-			return nil, fmt.Errorf("exec %d: true exited %d: %s", i, r.ExitCode, r.Stderr)
-		}
-		res.exec = append(res.exec, time.Since(began))
-	}
-	for i := range n {
-		d, err := streamExec(ctx, rt, firstCtr, []string{"true"})
-		if err != nil {
-			return nil, fmt.Errorf("streaming exec %d: %w", i, err)
-		}
-		res.streamTrue = append(res.streamTrue, d)
-		if d, err = streamExec(ctx, rt, firstCtr, []string{"echo", "x"}); err != nil {
-			return nil, fmt.Errorf("streaming exec %d: %w", i, err)
-		}
-		res.streamEcho = append(res.streamEcho, d)
-	}
 	if res.rssAfter, err = d.RSS(); err != nil {
 		return nil, err
 	}
@@ -282,10 +250,61 @@ func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 s
 			return nil, err
 		}
 	}
-	if err := measureTeardown(ctx, rt, ctrs, pods, res); err != nil {
+	if err := measureTeardown(ctx, d.Runtime(), ctrs, pods, res); err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// measureRunning starts n pods on rt, timing each start and its calls,
+// then times ExecSync and streaming exec in the first pod's container.
+// first, when set, is called with the first pod once it runs alone. It
+// returns the pods and their containers, running.
+func measureRunning(ctx context.Context, rt runtimeapi.RuntimeServiceClient, logsDir, ref string, n int, stage1 string, podNet bool, res *result, first func(podID string) error) (pods, ctrs []string, err error) {
+	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return pods, ctrs, err
+		}
+		began := time.Now()
+		bp, err := startPodOn(ctx, rt, logsDir, ref, stage1, podNet, fmt.Sprintf("bench-%d", i))
+		if err != nil {
+			return pods, ctrs, fmt.Errorf("run %d: %w", i, err)
+		}
+		res.podStart = append(res.podStart, time.Since(began))
+		res.runPod = append(res.runPod, bp.took[0])
+		res.createCtr = append(res.createCtr, bp.took[1])
+		res.startCtr = append(res.startCtr, bp.took[2])
+		pods = append(pods, bp.podID)
+		ctrs = append(ctrs, bp.ctrID)
+		if i == 0 && first != nil {
+			if err := first(bp.podID); err != nil {
+				return pods, ctrs, err
+			}
+		}
+	}
+	for i := range n {
+		began := time.Now()
+		r, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctrs[0], Cmd: []string{"true"}, Timeout: 30})
+		if err != nil {
+			return pods, ctrs, fmt.Errorf("exec %d: %w", i, err)
+		}
+		if r.ExitCode != 0 {
+			return pods, ctrs, fmt.Errorf("exec %d: true exited %d: %s", i, r.ExitCode, r.Stderr)
+		}
+		res.exec = append(res.exec, time.Since(began))
+	}
+	for i := range n {
+		d, err := streamExec(ctx, rt, ctrs[0], []string{"true"})
+		if err != nil {
+			return pods, ctrs, fmt.Errorf("streaming exec %d: %w", i, err)
+		}
+		res.streamTrue = append(res.streamTrue, d)
+		if d, err = streamExec(ctx, rt, ctrs[0], []string{"echo", "x"}); err != nil {
+			return pods, ctrs, fmt.Errorf("streaming exec %d: %w", i, err)
+		}
+		res.streamEcho = append(res.streamEcho, d)
+	}
+	return pods, ctrs, nil
 }
 
 // scrapeMetrics reads the daemon's metrics endpoint and keeps the
@@ -364,8 +383,10 @@ func measureTeardown(ctx context.Context, rt runtimeapi.RuntimeServiceClient, ct
 // benchPod is a pod startPod started.
 type benchPod struct {
 	podID, ctrID string
-	podCfg       *runtimeapi.PodSandboxConfig
-	ctrCfg       *runtimeapi.ContainerConfig
+	// took: RunPodSandbox, CreateContainer and StartContainer, each.
+	took   [3]time.Duration
+	podCfg *runtimeapi.PodSandboxConfig
+	ctrCfg *runtimeapi.ContainerConfig
 }
 
 // startPod runs a pod named name with one container sleeping, started and
@@ -416,21 +437,26 @@ func startPodOn(ctx context.Context, rt runtimeapi.RuntimeServiceClient, logsDir
 		},
 	}
 
+	var took [3]time.Duration
+	began := time.Now()
 	pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: stage1})
 	if err != nil {
 		return nil, fmt.Errorf("RunPodSandbox: %w", err)
 	}
+	took[0], began = time.Since(began), time.Now()
 	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.PodSandboxId, Config: ctrCfg, SandboxConfig: podCfg})
 	if err != nil {
 		return nil, fmt.Errorf("CreateContainer: %w", err)
 	}
+	took[1], began = time.Since(began), time.Now()
 	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
 		return nil, fmt.Errorf("StartContainer: %w", err)
 	}
+	took[2] = time.Since(began)
 	if err := waitRunning(ctx, rt, ctr.ContainerId); err != nil {
 		return nil, err
 	}
-	return &benchPod{podID: pod.PodSandboxId, ctrID: ctr.ContainerId, podCfg: podCfg, ctrCfg: ctrCfg}, nil
+	return &benchPod{podID: pod.PodSandboxId, ctrID: ctr.ContainerId, took: took, podCfg: podCfg, ctrCfg: ctrCfg}, nil
 }
 
 // streamExec runs cmd through the streaming server as kubectl exec does
@@ -519,17 +545,7 @@ func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func report(w io.Writer, n int, what string, r *result) {
 	fmt.Fprintf(w, "stagelet-bench: stage1 %s, %d runs each\n\n", what, n)
-	const row = "%-72s %10s %10s\n"
-	fmt.Fprintf(w, row, "measure", "median", "p90")
-	fmt.Fprintf(w, row, "pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", ms(median(r.podStart)), ms(percentile(r.podStart, 90)))
-	fmt.Fprintf(w, row, "  the first pod's (for kvm: includes building the template)", ms(r.podStart[0]), "")
-	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
-	fmt.Fprintf(w, row, "streaming exec true: Exec call to its exit status (first byte)", ms(median(r.streamTrue)), ms(percentile(r.streamTrue, 90)))
-	fmt.Fprintf(w, row, "streaming exec echo: Exec call to the first byte of output", ms(median(r.streamEcho)), ms(percentile(r.streamEcho, 90)))
-	fmt.Fprintf(w, row, "StopContainer (sleep, ends at SIGTERM)", ms(median(r.stopCtr)), ms(percentile(r.stopCtr, 90)))
-	fmt.Fprintf(w, row, "RemoveContainer", ms(median(r.rmCtr)), ms(percentile(r.rmCtr, 90)))
-	fmt.Fprintf(w, row, "StopPodSandbox", ms(median(r.stopPod)), ms(percentile(r.stopPod, 90)))
-	fmt.Fprintf(w, row, "RemovePodSandbox", ms(median(r.rmPod)), ms(percentile(r.rmPod, 90)))
+	reportCalls(w, r)
 	fmt.Fprintln(w)
 	const rss = "%-72s %10s\n"
 	fmt.Fprintf(w, rss, "daemon RSS (VmRSS) before the runs", mib(r.rssIdle))
@@ -544,6 +560,25 @@ func report(w io.Writer, n int, what string, r *result) {
 	if r.metrics != "" {
 		fmt.Fprintf(w, "\nthe daemon's metrics with the %d pods running (histogram buckets left out):\n%s", n, r.metrics)
 	}
+}
+
+// reportCalls prints the timed calls, the same for stagelet and another
+// runtime (-endpoint).
+func reportCalls(w io.Writer, r *result) {
+	const row = "%-72s %10s %10s\n"
+	fmt.Fprintf(w, row, "measure", "median", "p90")
+	fmt.Fprintf(w, row, "pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", ms(median(r.podStart)), ms(percentile(r.podStart, 90)))
+	fmt.Fprintf(w, row, "  the first pod's (for kvm: includes building the template)", ms(r.podStart[0]), "")
+	fmt.Fprintf(w, row, "  RunPodSandbox", ms(median(r.runPod)), ms(percentile(r.runPod, 90)))
+	fmt.Fprintf(w, row, "  CreateContainer", ms(median(r.createCtr)), ms(percentile(r.createCtr, 90)))
+	fmt.Fprintf(w, row, "  StartContainer", ms(median(r.startCtr)), ms(percentile(r.startCtr, 90)))
+	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
+	fmt.Fprintf(w, row, "streaming exec true: Exec call to its exit status (first byte)", ms(median(r.streamTrue)), ms(percentile(r.streamTrue, 90)))
+	fmt.Fprintf(w, row, "streaming exec echo: Exec call to the first byte of output", ms(median(r.streamEcho)), ms(percentile(r.streamEcho, 90)))
+	fmt.Fprintf(w, row, "StopContainer (sleep, ends at SIGTERM)", ms(median(r.stopCtr)), ms(percentile(r.stopCtr, 90)))
+	fmt.Fprintf(w, row, "RemoveContainer", ms(median(r.rmCtr)), ms(percentile(r.rmCtr, 90)))
+	fmt.Fprintf(w, row, "StopPodSandbox", ms(median(r.stopPod)), ms(percentile(r.stopPod, 90)))
+	fmt.Fprintf(w, row, "RemovePodSandbox", ms(median(r.rmPod)), ms(percentile(r.rmPod, 90)))
 }
 
 // templateMemory counts the kvm templates in dir and the blocks their

@@ -107,12 +107,13 @@ func timeLists(ctx context.Context, rt runtimeapi.RuntimeServiceClient, level, c
 	return row, nil
 }
 
-// runExternal times the list calls of another CRI runtime (containerd,
-// CRI-O) at endpoint the way measureScale times stagelet's, on
-// host-network pods of image run with the runtime's default handler,
-// which must be the only pods it runs. Every pod it started is removed
-// at the end.
-func runExternal(ctx context.Context, endpoint, image string, levels []int, calls int) (err error) {
+// runExternal times another CRI runtime (containerd, CRI-O) at endpoint,
+// on pods of image run with the runtime's default handler, which must be
+// the only pods it runs: with levels, the list calls the way measureScale
+// times stagelet's, on host-network pods (externalScale); otherwise the
+// calls measure times, n runs each (externalCalls). Every pod it started
+// is removed at the end.
+func runExternal(ctx context.Context, endpoint, image string, levels []int, calls, n int, podNet bool) (err error) {
 	conn, err := grpc.NewClient("unix://"+strings.TrimPrefix(endpoint, "unix://"),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
@@ -128,7 +129,7 @@ func runExternal(ctx context.Context, endpoint, image string, levels []int, call
 	if lp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{}); err != nil {
 		return err
 	} else if len(lp.Items) != 0 {
-		return fmt.Errorf("%s runs %d pods already: the list figures need it to run only the bench's", endpoint, len(lp.Items))
+		return fmt.Errorf("%s runs %d pods already: the figures need it to run only the bench's", endpoint, len(lp.Items))
 	}
 	if _, err := is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
 		return fmt.Errorf("pull %s: %w", image, err)
@@ -137,27 +138,37 @@ func runExternal(ctx context.Context, endpoint, image string, levels []int, call
 	if err != nil {
 		return err
 	}
-	var pods []*benchPod
 	defer func() {
+		// Whatever is left (all of it after a failure): stopped and
+		// removed.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 		defer cancel()
-		for _, bp := range pods {
-			if _, cerr := rt.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: bp.podID}); cerr != nil {
+		lp, lerr := rt.ListPodSandbox(cctx, &runtimeapi.ListPodSandboxRequest{})
+		err = errors.Join(err, lerr)
+		for _, p := range lp.GetItems() {
+			if _, cerr := rt.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); cerr != nil {
 				err = errors.Join(err, cerr)
-			} else if _, cerr := rt.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: bp.podID}); cerr != nil {
+			} else if _, cerr := rt.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); cerr != nil {
 				err = errors.Join(err, cerr)
 			}
 		}
 		err = errors.Join(err, os.RemoveAll(logs))
 	}()
+	if levels == nil {
+		return externalCalls(ctx, rt, v, endpoint, logs, image, n, podNet)
+	}
+	return externalScale(ctx, rt, v, endpoint, logs, image, levels, calls)
+}
+
+// externalScale is runExternal's list calls at each level.
+func externalScale(ctx context.Context, rt runtimeapi.RuntimeServiceClient, v *runtimeapi.VersionResponse, endpoint, logs, image string, levels []int, calls int) error {
+	var started int
 	var rows []scaleRow
 	for _, level := range levels {
-		for len(pods) < level {
-			bp, err := startPodOn(ctx, rt, logs, image, "", false, fmt.Sprintf("scale-%d", len(pods)))
-			if err != nil {
-				return fmt.Errorf("pod %d: %w", len(pods), err)
+		for ; started < level; started++ {
+			if _, err := startPodOn(ctx, rt, logs, image, "", false, fmt.Sprintf("scale-%d", started)); err != nil {
+				return fmt.Errorf("pod %d: %w", started, err)
 			}
-			pods = append(pods, bp)
 		}
 		row, err := timeLists(ctx, rt, level, calls)
 		if err != nil {
@@ -172,6 +183,27 @@ func runExternal(ctx context.Context, endpoint, image string, levels []int, call
 		fmt.Printf(line, fmt.Sprintf("ListContainers, %d pods running", r.pods), ms(median(r.listContainers)), ms(percentile(r.listContainers, 90)))
 		fmt.Printf(line, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), ms(median(r.listPods)), ms(percentile(r.listPods, 90)))
 	}
+	return nil
+}
+
+// externalCalls is runExternal's timed calls, as measure times
+// stagelet's: n pods started, exec in the first, then each torn down as
+// the kubelet does.
+func externalCalls(ctx context.Context, rt runtimeapi.RuntimeServiceClient, v *runtimeapi.VersionResponse, endpoint, logs, image string, n int, podNet bool) error {
+	res := &result{}
+	pods, ctrs, err := measureRunning(ctx, rt, logs, image, n, "", podNet, res, nil)
+	if err != nil {
+		return err
+	}
+	if err := measureTeardown(ctx, rt, ctrs, pods, res); err != nil {
+		return err
+	}
+	network := "host network"
+	if podNet {
+		network = "pod network (its own CNI config)"
+	}
+	fmt.Printf("stagelet-bench: %s %s at %s, %s, %d runs each\n\n", v.RuntimeName, v.RuntimeVersion, endpoint, network, n)
+	reportCalls(os.Stdout, res)
 	return nil
 }
 
