@@ -17,6 +17,14 @@ import (
 type fakeImages struct {
 	mu      sync.Mutex
 	mounted map[string]bool
+	// hold, when set, keeps UnmountRootfs from finishing until closed.
+	hold chan struct{}
+}
+
+func (f *fakeImages) mountedDirs() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.mounted)
 }
 
 var fakeImage = &image.Image{
@@ -62,6 +70,12 @@ func (f *fakeImages) MountImageVolume(ref, dir, subPath string) (string, error) 
 }
 func (f *fakeImages) UnmountRootfs(dir string) error {
 	f.mu.Lock()
+	hold := f.hold
+	f.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	f.mu.Lock()
 	delete(f.mounted, dir)
 	f.mu.Unlock()
 	return os.RemoveAll(dir)
@@ -75,6 +89,9 @@ type fakeNetwork struct {
 	netns    map[string]string
 	attached map[string]*network.PodNetwork
 	dels     map[string]int // Teardown calls by pod
+	// setup, when set, runs first in Setup (CNI ADD); its error is
+	// Setup's.
+	setup func(ctx context.Context, podID string) error
 }
 
 func newFakeNetwork(dir string) *fakeNetwork {
@@ -107,6 +124,11 @@ func (n *fakeNetwork) NetNSPods() ([]string, error) {
 	return ids, nil
 }
 func (n *fakeNetwork) Setup(ctx context.Context, pn network.PodNetwork) (*network.Result, error) {
+	if n.setup != nil {
+		if err := n.setup(ctx, pn.PodID); err != nil {
+			return nil, err
+		}
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.attached[pn.PodID] = &pn

@@ -93,10 +93,10 @@ func sysctlsOf(c *PodConfig, ns string) map[string]string {
 	return out
 }
 
-// setupNetwork gives a pod that does not use the host network its own
-// netns and a CNI attachment, recording the netns before taking it. Called
-// from startPod; failures are released by teardownNetwork.
-func (b *Broker) setupNetwork(ctx context.Context, rec *PodRecord) error {
+// prepareNetwork makes the pod's network namespace, recorded first, with
+// its net sysctls: what the pod's stage1 needs to start in it. A host
+// network pod has none.
+func (b *Broker) prepareNetwork(rec *PodRecord) error {
 	if rec.Config.HostNetwork {
 		return nil
 	}
@@ -128,6 +128,18 @@ func (b *Broker) setupNetwork(ctx context.Context, rec *PodRecord) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// attachNetwork attaches the pod's network namespace (prepareNetwork) to
+// the node's network (CNI ADD) and keeps the pod's addresses.
+func (b *Broker) attachNetwork(ctx context.Context, rec *PodRecord) error {
+	if rec.Config.HostNetwork {
+		return nil
+	}
+	b.mu.Lock()
+	cp := *rec
+	b.mu.Unlock()
 	res, err := b.opts.Network.Setup(ctx, podNetwork(&cp))
 	if err != nil {
 		return fmt.Errorf("pod network: %w", err)

@@ -2,8 +2,12 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestNetworkReleasedOnce: the kubelet stops a pod, then removes it; the
@@ -37,5 +41,77 @@ func TestNetworkReleasedOnce(t *testing.T) {
 	}
 	if _, ok := e.net.netns[id]; ok {
 		t.Error("the netns is left after the removal")
+	}
+}
+
+// CNI ADD runs while the pod's stage1 starts it, in its network namespace
+// made first; for a stage1 that reads the pod's network when it starts
+// (NetworkBeforeStart: a VM's interface takes eth0's addresses) it runs
+// before. /etc/hosts, which names the pod's address, is written once
+// both are done; a failed CNI ADD releases the started pod.
+func TestCNIAddBesidePodStart(t *testing.T) {
+	e := newEnv(t)
+	e.vm.Caps.NetworkBeforeStart = true
+	net := newFakeNetwork(filepath.Join(e.run, "netns"))
+	e.net = net
+	b := e.broker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// started waits until the namespace stage1 started the pod: CNI ADD
+	// returns only then, which a start after CNI ADD never is.
+	started := func(ctx context.Context, id string) error {
+		for e.be.Pod(id) == nil {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return nil
+	}
+	net.setup = started
+	cfg := podNet("beside")
+	cfg.Hostname = "beside"
+	id, err := b.RunPod(ctx, cfg)
+	if err != nil {
+		t.Fatalf("RunPod with CNI ADD waiting for the pod's start: %v", err)
+	}
+	st, err := b.PodStatus(ctx, id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hosts, err := os.ReadFile(filepath.Join(st.Record.RunDir, "etc", "hosts")); err != nil || !strings.Contains(string(hosts), "10.213.0.2") {
+		t.Errorf("/etc/hosts after CNI ADD: %q, %v; want the pod's address", hosts, err)
+	}
+
+	var vmStarted []bool
+	net.setup = func(ctx context.Context, id string) error {
+		vmStarted = append(vmStarted, e.vm.Pod(id) != nil)
+		return nil
+	}
+	vmCfg := podNet("vm-pod")
+	vmCfg.Annotations = map[string]string{"stagelet.io/stage1": "vm"}
+	if _, err := b.RunPod(ctx, vmCfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(vmStarted) != 1 || vmStarted[0] {
+		t.Errorf("CNI ADD of a NetworkBeforeStart pod saw its stage1 started: %v, want once, before the start", vmStarted)
+	}
+
+	// CNI ADD fails after the pod started: the pod is released.
+	net.setup = func(ctx context.Context, id string) error {
+		if err := started(ctx, id); err != nil {
+			return err
+		}
+		return errors.New("no address left")
+	}
+	if _, err := b.RunPod(ctx, podNet("no-address")); err == nil || !strings.Contains(err.Error(), "no address left") {
+		t.Fatalf("RunPod with a failing CNI ADD: %v", err)
+	}
+	if n := len(b.ListPods(PodFilter{})); n != 2 {
+		t.Errorf("pods after a failed start: %d, want the 2 that started", n)
+	}
+	if n := e.be.DestroyedPods(); n != 1 {
+		t.Errorf("pods destroyed after a failed CNI ADD: %d, want 1", n)
 	}
 }

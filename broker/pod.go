@@ -287,23 +287,9 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	if err := os.MkdirAll(rec.RunDir, 0o700); err != nil {
 		return err
 	}
-	if err := b.setupNetwork(ctx, rec); err != nil {
-		return err
-	}
-	if err := b.writePodFiles(rec); err != nil {
-		return fmt.Errorf("pod files: %w", err)
-	}
-	spec.NetNSPath = rec.NetNS
-	persist := func(state []byte) error {
-		b.mu.Lock()
-		rec.BackendState = state
-		cp := *rec
-		b.mu.Unlock()
-		return b.rec.savePod(&cp)
-	}
-	started, err := be.StartPod(ctx, spec, persist)
+	started, err := b.startInNetwork(ctx, rec, spec, be)
 	if err != nil {
-		return fmt.Errorf("stage1 %s: start pod: %w", be.Name(), err)
+		return err
 	}
 	h := client.Open(started, b.log.With("pod", rec.ID))
 	if ipc := sysctlsOf(&rec.Config, network.SysctlIPC); len(ipc) > 0 {
@@ -333,6 +319,62 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	b.publishLocked(EventStarted, p, nil)
 	b.mu.Unlock()
 	return nil
+}
+
+// startInNetwork makes the pod's network namespace and starts the pod in
+// it through be. CNI ADD runs while the pod starts, unless the stage1
+// reads the pod's network when it starts (NetworkBeforeStart): a pod's
+// start then takes the longer of the two instead of their sum. The pod's
+// files (/etc/hosts holds its addresses) are written once both are done,
+// before any container is created. On failure the caller releases both
+// (the stage1's state is persisted as it goes).
+func (b *Broker) startInNetwork(ctx context.Context, rec *PodRecord, spec *stage1.PodSpec, be stage1.Backend) (stage1.Pod, error) {
+	if err := b.prepareNetwork(rec); err != nil {
+		return nil, err
+	}
+	spec.NetNSPath = rec.NetNS
+	persist := func(state []byte) error {
+		b.mu.Lock()
+		rec.BackendState = state
+		cp := *rec
+		b.mu.Unlock()
+		return b.rec.savePod(&cp)
+	}
+	start := func(ctx context.Context) (stage1.Pod, error) {
+		started, err := be.StartPod(ctx, spec, persist)
+		if err != nil {
+			return nil, fmt.Errorf("stage1 %s: start pod: %w", be.Name(), err)
+		}
+		return started, nil
+	}
+	var started stage1.Pod
+	if be.Capabilities().NetworkBeforeStart {
+		if err := b.attachNetwork(ctx, rec); err != nil {
+			return nil, err
+		}
+		var err error
+		if started, err = start(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		attached := make(chan error, 1)
+		go func() { attached <- b.attachNetwork(actx, rec) }()
+		var err error
+		if started, err = start(ctx); err != nil {
+			cancel() // of no use now: the caller releases what it made
+			<-attached
+			return nil, err
+		}
+		if err := <-attached; err != nil {
+			return nil, err // the pod runs: the caller destroys it
+		}
+	}
+	if err := b.writePodFiles(rec); err != nil {
+		return nil, fmt.Errorf("pod files: %w", err)
+	}
+	return started, nil
 }
 
 // podStopTimeout is how long the apps of a pod being stopped get between

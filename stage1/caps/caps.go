@@ -33,4 +33,8 @@ type Capabilities struct {
 	// its own (the kubelet's hostUsers: false), with the ID mapping it is
 	// given.
 	UserNamespaces bool `json:"userNamespaces"`
+	// NetworkBeforeStart: StartPod reads the pod's network (the
+	// interfaces CNI ADD made in its namespace), so the broker sets it up
+	// first; otherwise CNI ADD runs while the pod starts.
+	NetworkBeforeStart bool `json:"networkBeforeStart,omitempty"`
 }

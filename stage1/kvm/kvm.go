@@ -263,6 +263,9 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		HostPID:        false,
 		HostIPC:        false,
 		Privileged:     "guest",
+		// The VM's interface takes the MAC, addresses and routes of the
+		// pod's eth0 (net.go).
+		NetworkBeforeStart: true,
 	}
 }
 
