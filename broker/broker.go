@@ -115,6 +115,9 @@ type Broker struct {
 
 	// followers counts the goroutines following pods' agents (watch).
 	followers sync.WaitGroup
+	// releasing counts the removed containers' file systems being
+	// released off the reply path (releaseRootfs).
+	releasing sync.WaitGroup
 }
 
 // Close stops following the pods' agents and waits until no follower
@@ -131,6 +134,7 @@ func (b *Broker) Close() {
 		b.unwatch(p)
 	}
 	b.followers.Wait()
+	b.releasing.Wait()
 }
 
 type pod struct {
@@ -150,6 +154,9 @@ type pod struct {
 	// its first container runs (Observer.PodStarted); zero for a
 	// recovered pod, or once told. Guarded by Broker.mu.
 	runAt time.Time
+	// releasing counts its removed containers' file systems being
+	// released (releaseRootfs): the pod's removal waits for them.
+	releasing sync.WaitGroup
 }
 
 // id is the pod's ID, which never changes.

@@ -318,8 +318,76 @@ func TestContainerLifecycle(t *testing.T) {
 	}
 	_, err = b.ContainerStatus(ctx, cid)
 	wantClass(t, err, errdefs.ErrNotFound)
-	if len(e.images.mounted) != 0 {
-		t.Fatalf("rootfs left mounted: %v", e.images.mounted)
+	// The container's file system goes off the reply path; the pod's
+	// removal waits for it.
+	if err := b.RemovePod(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.images.mountedDirs(); n != 0 {
+		t.Fatalf("rootfs left mounted after the pod's removal: %d", n)
+	}
+}
+
+// RemoveContainer answers once the container's record and app are gone;
+// its file system is unmounted and removed after the reply, and the
+// pod's removal, and Close, wait for that.
+func TestRemoveContainerReleasesFSInBackground(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	b := e.broker(t)
+	pid, err := b.RunPod(ctx, podCfg("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		cid, err := b.CreateContainer(ctx, pid, ctrCfg(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := b.ContainerStatus(ctx, cid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.images.mu.Lock()
+		e.images.hold = make(chan struct{})
+		hold := e.images.hold
+		e.images.mu.Unlock()
+		removed := make(chan error, 1)
+		go func() { removed <- b.RemoveContainer(ctx, cid) }()
+		select {
+		case err := <-removed:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("RemoveContainer waited for the container's file system to be released")
+		}
+		_, err = b.ContainerStatus(ctx, cid)
+		wantClass(t, err, errdefs.ErrNotFound)
+		if _, err := os.Stat(rec.Dir); err != nil {
+			t.Fatalf("the file system went before its release was let go: %v", err)
+		}
+		if name == "a" {
+			close(hold)
+			if err := b.RemovePod(ctx, pid); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(rec.Dir); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("container file system left after the pod's removal: %v", err)
+			}
+			if pid, err = b.RunPod(ctx, podCfg("p2")); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		// Close waits for a release under way.
+		closed := make(chan struct{})
+		go func() { b.Close(); close(closed) }()
+		close(hold)
+		<-closed
+		if _, err := os.Stat(rec.Dir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("container file system left after Close: %v", err)
+		}
 	}
 }
 

@@ -663,11 +663,16 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 			}
 		}
 	}
-	if err := b.opts.Images.UnmountRootfs(rec.Dir); err != nil {
-		return fmt.Errorf("remove container %s rootfs: %w", rec.ID, err)
+	if p == nil {
+		if err := b.opts.Images.UnmountRootfs(rec.Dir); err != nil {
+			return fmt.Errorf("remove container %s rootfs: %w", rec.ID, err)
+		}
 	}
 	if err := b.rec.deleteContainer(rec.ID); err != nil {
 		return err
+	}
+	if p != nil {
+		b.releaseRootfs(p, rec.ID, rec.Dir)
 	}
 	if rec.App != nil {
 		lsm.ReleaseSELinux(rec.App.SELinuxProcessLabel)
@@ -684,6 +689,26 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	b.mu.Unlock()
 	b.log.InfoContext(ctx, "container removed", "container", rec.ID)
 	return nil
+}
+
+// releaseRootfs unmounts and removes a removed container's file system
+// (its record deleted, its agent's app and binds gone) off the reply
+// path: unmounting the overlay and removing its writable layer were most
+// of RemoveContainer's time, which the kubelet waits on for every
+// container of every deleted pod. The pod's removal waits for it, and so
+// does Close. A daemon that stops before it is done finds the directory
+// without a record at its next start, and removes it then
+// (collectOrphans); it never removes through a mount.
+func (b *Broker) releaseRootfs(p *pod, id, dir string) {
+	p.releasing.Add(1)
+	b.releasing.Add(1)
+	go func() {
+		defer b.releasing.Done()
+		defer p.releasing.Done()
+		if err := b.opts.Images.UnmountRootfs(dir); err != nil {
+			b.log.Error("releasing a removed container's file system; the next start retries", "container", id, "dir", dir, "err", err)
+		}
+	}()
 }
 
 // ContainerStatus is a container's record, which its pod's agent's events

@@ -507,6 +507,8 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	// Its containers' file systems are gone with it.
+	p.releasing.Wait()
 	if be, ok := b.opts.Backends[rec.Stage1]; ok {
 		if err := be.DestroyPod(ctx, b.podSpec(&rec), rec.BackendState); err != nil {
 			return fmt.Errorf("remove pod %s: %w", rec.ID, err)

@@ -2,10 +2,12 @@ package image
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -40,6 +42,20 @@ func TestMountRootfs(t *testing.T) {
 	}
 	if rootfs != filepath.Join(dir, "rootfs") {
 		t.Errorf("rootfs = %s", rootfs)
+	}
+	// Volatile where the kernel has it (5.10 and later): no sync of the
+	// host's file system when it is unmounted.
+	if kernelAtLeast(t, 5, 10) {
+		var opts string
+		for _, m := range readMountInfo() {
+			if m.mountPoint == rootfs {
+				opts = m.superOpts
+			}
+		}
+		// Later kernels show it as fsync=volatile.
+		if o := strings.Split(opts, ","); !slices.Contains(o, "volatile") && !slices.Contains(o, "fsync=volatile") {
+			t.Errorf("rootfs overlay options %q lack volatile", opts)
+		}
 	}
 	if _, err := os.Stat(filepath.Join(rootfs, "bin/busybox")); err != nil {
 		t.Fatalf("image file not visible: %v", err)
@@ -296,4 +312,18 @@ func TestMountImageVolume(t *testing.T) {
 	if _, err := os.Stat(ctr); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the container's directory is left: %v", err)
 	}
+}
+
+// kernelAtLeast reports whether the running kernel is major.minor or later.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", u.Release, err)
+	}
+	return ma > major || ma == major && mi >= minor
 }
