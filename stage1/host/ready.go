@@ -33,7 +33,13 @@ func WaitAgentReady(ctx context.Context, pod stage1.Pod, proc *Process, timeout 
 			close(exited)
 		}
 	}()
-	delay := 2 * time.Millisecond
+	// A host pod's agent answers some 30 ms after its launch: polled
+	// every millisecond until then, the start is not held up by the
+	// backoff (a refused connection to a unix socket costs microseconds);
+	// later, a VM's guest is still booting, and the polls back off.
+	const eager = 100 * time.Millisecond
+	began := time.Now()
+	delay := time.Millisecond
 	for {
 		pctx, pcancel := context.WithTimeout(ctx, ProbeTimeout)
 		_, err := info(pctx)
@@ -52,7 +58,7 @@ func WaitAgentReady(ctx context.Context, pod stage1.Pod, proc *Process, timeout 
 			return fmt.Errorf("agent not answering: %v: %w", err, errdefs.ErrDeadlineExceeded)
 		case <-time.After(delay): // retry once the agent had time to listen
 		}
-		if delay < 20*time.Millisecond {
+		if delay < 20*time.Millisecond && time.Since(began) > eager {
 			delay *= 2
 		}
 	}
