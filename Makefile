@@ -112,16 +112,23 @@ test-node: deps build
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command,
 # with containerd and runc beside it where they are installed
-# (scripts/bench-containerd.sh: apt-get install containerd runc).
+# (scripts/bench-containerd.sh: apt-get install containerd runc), each
+# run's medians beside containerd's and the previous figures
+# (test/bench/), and saved in $(BENCH_OUT).
+BENCH_OUT ?= $(CURDIR)/bin/bench
 bench: deps build guest
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/supervisor/ ./network/ ./stage1/nspawn/
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -run '^$$' -bench . -benchtime 10x ./stage1/kvm/
+	mkdir -p $(BENCH_OUT)
+	./scripts/bench-containerd.sh -n 10 -save $(BENCH_OUT)/containerd.tsv -against previous=$(CURDIR)/test/bench/containerd.tsv
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
-	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet
-	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet -n 10
-	./scripts/bench-containerd.sh -n 10
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet -save $(BENCH_OUT)/fly-podnet.tsv \
+		-against containerd=$(BENCH_OUT)/containerd.tsv -against previous=test/bench/fly-podnet.tsv
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet -n 10 -save $(BENCH_OUT)/nspawn-podnet.tsv \
+		-against containerd=$(BENCH_OUT)/containerd.tsv -against previous=test/bench/nspawn-podnet.tsv
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -scale 10,50,100
-	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -save $(BENCH_OUT)/kvm-podnet.tsv \
+		-against nspawn=$(BENCH_OUT)/nspawn-podnet.tsv -against previous=test/bench/kvm-podnet.tsv
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -notemplate
 
 # The data race detector on the packages where goroutines meet: the

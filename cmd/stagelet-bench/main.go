@@ -545,7 +545,9 @@ func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func report(w io.Writer, n int, what string, r *result) {
 	fmt.Fprintf(w, "stagelet-bench: stage1 %s, %d runs each\n\n", what, n)
-	reportCalls(w, r)
+	if err := reportCalls(w, r); err != nil {
+		fmt.Fprintln(w, "stagelet-bench:", err)
+	}
 	fmt.Fprintln(w)
 	const rss = "%-72s %10s\n"
 	fmt.Fprintf(w, rss, "daemon RSS (VmRSS) before the runs", mib(r.rssIdle))
@@ -563,22 +565,29 @@ func report(w io.Writer, n int, what string, r *result) {
 }
 
 // reportCalls prints the timed calls, the same for stagelet and another
-// runtime (-endpoint).
-func reportCalls(w io.Writer, r *result) {
-	const row = "%-72s %10s %10s\n"
-	fmt.Fprintf(w, row, "measure", "median", "p90")
-	fmt.Fprintf(w, row, "pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", ms(median(r.podStart)), ms(percentile(r.podStart, 90)))
-	fmt.Fprintf(w, row, "  the first pod's (for kvm: includes building the template)", ms(r.podStart[0]), "")
-	fmt.Fprintf(w, row, "  RunPodSandbox", ms(median(r.runPod)), ms(percentile(r.runPod, 90)))
-	fmt.Fprintf(w, row, "  CreateContainer", ms(median(r.createCtr)), ms(percentile(r.createCtr, 90)))
-	fmt.Fprintf(w, row, "  StartContainer", ms(median(r.startCtr)), ms(percentile(r.startCtr, 90)))
-	fmt.Fprintf(w, row, "ExecSync true", ms(median(r.exec)), ms(percentile(r.exec, 90)))
-	fmt.Fprintf(w, row, "streaming exec true: Exec call to its exit status (first byte)", ms(median(r.streamTrue)), ms(percentile(r.streamTrue, 90)))
-	fmt.Fprintf(w, row, "streaming exec echo: Exec call to the first byte of output", ms(median(r.streamEcho)), ms(percentile(r.streamEcho, 90)))
-	fmt.Fprintf(w, row, "StopContainer (sleep, ends at SIGTERM)", ms(median(r.stopCtr)), ms(percentile(r.stopCtr, 90)))
-	fmt.Fprintf(w, row, "RemoveContainer", ms(median(r.rmCtr)), ms(percentile(r.rmCtr, 90)))
-	fmt.Fprintf(w, row, "StopPodSandbox", ms(median(r.stopPod)), ms(percentile(r.stopPod, 90)))
-	fmt.Fprintf(w, row, "RemovePodSandbox", ms(median(r.rmPod)), ms(percentile(r.rmPod, 90)))
+// runtime (-endpoint), beside the figures of -against, and saves their
+// medians with -save.
+func reportCalls(w io.Writer, r *result) error {
+	rows := []callRow{
+		{"pod start: RunPodSandbox, CreateContainer, StartContainer until RUNNING", r.podStart},
+		{"  the first pod's (for kvm: includes building the template)", r.podStart[:1]},
+		{"  RunPodSandbox", r.runPod},
+		{"  CreateContainer", r.createCtr},
+		{"  StartContainer", r.startCtr},
+		{"ExecSync true", r.exec},
+		{"streaming exec true: Exec call to its exit status (first byte)", r.streamTrue},
+		{"streaming exec echo: Exec call to the first byte of output", r.streamEcho},
+		{"StopContainer (sleep, ends at SIGTERM)", r.stopCtr},
+		{"RemoveContainer", r.rmCtr},
+		{"StopPodSandbox", r.stopPod},
+		{"RemovePodSandbox", r.rmPod},
+	}
+	others, err := readAgainst()
+	if err != nil {
+		return err
+	}
+	printRows(w, rows, others)
+	return saveFigures(rows)
 }
 
 // templateMemory counts the kvm templates in dir and the blocks their

@@ -203,8 +203,7 @@ func externalCalls(ctx context.Context, rt runtimeapi.RuntimeServiceClient, v *r
 		network = "pod network (its own CNI config)"
 	}
 	fmt.Printf("stagelet-bench: %s %s at %s, %s, %d runs each\n\n", v.RuntimeName, v.RuntimeVersion, endpoint, network, n)
-	reportCalls(os.Stdout, res)
-	return nil
+	return reportCalls(os.Stdout, res)
 }
 
 // timeRestart kills the daemon with SIGKILL, as a crash would, starts it
