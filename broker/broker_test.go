@@ -391,6 +391,53 @@ func TestRemoveContainerReleasesFSInBackground(t *testing.T) {
 	}
 }
 
+// The kubelet's removals of a pod's containers may race each other and
+// the pod's own removal: each file system is released once, and the
+// pod's removal returns after all of them.
+func TestConcurrentRemovals(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	b := e.broker(t)
+	pid, err := b.RunPod(ctx, podCfg("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids, dirs []string
+	for _, name := range []string{"a", "b", "c"} {
+		cid, err := b.CreateContainer(ctx, pid, ctrCfg(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := b.ContainerStatus(ctx, cid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, dirs = append(ids, cid), append(dirs, rec.Dir)
+	}
+	errs := make(chan error, 2*len(ids)+1)
+	for _, id := range append(slices.Clone(ids), ids...) {
+		go func() { errs <- b.RemoveContainer(ctx, id) }()
+	}
+	go func() { errs <- b.RemovePod(ctx, pid) }()
+	podGone := false
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+		if _, err := b.PodStatus(ctx, pid, false); errdefs.IsNotFound(err) && !podGone {
+			podGone = true
+			for _, d := range dirs {
+				if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s left when its pod's removal returned: %v", d, err)
+				}
+			}
+		}
+	}
+	if n := e.images.mountedDirs(); n != 0 {
+		t.Errorf("file systems left mounted: %d", n)
+	}
+}
+
 func TestRecoveryAfterRestart(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()

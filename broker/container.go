@@ -650,6 +650,12 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	c.op.Lock()
 	defer c.op.Unlock()
 	b.mu.Lock()
+	if b.ctrs[c.rec.ID] != c {
+		// A concurrent removal (the kubelet's, or its pod's) came first:
+		// its file system is released once, by that one.
+		b.mu.Unlock()
+		return nil
+	}
 	rec := *c.rec
 	p := b.pods[rec.PodID]
 	b.mu.Unlock()
