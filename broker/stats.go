@@ -29,23 +29,35 @@ func (b *Broker) ContainerStats(ctx context.Context, id string) (*ContainerStats
 	return b.containerStats(ctx, c, p), nil
 }
 
+// containerStats reads a container's figures: CPU and memory from its
+// agent while it runs; its writable layer's from the agent where the
+// agent keeps that layer itself (a kvm guest's, AppSpec.LocalUpper: also
+// before the container runs and after it exits, until its removal),
+// otherwise from the upper directory on the host.
 func (b *Broker) containerStats(ctx context.Context, c *container, p *pod) *ContainerStats {
 	b.mu.Lock()
 	rec := *c.rec
 	b.mu.Unlock()
 	out := &ContainerStats{Record: rec, WritableMount: rec.Dir}
-	if rec.State == ContainerRunning {
-		if h, err := b.podHandle(p); err == nil {
-			actx, cancel := agentCtx(ctx, 5*time.Second)
-			st, err := h.Stats(actx, rec.ID)
-			cancel()
-			if err == nil {
+	local := false
+	if h, err := b.podHandle(p); err == nil {
+		actx, cancel := agentCtx(ctx, 5*time.Second)
+		st, err := h.Stats(actx, rec.ID)
+		cancel()
+		if err == nil {
+			if rec.State == ContainerRunning {
 				out.Usage = st
+			}
+			if st.LocalLayer {
+				local = true
+				out.WritableBytes, out.WritableInodes = st.WritableBytes, st.WritableInodes
 			}
 		}
 	}
-	// What cannot be read counts as nothing: a figure, not a failure.
-	out.WritableBytes, out.WritableInodes, _ = diskusage.Of(filepath.Join(rec.Dir, "upper"))
+	if !local {
+		// What cannot be read counts as nothing: a figure, not a failure.
+		out.WritableBytes, out.WritableInodes, _ = diskusage.Of(filepath.Join(rec.Dir, "upper"))
+	}
 	return out
 }
 

@@ -244,6 +244,11 @@ type AppSpec struct {
 	Privileged     bool     `json:"privileged,omitempty"`
 	NoNewPrivs     bool     `json:"noNewPrivs,omitempty"`
 	ReadonlyRootfs bool     `json:"readonlyRootfs,omitempty"`
+	// LocalUpper: the agent gives the app a writable layer of its own,
+	// on its side's storage (a VM guest's memory), over Rootfs, which the
+	// app then sees read-only beneath it: an overlay mounted at create
+	// and released at remove; Stats report what it holds.
+	LocalUpper bool `json:"localUpper,omitempty"`
 
 	Mounts    []Mount   `json:"mounts,omitempty"`
 	Resources Resources `json:"resources"`
@@ -363,4 +368,9 @@ type Stats struct {
 	MemoryPageFaults     uint64    `json:"memoryPageFaults"`
 	MemoryMajorPageFault uint64    `json:"memoryMajorPageFaults"`
 	Pids                 uint64    `json:"pids"`
+	// LocalLayer: the app has a local writable layer (AppSpec.LocalUpper)
+	// and WritableBytes and WritableInodes are what it holds.
+	LocalLayer     bool   `json:"localLayer,omitempty"`
+	WritableBytes  uint64 `json:"writableBytes,omitempty"`
+	WritableInodes uint64 `json:"writableInodes,omitempty"`
 }

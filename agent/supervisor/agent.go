@@ -322,23 +322,40 @@ func (a *Agent) list() []*api.AppStatus {
 	return sts
 }
 
+// stats are the usage of app id (of the pod, for ""): its cgroup's
+// figures, and what its local writable layer holds. An app without
+// cgroups but with such a layer gets the layer's figures alone.
 func (a *Agent) stats(id string) (*api.Stats, error) {
 	cg := a.cg
+	var layer *api.Stats
 	if id != "" {
 		ap, err := a.get(id)
 		if err != nil {
 			return nil, err
 		}
 		cg = ap.cg
+		if ap.spec.LocalUpper {
+			layer = &api.Stats{Timestamp: time.Now()}
+			layer.WritableBytes, layer.WritableInodes, layer.LocalLayer = a.layerUsage(id)
+		}
 	}
 	if cg == nil {
+		if layer != nil {
+			return layer, nil
+		}
 		return nil, errdefs.FailedPrecondition("stats: cgroups are not available to the agent")
 	}
 	s, err := cg.Stats()
 	if err != nil {
 		return nil, fmt.Errorf("stats %q: %w", id, err)
 	}
+	if layer == nil {
+		layer = &api.Stats{}
+	}
 	return &api.Stats{
+		LocalLayer:           layer.LocalLayer,
+		WritableBytes:        layer.WritableBytes,
+		WritableInodes:       layer.WritableInodes,
 		Timestamp:            time.Now(),
 		CPUUsageNanos:        s.CPUUsageNanos,
 		MemoryUsageBytes:     s.MemoryUsage,

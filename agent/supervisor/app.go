@@ -154,12 +154,25 @@ func (a *Agent) create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, 
 	a.apps[spec.ID] = ap
 	a.mu.Unlock()
 
+	if spec.LocalUpper {
+		if err := a.mountLayer(spec); err != nil {
+			a.mu.Lock()
+			delete(a.apps, spec.ID)
+			a.mu.Unlock()
+			return nil, err
+		}
+	}
 	if err := a.setupCgroup(ctx, ap); err != nil {
 		a.mu.Lock()
 		delete(a.apps, spec.ID)
 		a.mu.Unlock()
 		if ap.cg != nil {
 			_ = ap.cg.Delete()
+		}
+		if spec.LocalUpper {
+			if lerr := a.unmountLayer(spec); lerr != nil {
+				a.log.WarnContext(ctx, "release the writable layer of an app that failed to be created", "app", spec.ID, "err", lerr)
+			}
 		}
 		return nil, err
 	}
@@ -550,7 +563,8 @@ func (a *Agent) signal(id string, sig int) error {
 	return signalProc(proc, syscall.Signal(sig))
 }
 
-// remove kills the app if it runs, deletes its cgroup, record and entry.
+// remove kills the app if it runs, deletes its cgroup, its local
+// writable layer, record and entry.
 // Idempotent: an unknown id is not an error.
 func (a *Agent) remove(ctx context.Context, id string) error {
 	a.mu.Lock()
@@ -565,6 +579,11 @@ func (a *Agent) remove(ctx context.Context, id string) error {
 	a.stopApp(ctx, ap, 0)
 	if ap.cg != nil {
 		if err := ap.cg.Delete(); err != nil {
+			return fmt.Errorf("remove %s: %w", id, err)
+		}
+	}
+	if ap.spec.LocalUpper {
+		if err := a.unmountLayer(ap.spec); err != nil {
 			return fmt.Errorf("remove %s: %w", id, err)
 		}
 	}

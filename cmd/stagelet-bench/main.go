@@ -5,13 +5,15 @@
 // container is RUNNING), N ExecSync calls of `true` and N exec sessions
 // over the streaming server (the Exec call, then client-go's SPDY client
 // as kubectl uses it), and prints their median and p90 and the daemon's
-// resident memory. With -scale it instead starts pods up to each given
-// count and times ListContainers and ListPodSandbox at each (the kubelet's
-// relist), then the time from a container's exit to its event reaching a
+// resident memory. With -fileio it instead times file I/O in a
+// container's root file system beside a tmpfs in the same pod. With
+// -scale it instead starts pods up to each given count and times
+// ListContainers and ListPodSandbox at each (the kubelet's relist), then
+// the time from a container's exit to its event reaching a
 // GetContainerEvents subscriber. It tears everything down before it
 // exits, also on failure or interrupt. It needs root.
 //
-//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet] [-stage1 nspawn -scale 10,50,100]
+//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet] [-stage1 nspawn -scale 10,50,100] [-stage1 kvm -fileio -n 3]
 package main
 
 import (
@@ -44,6 +46,9 @@ import (
 
 // scrape: print the daemon's stagelet_* metrics once the pods run.
 var scrape = flag.Bool("metrics", false, "enable the daemon's metrics endpoint and print its stagelet_* series once the measured pods run (before their teardown)")
+
+// fileIO: time file I/O in a container instead (measureFileIO).
+var fileIO = flag.Bool("fileio", false, fmt.Sprintf("instead: in one pod's container, time -n runs of creating, stat-ing, reading and removing %d small files and writing %d MiB + fsync, in its root file system and in a tmpfs in the pod (its /dev/shm), and print the medians and their ratio", fileIOFiles, fileIOWriteMiB))
 
 func main() {
 	n := flag.Int("n", 20, "runs of each measurement")
@@ -201,6 +206,14 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 		} else {
 			network += ", VMs restored from a template"
 		}
+	}
+	if *fileIO {
+		fr, err := measureFileIO(ctx, d, ref, stage1, podNet, n)
+		if err != nil {
+			return err
+		}
+		reportFileIO(os.Stdout, n, stage1+", "+network, fr)
+		return nil
 	}
 	if levels != nil {
 		rows, lat, err := measureScale(ctx, d, ref, stage1, podNet, levels, calls, n)

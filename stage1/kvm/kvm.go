@@ -22,6 +22,15 @@
 //     directory and mount sources beneath it on the host; qemu sees them
 //     at once and so does the running guest, where the agent writes the
 //     CRI log files straight to the kubelet's paths.
+//   - container writes: over 9p each file operation is a round trip to
+//     qemu (7x-60x the guest's tmpfs for small files, stagelet-bench
+//     -fileio), so a container's rootfs seen over 9p is only the lower
+//     layer of an overlay the agent mounts in the guest, whose upper is a
+//     tmpfs of the container's own (AppSpec.LocalUpper): its writes stay
+//     in guest memory, go at RemoveContainer and are counted by the
+//     agent's Stats. The host's writable layer stays as the image left
+//     it. Volumes (hostPath, emptyDir, the pod's files, logs) are binds
+//     seen over 9p as before: the host sees their writes.
 //   - start: with Config.TemplateDir set, a pod's VM is restored from a
 //     template, a VM booted once and saved, whose memory every pod's VM
 //     maps privately (template.go); else it boots the guest kernel.

@@ -57,6 +57,10 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 		v.p.unplugPCI(spec.ID)
 		return nil, err
 	}
+	// The container writes into a layer in the guest's memory: over 9p
+	// each file's creation, lookup and removal is a round trip to qemu
+	// (the host's rootfs, beneath, stays as the image left it).
+	out.LocalUpper = true
 	return out, nil
 }
 

@@ -89,6 +89,7 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 	nsCtr := e.createAndStart(nsPod, nsCfg, e.netContainer(nspawnStage1, "app", "sleep", "1000"))
 
 	checkImageVolume(t, e, vmCtr)
+	checkGuestWritableLayer(t, e, vmCtr)
 	vmKernel := strings.TrimSpace(e.execOK(vmCtr, "uname", "-r"))
 	nsKernel := strings.TrimSpace(e.execOK(nsCtr, "uname", "-r"))
 	if nsKernel != host {
@@ -114,6 +115,35 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 	code := e.execSync(vmCtr, "sh", "-c", "exit 7")
 	if code.ExitCode != 7 {
 		t.Errorf("exec exit code %d, want 7", code.ExitCode)
+	}
+}
+
+// checkGuestWritableLayer: what a VM pod's container writes into its
+// rootfs stays in the guest, in a layer that ContainerStats counts, and
+// never reaches the host's writable layer.
+func checkGuestWritableLayer(t *testing.T, e *env, ctr string) {
+	t.Helper()
+	e.execOK(ctr, "dd", "if=/dev/zero", "of=/written", "bs=1k", "count=256")
+	e.execOK(ctr, "rm", "/bin/true")
+	if r := e.execSync(ctr, "test", "-e", "/bin/true"); r.ExitCode == 0 {
+		t.Error("a removed file of the image still shows in the container")
+	}
+	resp, err := e.rt().ContainerStats(e.ctx(), &runtimeapi.ContainerStatsRequest{ContainerId: ctr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl := resp.GetStats().GetWritableLayer()
+	if wl.GetUsedBytes().GetValue() < 256<<10 || wl.GetInodesUsed().GetValue() < 2 {
+		t.Errorf("writable layer after writing 256 KiB: %d bytes, %d inodes", wl.GetUsedBytes().GetValue(), wl.GetInodesUsed().GetValue())
+	}
+	upper := filepath.Join(wl.GetFsId().GetMountpoint(), "upper")
+	if _, err := os.Stat(upper); err != nil {
+		t.Fatalf("the host's writable layer: %v", err)
+	}
+	for _, p := range []string{"written", "bin/true"} {
+		if _, err := os.Lstat(filepath.Join(upper, p)); !os.IsNotExist(err) {
+			t.Errorf("the host's writable layer holds /%s (%v): the container's writes reached the host", p, err)
+		}
 	}
 }
 
