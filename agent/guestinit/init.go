@@ -462,7 +462,7 @@ func guestCgroups() error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		if err := unix.Mount("cgroup", dir, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, h); err != nil {
+		if err := mountCgroup(dir, h); err != nil {
 			return fmt.Errorf("mount cgroup %s: %w", h, err)
 		}
 		pod := filepath.Join(dir, "pod")
@@ -474,6 +474,21 @@ func guestCgroups() error {
 		}
 	}
 	return nil
+}
+
+// mountCgroup mounts the v1 hierarchy of controllers at dir, favouring
+// moves of processes between cgroups over forks and exits
+// (favordynmods, Linux 6.0): every exec and app start moves a process
+// into its app's cgroups, one hierarchy after another, and without it
+// each move waits for an RCU grace period, which on an emulated CPU is
+// milliseconds. A kernel without the option mounts without it.
+func mountCgroup(dir, controllers string) error {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	err := unix.Mount("cgroup", dir, "cgroup", flags, controllers+",favordynmods")
+	if errors.Is(err, unix.EINVAL) {
+		err = unix.Mount("cgroup", dir, "cgroup", flags, controllers)
+	}
+	return err
 }
 
 // enabledControllers reads /proc/cgroups.
