@@ -40,21 +40,9 @@ func CollectPodCgroups(parent string, keep func(podID string) bool) ([]OrphanCgr
 	if err != nil {
 		return nil, err
 	}
-	ids := map[string]bool{}
-	for _, dir := range p.Paths {
-		ents, err := os.ReadDir(dir)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("collect pod cgroups: %w", err)
-		}
-		for _, e := range ents {
-			id, ok := strings.CutPrefix(e.Name(), podCgroupPrefix)
-			if e.IsDir() && ok && ValidPodID(id) && !keep(id) {
-				ids[id] = true
-			}
-		}
+	ids, err := unkeptPodCgroups(p, keep)
+	if err != nil {
+		return nil, fmt.Errorf("collect pod cgroups: %w", err)
 	}
 	var out []OrphanCgroup
 	for id := range ids {
@@ -85,17 +73,9 @@ func CollectEmptyPodCgroups(parent *cgroups.Cgroup, keep func(podID string) bool
 	if parent == nil {
 		return nil, nil
 	}
-	ids := map[string]bool{}
-	for _, dir := range parent.Paths {
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			return nil, fmt.Errorf("collect: %w", err)
-		}
-		for _, e := range ents {
-			if id, ok := strings.CutPrefix(e.Name(), podCgroupPrefix); ok && e.IsDir() && ValidPodID(id) && !keep(id) {
-				ids[id] = true
-			}
-		}
+	ids, err := unkeptPodCgroups(parent, keep)
+	if err != nil {
+		return nil, fmt.Errorf("collect: %w", err)
 	}
 	var done []string
 	var errs []error
@@ -112,6 +92,28 @@ func CollectEmptyPodCgroups(parent *cgroups.Cgroup, keep func(podID string) bool
 	}
 	slices.Sort(done)
 	return done, errors.Join(errs...)
+}
+
+// unkeptPodCgroups are the IDs of the cgroups "stagelet-pod-<id>" beneath
+// parent, in any of its hierarchies (one missing is skipped), whose pod
+// keep refuses.
+func unkeptPodCgroups(parent *cgroups.Cgroup, keep func(podID string) bool) (map[string]bool, error) {
+	ids := map[string]bool{}
+	for _, dir := range parent.Paths {
+		ents, err := os.ReadDir(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			if id, ok := strings.CutPrefix(e.Name(), podCgroupPrefix); ok && e.IsDir() && ValidPodID(id) && !keep(id) {
+				ids[id] = true
+			}
+		}
+	}
+	return ids, nil
 }
 
 // PodCgroupName is the name of pod id's cgroup and the prefix of its

@@ -2,6 +2,7 @@ package host
 
 import (
 	"maps"
+	"sync"
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/stage1"
@@ -47,8 +48,11 @@ func PodBudget(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 // hybrid host whose memory controller has a hierarchy of its own (key
 // "memory"), beneath which RuntimeMemoryCgroup places the pods' runtime
 // processes; nil otherwise (cgroup v2, memory co-mounted with another
-// controller, no cgroups).
-func RuntimeMemoryParent() *cgroups.Cgroup {
+// controller, no cgroups). Read once (the daemon does not change cgroups
+// on v1): not again for every pod start. Callers do not modify it.
+var RuntimeMemoryParent = sync.OnceValue(runtimeMemoryParent)
+
+func runtimeMemoryParent() *cgroups.Cgroup {
 	self, err := cgroups.Self()
 	if err != nil || self.IsV2() {
 		return nil
