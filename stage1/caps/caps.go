@@ -37,4 +37,8 @@ type Capabilities struct {
 	// interfaces CNI ADD made in its namespace), so the broker sets it up
 	// first; otherwise CNI ADD runs while the pod starts.
 	NetworkBeforeStart bool `json:"networkBeforeStart,omitempty"`
+	// NoCheckpoint, when set, says why the backend's containers and pods
+	// cannot be checkpointed or restored; empty: they can where CRIU
+	// works.
+	NoCheckpoint string `json:"noCheckpoint,omitempty"`
 }

@@ -275,8 +275,15 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		// The VM's interface takes the MAC, addresses and routes of the
 		// pod's eth0 (net.go).
 		NetworkBeforeStart: true,
+		NoCheckpoint:       noCheckpoint,
 	}
 }
+
+// noCheckpoint is why a VM pod cannot be checkpointed: its state is the
+// VM's, saved by migrating the VM to a file, and qemu (7.2) refuses to
+// migrate a VM whose guest has a virtio-9p share mounted, which every
+// pod's guest has (TestMigrationRefusedWith9p).
+const noCheckpoint = "a VM pod is saved by migrating its VM, and qemu refuses to migrate a VM while its guest has the pod's virtio-9p share mounted"
 
 // state is what kvm persists for a pod.
 type state struct {

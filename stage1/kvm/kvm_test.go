@@ -474,7 +474,7 @@ func TestReconnect(t *testing.T) {
 
 func TestCapabilities(t *testing.T) {
 	c := New(nil, Config{}).Capabilities()
-	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true}
+	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, NoCheckpoint: noCheckpoint}
 	if c != want {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
 	}
@@ -821,5 +821,36 @@ func TestTemplateUnloadable(t *testing.T) {
 	again := startVM(t, b, "", nil)
 	if again.pod.Details()["template"] != tpl {
 		t.Errorf("next pod: Details %v, want the template %s built again", again.pod.Details(), tpl)
+	}
+}
+
+// A running pod's VM cannot be migrated while its guest has the 9p share
+// mounted: Capabilities.NoCheckpoint says so. When qemu or the transport
+// changes, this test says the refusal is to be revisited.
+func TestMigrationRefusedWith9p(t *testing.T) {
+	b := testBackend(t)
+	vp := startVM(t, b, "", nil)
+	vp.run(t, "c", "/bin/sleep", "1000")
+	st, err := parseState(vp.last())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, err := dialQMP(ctx, filepath.Join(st.dir(), qmpSocketName), func() bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	_, err = q.run(ctx, "migrate", map[string]any{"uri": "exec:cat >/dev/null"})
+	if err == nil || !strings.Contains(err.Error(), "VirtFS") {
+		t.Fatalf("migrating a pod's VM: %v; want qemu's refusal naming the VirtFS share", err)
+	}
+	if why := b.Capabilities().NoCheckpoint; why == "" {
+		t.Error("Capabilities.NoCheckpoint is empty")
+	}
+	// The pod goes on running.
+	if out, code := vp.exec(t, "c", "echo", "alive"); code != 0 || strings.TrimSpace(out) != "alive" {
+		t.Errorf("exec after the refused migration: %q, %d", out, code)
 	}
 }
