@@ -31,6 +31,8 @@ type env struct {
 	run    string
 	// obs is the brokers' Observer; nil: none.
 	obs Observer
+	// criu is the brokers' Options.CRIU.
+	criu func(context.Context) error
 }
 
 func newEnv(t *testing.T) *env {
@@ -88,7 +90,7 @@ func (e *env) broker(t *testing.T) *Broker {
 	b, err := New(Options{
 		StateDir: e.state, RunDir: e.run, CgroupParent: "test", Policy: e.policy(t),
 		AgentBinary: "/nonexistent", Backends: stage1.Registry{"fake": e.be, "vm": e.vm}, Images: e.images, Network: e.network(),
-		Observer: e.obs,
+		Observer: e.obs, CRIU: e.criu,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -25,8 +25,6 @@ const (
 	// refused: any value but the zero one is an error naming the field
 	// (TestRefusedFieldsAreRefused sets each one and checks).
 	refused
-	// unimplementedCall: the whole call answers Unimplemented.
-	unimplementedCall
 )
 
 // criFields decides every field of every request message of the CRI
@@ -276,18 +274,20 @@ var criFields = map[string]fieldUse{
 	"AuthConfig.registry_token":                       honoured,
 	"RemoveImageRequest.image":                        honoured,
 
-	"CheckpointContainerRequest.container_id": unimplementedCall,
-	"CheckpointContainerRequest.location":     unimplementedCall,
-	"CheckpointContainerRequest.timeout":      unimplementedCall,
-	"CheckpointPodRequest.pod_sandbox_id":     unimplementedCall,
-	"CheckpointPodRequest.output_path":        unimplementedCall,
-	"CheckpointPodRequest.container_ids":      unimplementedCall,
-	"CheckpointPodRequest.options":            unimplementedCall,
-	"RestorePodRequest.checkpoint_path":       unimplementedCall,
-	"RestorePodRequest.config":                unimplementedCall,
-	"RestorePodRequest.runtime_handler":       unimplementedCall,
-	"RestorePodRequest.options":               unimplementedCall,
-	"RestorePodRequest.container_configs":     unimplementedCall,
+	// Checkpoints: each call checks its arguments, then says why the
+	// node or the pod's stage1 cannot checkpoint (broker/checkpoint.go).
+	"CheckpointContainerRequest.container_id": honoured,
+	"CheckpointContainerRequest.location":     honoured,
+	"CheckpointContainerRequest.timeout":      informational, // checked; every call is refused before a checkpoint would start
+	"CheckpointPodRequest.pod_sandbox_id":     honoured,
+	"CheckpointPodRequest.output_path":        honoured,
+	"CheckpointPodRequest.container_ids":      honoured,
+	"CheckpointPodRequest.options":            refused,
+	"RestorePodRequest.checkpoint_path":       honoured,
+	"RestorePodRequest.config":                honoured,
+	"RestorePodRequest.runtime_handler":       honoured,
+	"RestorePodRequest.options":               refused,
+	"RestorePodRequest.container_configs":     informational, // their names are checked; every call is refused before a restore would start
 }
 
 // criRequests are the request messages of every call of the CRI services.
@@ -404,6 +404,23 @@ func convertible() map[protoreflect.FullName]struct {
 			},
 			convert: func(m proto.Message) error {
 				_, err := updateResourcesFrom(m.(*runtimeapi.UpdateContainerResourcesRequest))
+				return err
+			},
+		},
+		"runtime.v1.CheckpointPodRequest": {
+			base: func() proto.Message { return &runtimeapi.CheckpointPodRequest{PodSandboxId: "p"} },
+			convert: func(m proto.Message) error {
+				return noOptions(m.(*runtimeapi.CheckpointPodRequest).GetOptions())
+			},
+		},
+		"runtime.v1.RestorePodRequest": {
+			base: func() proto.Message { return &runtimeapi.RestorePodRequest{Config: podConfig()} },
+			convert: func(m proto.Message) error {
+				r := m.(*runtimeapi.RestorePodRequest)
+				if err := noOptions(r.GetOptions()); err != nil {
+					return err
+				}
+				_, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{Config: r.GetConfig(), RuntimeHandler: r.GetRuntimeHandler()})
 				return err
 			},
 		},

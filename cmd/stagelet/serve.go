@@ -11,12 +11,14 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/policy"
+	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"google.golang.org/grpc"
@@ -292,8 +294,23 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
 		Log:           log,
 		Observer:      obs,
+		CRIU:          criuWorks(),
 	})
 	return b, pol, err
+}
+
+// criuWorks runs `criu check` at the first checkpoint or restore and
+// keeps its answer for the daemon's life: installing CRIU, or a kernel
+// that it supports, takes a restart.
+func criuWorks() func(context.Context) error {
+	probe := preflight.CRIU()
+	check := sync.OnceValue(func() error {
+		if c := probe(context.Background()); c.Status != preflight.OK {
+			return errors.New(c.Detail)
+		}
+		return nil
+	})
+	return func(context.Context) error { return check() }
 }
 
 // systemdServiceRoot returns the cgroup of the systemd service the daemon

@@ -1,0 +1,100 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// Checkpoint calls check their arguments, then say why this node or the
+// pod's stage1 cannot checkpoint before anything else.
+func TestCheckpointRefusals(t *testing.T) {
+	e := newEnv(t)
+	e.vm.Caps.NoCheckpoint = "its state is a VM's"
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	criuErr := errors.New("`criu check` fails on kernel 6.18")
+	var criu error = criuErr
+	e.criu = func(context.Context) error { return criu }
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, err := b.RunPod(ctx, podCfg("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cid, _ := b.CreateContainer(ctx, pid, ctrCfg("c"))
+	archive := filepath.Join(t.TempDir(), "c.tar")
+
+	wantErr := func(err, class error, text string) {
+		t.Helper()
+		if !errors.Is(err, class) || !strings.Contains(err.Error(), text) {
+			t.Errorf("err = %v, want class %v saying %q", err, class, text)
+		}
+	}
+	wantErr(b.CheckpointContainer(ctx, cid, ""), errdefs.ErrInvalidArgument, "location")
+	wantErr(b.CheckpointContainer(ctx, cid, "c.tar"), errdefs.ErrInvalidArgument, "absolute")
+	wantErr(b.CheckpointContainer(ctx, "nope", archive), errdefs.ErrNotFound, "nope")
+	wantErr(b.CheckpointContainer(ctx, cid, archive), errdefs.ErrFailedPrecondition, "only a running container")
+	if err := b.StartContainer(ctx, cid); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(b.CheckpointContainer(ctx, cid, archive), errdefs.ErrFailedPrecondition, criuErr.Error())
+	criu = nil
+	wantErr(b.CheckpointContainer(ctx, cid, archive), errdefs.ErrUnimplemented, "stage1 fake")
+
+	// A pod on a stage1 that cannot checkpoint says why, whatever CRIU.
+	vmCfg := podCfg("v")
+	vmCfg.HostNetwork, vmCfg.RuntimeHandler = false, "vm"
+	vpid, err := b.RunPod(ctx, vmCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vcid, _ := b.CreateContainer(ctx, vpid, ctrCfg("c"))
+	if err := b.StartContainer(ctx, vcid); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(b.CheckpointContainer(ctx, vcid, archive), errdefs.ErrFailedPrecondition, "its state is a VM's")
+
+	// CheckpointPod: an existing empty directory, the pod's running
+	// containers, each once.
+	out := t.TempDir()
+	wantErr(b.CheckpointPod(ctx, pid, "", []string{cid}), errdefs.ErrInvalidArgument, "output_path")
+	wantErr(b.CheckpointPod(ctx, pid, filepath.Join(out, "none"), []string{cid}), errdefs.ErrNotFound, "output_path")
+	wantErr(b.CheckpointPod(ctx, pid, out, nil), errdefs.ErrInvalidArgument, "container_ids")
+	wantErr(b.CheckpointPod(ctx, pid, out, []string{cid, cid}), errdefs.ErrInvalidArgument, "twice")
+	wantErr(b.CheckpointPod(ctx, pid, out, []string{vcid}), errdefs.ErrNotFound, "not in pod")
+	wantErr(b.CheckpointPod(ctx, vpid, out, []string{vcid}), errdefs.ErrFailedPrecondition, "its state is a VM's")
+	wantErr(b.CheckpointPod(ctx, pid, out, []string{cid}), errdefs.ErrUnimplemented, "stage1 fake")
+	if err := os.WriteFile(filepath.Join(out, "f"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(b.CheckpointPod(ctx, pid, out, []string{cid}), errdefs.ErrInvalidArgument, "not empty")
+
+	// RestorePod: the policy decides as for a new pod, then the stage1.
+	in := t.TempDir()
+	err = b.RestorePod(ctx, filepath.Join(in, "none"), podCfg("r"), []string{"c"})
+	wantErr(err, errdefs.ErrNotFound, "checkpoint_path")
+	err = b.RestorePod(ctx, in, podCfg("r"), nil)
+	wantErr(err, errdefs.ErrInvalidArgument, "container_configs")
+	err = b.RestorePod(ctx, in, podCfg("r"), []string{"c", "c"})
+	wantErr(err, errdefs.ErrInvalidArgument, "twice")
+	locked := podCfg("r")
+	locked.Metadata.Namespace, locked.Privileged = "locked", true
+	err = b.RestorePod(ctx, in, locked, []string{"c"})
+	wantErr(err, errdefs.ErrPermissionDenied, "no privileged pods in locked")
+	restoreVM := podCfg("r")
+	restoreVM.HostNetwork, restoreVM.RuntimeHandler = false, "vm"
+	err = b.RestorePod(ctx, in, restoreVM, []string{"c"})
+	wantErr(err, errdefs.ErrFailedPrecondition, "its state is a VM's")
+	err = b.RestorePod(ctx, in, podCfg("r"), []string{"c"})
+	wantErr(err, errdefs.ErrUnimplemented, "stage1 fake")
+
+	// Without a CRIU check, refused.
+	e.criu = nil
+	b2 := e.broker(t)
+	wantErr(b2.CheckpointContainer(ctx, cid, archive), errdefs.ErrFailedPrecondition, "CRIU")
+}

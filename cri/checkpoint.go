@@ -1,0 +1,68 @@
+package cri
+
+import (
+	"context"
+	"sort"
+	"strings"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// CheckpointContainer checkpoints a running container into the archive
+// file the request's location names (the kubelet's checkpoint API).
+func (s *Server) CheckpointContainer(ctx context.Context, r *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
+	if r.GetContainerId() == "" {
+		return nil, badRequest("container_id")
+	}
+	if r.GetTimeout() < 0 {
+		return nil, errdefs.InvalidArgument("timeout: %d is negative", r.GetTimeout())
+	}
+	// Until checkpoints are done, the broker refuses each one, saying why.
+	return nil, s.b.CheckpointContainer(ctx, r.GetContainerId(), r.GetLocation())
+}
+
+// CheckpointPod checkpoints a pod and the running containers named into
+// the request's output directory (CRI v0.37).
+func (s *Server) CheckpointPod(ctx context.Context, r *runtimeapi.CheckpointPodRequest) (*runtimeapi.CheckpointPodResponse, error) {
+	if r.GetPodSandboxId() == "" {
+		return nil, badRequest("pod_sandbox_id")
+	}
+	if err := noOptions(r.GetOptions()); err != nil {
+		return nil, err
+	}
+	// Until checkpoints are done, the broker refuses each one, saying why.
+	return nil, s.b.CheckpointPod(ctx, r.GetPodSandboxId(), r.GetOutputPath(), r.GetContainerIds())
+}
+
+// RestorePod makes a pod from a CheckpointPod directory (CRI v0.37).
+func (s *Server) RestorePod(ctx context.Context, r *runtimeapi.RestorePodRequest) (*runtimeapi.RestorePodResponse, error) {
+	if err := noOptions(r.GetOptions()); err != nil {
+		return nil, err
+	}
+	pc, err := podConfigFrom(&runtimeapi.RunPodSandboxRequest{Config: r.GetConfig(), RuntimeHandler: r.GetRuntimeHandler()})
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(r.GetContainerConfigs()))
+	for _, c := range r.GetContainerConfigs() {
+		names = append(names, c.GetMetadata().GetName())
+	}
+	// Until restores are done, the broker refuses each one, saying why.
+	return nil, s.b.RestorePod(ctx, r.GetCheckpointPath(), pc, names)
+}
+
+// noOptions refuses runtime-specific checkpoint and restore options:
+// stagelet has none, and the CRI says unsupported keys are errors.
+func noOptions(opts map[string]string) error {
+	if len(opts) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(opts))
+	for k := range opts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return errdefs.InvalidArgument("options: stagelet has no checkpoint or restore options (%s)", strings.Join(keys, ", "))
+}
