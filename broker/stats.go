@@ -31,34 +31,47 @@ func (b *Broker) ContainerStats(ctx context.Context, id string) (*ContainerStats
 
 // containerStats reads a container's figures: CPU and memory from its
 // agent while it runs; its writable layer's from the agent where the
-// agent keeps that layer itself (a kvm guest's, AppSpec.LocalUpper: also
-// before the container runs and after it exits, until its removal),
-// otherwise from the upper directory on the host.
+// agent keeps that layer itself (Capabilities.LocalLayers, a kvm guest's:
+// also before the container runs and after it exits, until its removal),
+// otherwise from the upper directory on the host. The agent is not asked
+// about a container that does not run and whose layer is on the host.
 func (b *Broker) containerStats(ctx context.Context, c *container, p *pod) *ContainerStats {
 	b.mu.Lock()
 	rec := *c.rec
 	b.mu.Unlock()
 	out := &ContainerStats{Record: rec, WritableMount: rec.Dir}
 	local := false
-	if h, err := b.podHandle(p); err == nil {
-		actx, cancel := agentCtx(ctx, 5*time.Second)
-		st, err := h.Stats(actx, rec.ID)
-		cancel()
-		if err == nil {
-			if rec.State == ContainerRunning {
-				out.Usage = st
-			}
-			if st.LocalLayer {
-				local = true
-				out.WritableBytes, out.WritableInodes = st.WritableBytes, st.WritableInodes
-			}
-		}
+	if rec.State == ContainerRunning || b.caps[p.rec.Stage1].LocalLayers {
+		out.Usage, local = b.agentStats(ctx, p, &rec, out)
 	}
 	if !local {
 		// What cannot be read counts as nothing: a figure, not a failure.
 		out.WritableBytes, out.WritableInodes, _ = diskusage.Of(filepath.Join(rec.Dir, "upper"))
 	}
 	return out
+}
+
+// agentStats asks p's agent for rec's figures: its usage while it runs,
+// and, where the agent keeps the container's layer, that layer's (set in
+// out; local reports it).
+func (b *Broker) agentStats(ctx context.Context, p *pod, rec *ContainerRecord, out *ContainerStats) (usage *api.Stats, local bool) {
+	h, err := b.podHandle(p)
+	if err != nil {
+		return nil, false
+	}
+	actx, cancel := agentCtx(ctx, 5*time.Second)
+	st, err := h.Stats(actx, rec.ID)
+	cancel()
+	if err != nil {
+		return nil, false
+	}
+	if rec.State == ContainerRunning {
+		usage = st
+	}
+	if st.LocalLayer {
+		out.WritableBytes, out.WritableInodes = st.WritableBytes, st.WritableInodes
+	}
+	return usage, st.LocalLayer
 }
 
 // ListContainerStats returns stats for the containers matching f.

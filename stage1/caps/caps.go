@@ -37,6 +37,10 @@ type Capabilities struct {
 	// interfaces CNI ADD made in its namespace), so the broker sets it up
 	// first; otherwise CNI ADD runs while the pod starts.
 	NetworkBeforeStart bool `json:"networkBeforeStart,omitempty"`
+	// LocalLayers: the pod's agent keeps its containers' writable layers
+	// itself (in a VM's memory), so their usage comes from the agent,
+	// whether the container runs or not; otherwise from the host.
+	LocalLayers bool `json:"localLayers,omitempty"`
 	// NoCheckpoint, when set, says why the backend's containers and pods
 	// cannot be checkpointed or restored; empty: they can where CRIU
 	// works.

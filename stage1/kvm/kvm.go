@@ -275,7 +275,9 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		// The VM's interface takes the MAC, addresses and routes of the
 		// pod's eth0 (net.go).
 		NetworkBeforeStart: true,
-		NoCheckpoint:       noCheckpoint,
+		// Containers write into a layer in the guest's memory (vfio.go).
+		LocalLayers:  true,
+		NoCheckpoint: noCheckpoint,
 	}
 }
 

@@ -474,7 +474,7 @@ func TestReconnect(t *testing.T) {
 
 func TestCapabilities(t *testing.T) {
 	c := New(nil, Config{}).Capabilities()
-	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, NoCheckpoint: noCheckpoint}
+	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, NoCheckpoint: noCheckpoint}
 	if c != want {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
 	}
