@@ -18,8 +18,8 @@ import (
 
 // CheckpointContainer checkpoints a running container into the archive
 // file location (the kubelet's checkpoint API names one under its
-// checkpoints directory). InvalidArgument (no location, or a relative one), NotFound,
-// FailedPrecondition (the container does not run; its stage1 or this
+// checkpoints directory). InvalidArgument (no location, or a relative
+// one), NotFound, FailedPrecondition (the container does not run; its stage1 or this
 // node cannot checkpoint), Unimplemented.
 func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) error {
 	if err := archivePath("location", location); err != nil {
@@ -29,11 +29,8 @@ func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) e
 	if err != nil {
 		return err
 	}
-	b.mu.Lock()
-	state := c.rec.State
-	b.mu.Unlock()
-	if state != ContainerRunning {
-		return errdefs.FailedPrecondition("container %s is %s: only a running container can be checkpointed", c.rec.ID, state)
+	if err := b.checkpointRunning(c); err != nil {
+		return err
 	}
 	return b.checkpointable(ctx, p.rec.Stage1)
 }
@@ -68,11 +65,8 @@ func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, co
 			return errdefs.InvalidArgument("container_ids: %s is named twice", c.rec.ID)
 		}
 		seen[c.rec.ID] = true
-		b.mu.Lock()
-		state := c.rec.State
-		b.mu.Unlock()
-		if state != ContainerRunning {
-			return errdefs.FailedPrecondition("container %s is %s: only running containers can be checkpointed", c.rec.ID, state)
+		if err := b.checkpointRunning(c); err != nil {
+			return err
 		}
 	}
 	return b.checkpointable(ctx, p.rec.Stage1)
@@ -144,6 +138,17 @@ func checkpointDir(field, p string, empty bool) error {
 		if len(names) > 0 {
 			return errdefs.InvalidArgument("%s: %s is not empty", field, p)
 		}
+	}
+	return nil
+}
+
+// checkpointRunning refuses a container that does not run.
+func (b *Broker) checkpointRunning(c *container) error {
+	b.mu.Lock()
+	state := c.rec.State
+	b.mu.Unlock()
+	if state != ContainerRunning {
+		return errdefs.FailedPrecondition("container %s is %s: only a running container can be checkpointed", c.rec.ID, state)
 	}
 	return nil
 }
