@@ -8,11 +8,10 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/atomicfile"
 )
 
 // WriteResolvConf writes a resolv.conf at path from the CRI's DNSConfig:
@@ -95,40 +94,12 @@ func checkWords(what string, words []string) error {
 	return nil
 }
 
-// writeFileAtomic writes data to a temporary file beside path, syncs it and
-// renames it over path; the file is readable by all (apps of any user read
-// these files).
+// writeFileAtomic replaces path with data, readable by all (apps of any
+// user read these files), never torn. These files live in the pod's run
+// directory, which a reboot discards: they are not synced to disk.
 func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
+	if err := atomicfile.WriteVolatile(path, data, 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	ok = true
 	return nil
 }

@@ -14,14 +14,16 @@ import (
 // stateFile is where an app's last status is kept: <state-dir>/<id>.json.
 func stateFile(dir, id string) string { return filepath.Join(dir, id+".json") }
 
-// writeState stores st atomically (temporary file, fsync, rename, fsync of
-// the directory) so a reader sees the old or the new record, never a part.
+// writeState stores st atomically (temporary file, rename) so a reader
+// sees the old or the new record, never a part. The state directory is
+// on the run root (the pod's run directory, or the guest's memory): a
+// reboot ends the pod with it, so the record is not synced to disk.
 func writeState(dir string, st *api.AppStatus) error {
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.Write(stateFile(dir, st.ID), b, 0o600); err != nil {
+	if err := atomicfile.WriteVolatile(stateFile(dir, st.ID), b, 0o600); err != nil {
 		return fmt.Errorf("state %s: %w", st.ID, err)
 	}
 	return nil

@@ -19,6 +19,19 @@ func IsTemp(name string) bool {
 // Write replaces path with data: it writes a temp file in the same
 // directory, fsyncs it, renames it over path and fsyncs the directory.
 func Write(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, true)
+}
+
+// WriteVolatile replaces path with data as Write does, without the
+// fsyncs: for files under the run root, which a reboot discards (tmpfs
+// on a node), so that surviving a power loss means nothing for them,
+// while a reader or a restarted writer must still never see a torn file.
+// Each fsync costs a millisecond or more where the run root is on a disk.
+func WriteVolatile(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+func write(path string, data []byte, perm os.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*") // see IsTemp
 	if err != nil {
@@ -34,15 +47,20 @@ func Write(path string, data []byte, perm os.FileMode) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {
