@@ -107,11 +107,15 @@ func (b *Broker) prepareNetwork(rec *PodRecord) error {
 		return errdefs.New(errdefs.ErrUnavailable, "pod network is not ready: %s", reason)
 	}
 	b.mu.Lock()
-	rec.NetNS = b.opts.Network.NetNSPath(rec.ID)
+	path := b.opts.Network.NetNSPath(rec.ID)
+	recorded := rec.NetNS == path // by startPod's first record
+	rec.NetNS = path
 	cp := *rec
 	b.mu.Unlock()
-	if err := b.rec.savePod(&cp); err != nil {
-		return err
+	if !recorded {
+		if err := b.rec.savePod(&cp); err != nil {
+			return err
+		}
 	}
 	if _, err := b.opts.Network.NewNetNS(rec.ID); err != nil {
 		return fmt.Errorf("pod netns: %w", err)

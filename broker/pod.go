@@ -261,6 +261,13 @@ func (b *Broker) pruneFailedLogs() {
 // and releases them all on failure. Called with p.op held.
 func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err error) {
 	rec := p.rec
+	if !rec.Config.HostNetwork && b.opts.Network != nil {
+		// The pod's network namespace goes in its first record, before
+		// prepareNetwork makes it: one record write less on the way.
+		b.mu.Lock()
+		rec.NetNS = b.opts.Network.NetNSPath(rec.ID)
+		b.mu.Unlock()
+	}
 	if err := b.rec.savePod(rec); err != nil {
 		return fmt.Errorf("persist pod record: %w", err)
 	}

@@ -512,9 +512,10 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if leader, err := findLeader(proc.PID); err != nil {
 		log.WarnContext(ctx, "nspawn: container leader not found; teardown relies on the pod cgroup", "err", err)
 	} else {
-		if err := st.Take(host.Resource{Kind: host.KindProcess, Role: roleLeader, Process: leader}, save); err != nil {
-			return nil, fmt.Errorf("nspawn: persist: %w", err)
-		}
+		// Taken already (nspawn made it), so not saved on its own: the
+		// broker records the pod's state once StartPod returns. A crash
+		// in between leaves teardown to the pod cgroup, as above.
+		st.Record(host.Resource{Kind: host.KindProcess, Role: roleLeader, Process: leader})
 	}
 	log.DebugContext(ctx, "nspawn pod started", "machine", st.Machine, "nspawnPID", proc.PID, "unit", proc.Unit, "cgroup", st.cgroup().String(), "network", st.Network)
 	return pod, nil
