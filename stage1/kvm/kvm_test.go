@@ -854,3 +854,36 @@ func TestMigrationRefusedWith9p(t *testing.T) {
 		t.Errorf("exec after the refused migration: %q, %d", out, code)
 	}
 }
+
+// The guest keeps the TSC as its clocksource: where the host's TSC is
+// invariant the guest is told it is reliable, so that its watchdog does
+// not drop it for a jiffies clock when the host is busy.
+func TestGuestClocksource(t *testing.T) {
+	b := testBackend(t)
+	vp := startVM(t, b, "", nil)
+	vp.run(t, "c", "/bin/sleep", "1000")
+	cmdline, _ := vp.exec(t, "c", "cat", "/proc/cmdline")
+	if reliable := strings.Contains(cmdline, "tsc=reliable"); reliable != hostTSC().invariant {
+		t.Errorf("guest command line %q: tsc=reliable %v, host TSC invariant %v", cmdline, reliable, hostTSC().invariant)
+	}
+	cs, _ := vp.exec(t, "c", "cat", "/sys/devices/system/clocksource/clocksource0/current_clocksource")
+	if strings.TrimSpace(cs) != "tsc" {
+		t.Errorf("guest clocksource %q, want tsc", cs)
+	}
+}
+
+func TestParseTSC(t *testing.T) {
+	for _, tc := range []struct {
+		cpuinfo string
+		want    tscFacts
+	}{
+		{"processor\t: 0\ncpu MHz\t\t: 2299.998\nflags\t\t: fpu tsc constant_tsc nonstop_tsc rdtscp\n\nprocessor\t: 1\ncpu MHz\t\t: 1200.000\nflags\t\t: fpu\n", tscFacts{kHz: 2299998, invariant: true}},
+		{"cpu MHz\t\t: 3000.000\nflags\t\t: fpu tsc constant_tsc\n", tscFacts{kHz: 3000000}},
+		{"flags\t\t: nonstop_tsc constant_tsc\n", tscFacts{invariant: true}},
+		{"", tscFacts{}},
+	} {
+		if got := parseTSC(tc.cpuinfo); got != tc.want {
+			t.Errorf("parseTSC(%q) = %+v, want %+v", tc.cpuinfo, got, tc.want)
+		}
+	}
+}

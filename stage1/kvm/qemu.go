@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -139,13 +141,25 @@ const tapFD = 3
 // parameters. panic=-1 with qemu's -no-reboot turns a dead init into a
 // qemu exit; tsc_early_khz lets the microvm guest (no PIT, no HPET) skip
 // TSC calibration, without which its boot stalls now and then.
+//
+// tsc=reliable where the host's TSC is invariant (constant and nonstop),
+// as Kata's guests have it: the guest's TSC is then steady too (under
+// TCG it reads the host's, under KVM it runs at the host's rate).
+// Without it the guest kernel's clocksource watchdog checks the TSC
+// against jiffies, and when a busy host delays the guest's ticks it
+// marks the TSC unstable and falls back to refined-jiffies: a clock that
+// moves in 4 ms steps, and timers as coarse, for the life of the pod.
+// Three VMs booted while three host threads spun all fell back within
+// seconds (their clocks stepped by 8-12 ms).
 func kernelArgs(machine string) []string {
 	args := []string{"console=ttyS0", "quiet", "loglevel=4", "panic=-1", "reboot=t",
 		"random.trust_cpu=on", "cryptomgr.notests", "8250.nr_uarts=1"}
-	if machine == "microvm" {
-		if khz := tscKHz(); khz > 0 {
-			args = append(args, "tsc_early_khz="+strconv.Itoa(khz))
-		}
+	tsc := hostTSC()
+	if tsc.invariant {
+		args = append(args, "tsc=reliable")
+	}
+	if machine == "microvm" && tsc.kHz > 0 {
+		args = append(args, "tsc_early_khz="+strconv.Itoa(tsc.kHz))
 	}
 	return args
 }
@@ -277,25 +291,51 @@ func accelArgs(accel string, tbSizeMiB int) []string {
 	return []string{"-accel", "tcg"}
 }
 
-// tscKHz is the host's TSC frequency, read from /proc/cpuinfo (the
-// guest's TSC runs at the host's under both KVM and TCG); 0 when unknown.
-func tscKHz() int {
-	f, err := os.Open("/proc/cpuinfo")
+// tscFacts are what /proc/cpuinfo says of the host's TSC.
+type tscFacts struct {
+	// kHz is its frequency (the guest's TSC runs at the host's under
+	// both KVM and TCG); 0 when unknown.
+	kHz int
+	// invariant: it ticks at one rate whatever the CPU's frequency and
+	// sleep states (the constant_tsc and nonstop_tsc flags).
+	invariant bool
+}
+
+// hostTSC reads the host's TSC facts once.
+var hostTSC = sync.OnceValue(func() tscFacts {
+	b, err := os.ReadFile("/proc/cpuinfo")
 	if err != nil {
-		return 0
+		return tscFacts{}
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if ok && strings.TrimSpace(k) == "cpu MHz" {
-			mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err == nil && mhz > 0 {
-				return int(mhz * 1000)
+	return parseTSC(string(b))
+})
+
+// parseTSC reads the TSC facts of the first CPU in cpuinfo.
+func parseTSC(cpuinfo string) tscFacts {
+	var t tscFacts
+	sawMHz, sawFlags := false, false
+	for _, line := range strings.Split(cpuinfo, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch strings.TrimSpace(k) {
+		case "cpu MHz":
+			if !sawMHz {
+				sawMHz = true
+				if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && mhz > 0 {
+					t.kHz = int(mhz * 1000)
+				}
+			}
+		case "flags":
+			if !sawFlags {
+				sawFlags = true
+				f := strings.Fields(v)
+				t.invariant = slices.Contains(f, "constant_tsc") && slices.Contains(f, "nonstop_tsc")
 			}
 		}
 	}
-	return 0
+	return t
 }
 
 // accelerator returns the accelerator pods use in this daemon run: the

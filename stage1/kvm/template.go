@@ -92,10 +92,11 @@ func assetsFingerprint(t *tools) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
-// templateKey names the template of a VM shape booted from assets.
+// templateKey names the template of a VM shape booted from assets with
+// the kernel command line it would boot with now.
 func templateKey(assets string, vm vmInfo) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s %s %s %d %d %d", assets, vm.Accelerator, vm.Machine, vm.MemoryMiB, vm.VCPUs, vm.TBSizeMiB)
+	fmt.Fprintf(h, "%s %s %s %d %d %d %q", assets, vm.Accelerator, vm.Machine, vm.MemoryMiB, vm.VCPUs, vm.TBSizeMiB, kernelArgs(vm.Machine))
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
