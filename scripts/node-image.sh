@@ -50,8 +50,9 @@ trap 'rm -rf --one-file-system "$tmp"' EXIT
 
 # What a node needs: systemd and D-Bus, the nspawn stage1, pod networking,
 # and what the conformance kit's driver calls (python3, xz, busybox).
+# criu: checkpoint/restore is tried on this kernel (issue 27), not the host.
 debootstrap --variant=minbase \
-	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps \
+	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu \
 	bookworm "$tree" "$mirror" >"$tmp/debootstrap.log" 2>&1 || {
 	tail -20 "$tmp/debootstrap.log" >&2
 	exit 1
