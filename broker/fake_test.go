@@ -92,6 +92,8 @@ type fakeNetwork struct {
 	// setup, when set, runs first in Setup (CNI ADD); its error is
 	// Setup's.
 	setup func(ctx context.Context, podID string) error
+	// unready, when set, is why Status says pod networking is not ready.
+	unready string
 }
 
 func newFakeNetwork(dir string) *fakeNetwork {
@@ -99,7 +101,11 @@ func newFakeNetwork(dir string) *fakeNetwork {
 	return &fakeNetwork{dir: dir, netns: map[string]string{}, attached: map[string]*network.PodNetwork{}, dels: map[string]int{}}
 }
 
-func (n *fakeNetwork) Status() (bool, string)     { return true, "" }
+func (n *fakeNetwork) Status() (bool, string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.unready == "", n.unready
+}
 func (n *fakeNetwork) NetNSPath(id string) string { return filepath.Join(n.dir, id) }
 func (n *fakeNetwork) NewNetNS(id string) (string, error) {
 	n.mu.Lock()

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stagelet/stagelet/errdefs"
 )
 
 // TestNetworkReleasedOnce: the kubelet stops a pod, then removes it; the
@@ -113,5 +115,30 @@ func TestCNIAddBesidePodStart(t *testing.T) {
 	}
 	if n := e.be.DestroyedPods(); n != 1 {
 		t.Errorf("pods destroyed after a failed CNI ADD: %d, want 1", n)
+	}
+}
+
+// A pod refused because pod networking is not ready took no network: no
+// CNI DEL, no namespace, no record left.
+func TestPodRefusedForUnreadyNetworkTakesNothing(t *testing.T) {
+	e := newEnv(t)
+	net := newFakeNetwork(filepath.Join(e.run, "netns"))
+	net.unready = "no CNI configuration"
+	e.net = net
+	b := e.broker(t)
+	cfg := podCfg("p")
+	cfg.HostNetwork = false
+	_, err := b.RunPod(context.Background(), cfg)
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "no CNI configuration") {
+		t.Fatalf("RunPod: %v, want Unavailable naming the reason", err)
+	}
+	net.mu.Lock()
+	dels, nss := len(net.dels), len(net.netns)
+	net.mu.Unlock()
+	if dels != 0 || nss != 0 {
+		t.Errorf("%d CNI DELs, %d namespaces for a pod that never had a network", dels, nss)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.state, "pods")); len(ents) != 0 {
+		t.Errorf("records left: %v", ents)
 	}
 }

@@ -257,13 +257,21 @@ func (b *Broker) pruneFailedLogs() {
 	}
 }
 
+// networkReady says whether pod networking can take a pod now.
+func networkReady(n Network) bool {
+	ok, _ := n.Status()
+	return ok
+}
+
 // startPod takes the pod's resources, recording each before it is taken,
 // and releases them all on failure. Called with p.op held.
 func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err error) {
 	rec := p.rec
-	if !rec.Config.HostNetwork && b.opts.Network != nil {
+	if !rec.Config.HostNetwork && b.opts.Network != nil && networkReady(b.opts.Network) {
 		// The pod's network namespace goes in its first record, before
-		// prepareNetwork makes it: one record write less on the way.
+		// prepareNetwork makes it: one record write less on the way. (A
+		// pod refused for an unready network records none: nothing to
+		// tear down.)
 		b.mu.Lock()
 		rec.NetNS = b.opts.Network.NetNSPath(rec.ID)
 		b.mu.Unlock()
