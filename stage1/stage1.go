@@ -140,6 +140,15 @@ type Pod interface {
 	Stop(ctx context.Context, timeout time.Duration, shutdown Shutdown) error
 }
 
+// AppCheckpointer is a Pod whose running apps can be saved.
+// CheckpointApp saves the processes of app id, whose first process the
+// pod's agent numbers pid, leaving them running, as CRIU images in the
+// empty directory dir. FailedPrecondition when they cannot be saved
+// (criu's reason); NotFound when the pod has no such process.
+type AppCheckpointer interface {
+	CheckpointApp(ctx context.Context, id string, pid int, dir string) error
+}
+
 // Shutdown asks a pod's agent to stop every app (SIGTERM, timeout,
 // SIGKILL) and exit. ErrUnavailable: the agent is gone already.
 type Shutdown func(ctx context.Context, timeout time.Duration) error

@@ -763,3 +763,20 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 	}
 	return nil
 }
+
+var _ stage1.AppCheckpointer = (*Pod)(nil)
+
+// CheckpointApp implements stage1.AppCheckpointer: criu, run on the node,
+// saves the app's processes (pid is their first in the pod's PID
+// namespace, whose PID 1 is the agent).
+func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) error {
+	criu, err := host.CRIUPath()
+	if err != nil {
+		return err
+	}
+	node, err := host.PodProcess(p.st.cgroup(), 1, pid)
+	if err != nil {
+		return fmt.Errorf("nspawn: checkpoint %s: %w", id, err)
+	}
+	return host.CRIUDump(ctx, criu, node, dir)
+}

@@ -1,0 +1,171 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+)
+
+// CRIUDumpLog is the name of criu's log in a dump's image directory (as
+// a checkpoint archive names it).
+const CRIUDumpLog = "dump.log"
+
+// PodProcess returns the node's PID of the process in cg (or beneath it)
+// that the PID namespace level levels below the node's numbers pid: level
+// 0 is the node's own numbering (fly's agent), 1 the pod's (nspawn's
+// agent, PID 1 of the pod's namespace). NotFound when no process of the
+// pod has that PID.
+func PodProcess(cg *cgroups.Cgroup, level, pid int) (int, error) {
+	procs, err := cg.Procs()
+	if err != nil {
+		return 0, err
+	}
+	want := strconv.Itoa(pid)
+	for _, p := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if ids := nsPIDs(b); len(ids) > level && ids[level] == want {
+			return p, nil
+		}
+	}
+	return 0, errdefs.NotFound("no process of the pod is PID %d in its namespace", pid)
+}
+
+// nsPIDs are the fields of a status file's NSpid line: the process's PID
+// in the node's namespace, then in each nested one.
+func nsPIDs(status []byte) []string {
+	for _, l := range strings.Split(string(status), "\n") {
+		if f, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			return strings.Fields(f)
+		}
+	}
+	return nil
+}
+
+// CRIUDump saves the process tree of the node's PID pid with criu, left
+// running, as images in the empty directory dir (its log there too, as
+// CRIUDumpLog). What the tree shares with the rest of its pod is named
+// external, to be given back at a restore rather than saved:
+//
+//   - its network namespace, when it is not criu's (the node's), as
+//     "net";
+//   - its PID namespace, when the process is not that namespace's init
+//     (an app sharing the pod's namespace), as "pid";
+//   - every mount of a file system the app does not mount whole (a bind
+//     of a file or directory: the /dev nodes, /etc/hosts, volumes), as a
+//     key made of its mount point (MountKey).
+//
+// FailedPrecondition, with the end of criu's log, when criu cannot save
+// the tree.
+func CRIUDump(ctx context.Context, criu string, pid int, dir string) error {
+	proc := fmt.Sprintf("/proc/%d", pid)
+	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", CRIUDumpLog, "-v4", "--leave-running"}
+	if its, mine := nsInode(proc+"/ns/net"), nsInode("/proc/self/ns/net"); its != "" && its != mine {
+		args = append(args, "--external", "net["+its+"]:net")
+	}
+	status, err := os.ReadFile(proc + "/status")
+	if err != nil {
+		return errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
+	}
+	if ids := nsPIDs(status); len(ids) > 1 && ids[len(ids)-1] != "1" {
+		if its := nsInode(proc + "/ns/pid"); its != "" {
+			args = append(args, "--external", "pid["+its+"]:pid")
+		}
+	}
+	mounts, err := readMountinfo(proc + "/mountinfo")
+	if err != nil {
+		return errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
+	}
+	for _, point := range externalMounts(mounts) {
+		args = append(args, "--ext-mount-map", point+":"+MountKey(point))
+	}
+	cmd := exec.CommandContext(ctx, criu, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, CRIUDumpLog))
+		return errdefs.FailedPrecondition("checkpoint: criu dump of process %d: %v: %s%s", pid, err, bytes.TrimSpace(out), tail(log, 1024))
+	}
+	return nil
+}
+
+func readMountinfo(path string) ([]*mountinfo.Info, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return mountinfo.GetMountsFromReader(f, nil)
+}
+
+// MountKey is the criu key of the external mount at point.
+func MountKey(point string) string {
+	return "m" + strings.NewReplacer("/", "_", ":", "_", ",", "_").Replace(point)
+}
+
+// externalMounts are the mount points, in a process's mountinfo, of file
+// systems it does not mount whole: criu cannot reach their source from
+// the process's namespace, so they are named external.
+func externalMounts(ms []*mountinfo.Info) []string {
+	type dev struct{ major, minor int }
+	whole := map[dev]bool{}
+	for _, m := range ms {
+		if m.Root == "/" {
+			whole[dev{m.Major, m.Minor}] = true
+		}
+	}
+	var out []string
+	for _, m := range ms {
+		if m.Mountpoint != "/" && !whole[dev{m.Major, m.Minor}] {
+			out = append(out, m.Mountpoint)
+		}
+	}
+	return out
+}
+
+// nsInode is the inode of the namespace at path (a /proc/PID/ns link), ""
+// when it cannot be read.
+func nsInode(path string) string {
+	l, err := os.Readlink(path)
+	if err != nil {
+		return ""
+	}
+	i, j := strings.LastIndex(l, "["), strings.LastIndex(l, "]")
+	if i < 0 || j < i {
+		return ""
+	}
+	return l[i+1 : j]
+}
+
+// tail is the end of a log, for an error message.
+func tail(b []byte, n int) string {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return "; its log ends: " + string(b)
+}
+
+// CRIUPath is the criu binary: FailedPrecondition when it is not
+// installed.
+func CRIUPath() (string, error) {
+	p, err := exec.LookPath("criu")
+	if err != nil {
+		return "", errdefs.FailedPrecondition("checkpoint: criu is not installed (Debian: criu): %v", err)
+	}
+	return p, nil
+}

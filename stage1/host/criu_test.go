@@ -1,0 +1,95 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/testutil"
+)
+
+// What a container's mountinfo holds under nspawn: its overlay root,
+// fresh proc, sysfs and tmpfs mounts, and binds of single files of file
+// systems it does not mount whole (the agent's /dev nodes, /etc/hosts, a
+// masked /proc file bound from /dev/null).
+func TestExternalMounts(t *testing.T) {
+	ms := []*mountinfo.Info{
+		{Major: 0, Minor: 40, Root: "/", Mountpoint: "/"},
+		{Major: 0, Minor: 41, Root: "/", Mountpoint: "/proc"},
+		{Major: 0, Minor: 42, Root: "/", Mountpoint: "/dev"},
+		{Major: 0, Minor: 5, Root: "/null", Mountpoint: "/dev/null"},
+		{Major: 0, Minor: 5, Root: "/null", Mountpoint: "/proc/kcore"},
+		{Major: 254, Minor: 1, Root: "/run/stagelet/pods/x/etc/hosts", Mountpoint: "/etc/hosts"},
+		{Major: 0, Minor: 41, Root: "/sys", Mountpoint: "/proc/sys"}, // a bind of the app's own proc
+		{Major: 0, Minor: 43, Root: "/", Mountpoint: "/data"},        // a volume mounted whole
+	}
+	want := []string{"/dev/null", "/proc/kcore", "/etc/hosts"}
+	if got := externalMounts(ms); !slices.Equal(got, want) {
+		t.Errorf("externalMounts = %q, want %q", got, want)
+	}
+	if k := MountKey("/dev/null"); k != "m_dev_null" {
+		t.Errorf("MountKey = %q", k)
+	}
+}
+
+func TestNSPIDs(t *testing.T) {
+	for status, want := range map[string][]string{
+		"Name:\tsh\nNSpid:\t615\t140\t1\nNSpgid:\t615\n": {"615", "140", "1"},
+		"NSpid:\t42\n": {"42"},
+		"Name:\tsh\n":  nil,
+	} {
+		if got := nsPIDs([]byte(status)); !slices.Equal(got, want) {
+			t.Errorf("nsPIDs(%q) = %q, want %q", status, got, want)
+		}
+	}
+}
+
+// PodProcess finds a process of the pod's cgroup by its PID, and only
+// one of the pod's.
+func TestPodProcess(t *testing.T) {
+	testutil.NeedRoot(t, "creates cgroups")
+	self, err := cgroups.Self()
+	if err != nil {
+		t.Skipf("no cgroups: %v", err)
+	}
+	cg := self.Child(fmt.Sprintf("stagelet-podprocess-test-%d", os.Getpid()))
+	if err := cg.Create(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cg.Kill(); err != nil {
+			t.Error(err)
+		}
+		if err := cg.Delete(); err != nil {
+			t.Error(err)
+		}
+	})
+	p, err := (&PlainLauncher{}).Launch(context.Background(), LaunchSpec{
+		Name: "t", Path: "/bin/sleep", Args: []string{"1000"},
+		LogPath: filepath.Join(t.TempDir(), "log"), Cgroup: cg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Signal(syscall.SIGKILL); p.Wait(context.Background()) })
+	if got, err := PodProcess(cg, 0, p.PID); err != nil || got != p.PID {
+		t.Errorf("PodProcess(%d) = %d, %v", p.PID, got, err)
+	}
+	// This test's own process is not the pod's.
+	if _, err := PodProcess(cg, 0, os.Getpid()); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("PodProcess of a process outside the pod: %v", err)
+	}
+	// Nor is a PID at a level the process has not.
+	if _, err := PodProcess(cg, 1, p.PID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("PodProcess at a nested level the process lacks: %v", err)
+	}
+}
