@@ -2,10 +2,16 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // Checkpoints (CheckpointContainer, CheckpointPod, RestorePod) need two
@@ -14,13 +20,17 @@ import (
 // CRIU, a CRIU that works on this kernel (Options.CRIU). Each call checks
 // its arguments and these first, so that a node where checkpoints cannot
 // work says why (FailedPrecondition) rather than that the call does not
-// exist. What is left answers Unimplemented, naming the stage1.
+// exist. CheckpointContainer is done where the pod's stage1 saves apps
+// (stage1.AppCheckpointer); the pod calls answer Unimplemented for now.
 
-// CheckpointContainer checkpoints a running container into the archive
-// file location (the kubelet's checkpoint API names one under its
-// checkpoints directory). InvalidArgument (no location, or a relative
-// one), NotFound, FailedPrecondition (the container does not run; its stage1 or this
-// node cannot checkpoint), Unimplemented.
+// CheckpointContainer saves a running container, which goes on running,
+// into the archive file location (the kubelet's checkpoint API names one
+// under its checkpoints directory), in the layout of package checkpoint:
+// its processes as CRIU images, its writable layer and its record. The
+// archive appears whole or not at all. InvalidArgument (no location, or a
+// relative one), NotFound, FailedPrecondition (the container does not
+// run; its stage1 or this node cannot checkpoint; criu failed, with its
+// reason), Unimplemented (a stage1 that does not save apps).
 func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) error {
 	if err := archivePath("location", location); err != nil {
 		return err
@@ -29,10 +39,62 @@ func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) e
 	if err != nil {
 		return err
 	}
+	c.op.Lock() // neither stopped nor removed meanwhile
+	defer c.op.Unlock()
 	if err := b.checkpointRunning(c); err != nil {
 		return err
 	}
-	return b.checkpointable(ctx, p.rec.Stage1)
+	if err := b.checkpointable(ctx, p.rec.Stage1); err != nil {
+		return err
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return err
+	}
+	saver, ok := h.Pod.(stage1.AppCheckpointer)
+	if !ok {
+		return errdefs.New(errdefs.ErrUnimplemented, "stage1 %s: checkpointing a container is not implemented yet", p.rec.Stage1)
+	}
+	actx, cancel := agentCtx(ctx, agentTimeout)
+	st, err := h.ContainerStatus(actx, c.rec.ID)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if st.State != api.StateRunning || st.PID <= 0 {
+		return errdefs.FailedPrecondition("container %s is %s: only a running container can be checkpointed", c.rec.ID, st.State)
+	}
+	// The images live beside the archive until it is written: plain
+	// files criu writes, removed whatever happens.
+	images, err := os.MkdirTemp(filepath.Dir(location), ".stagelet-criu-")
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+	}
+	defer os.RemoveAll(images)
+	start := time.Now()
+	if err := saver.CheckpointApp(ctx, c.rec.ID, st.PID, images); err != nil {
+		return err
+	}
+	dumped := time.Since(start)
+	b.mu.Lock()
+	rec, pod := *c.rec, p.rec.Config.Metadata
+	b.mu.Unlock()
+	config, err := json.Marshal(rec.Config)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+	}
+	meta := &checkpoint.Container{ID: rec.ID, Name: rec.Config.Metadata.Name, Pod: pod.Name, Namespace: pod.Namespace,
+		Image: rec.ImageName, ImageID: rec.ImageID, Stage1: p.rec.Stage1, Created: rec.CreatedAt, Config: config}
+	if rec.App != nil {
+		meta.Args, meta.Env, meta.Cwd = rec.App.Args, rec.App.Env, rec.App.Cwd
+	}
+	size, err := checkpoint.Write(location, meta, rec.Dir, images)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+	}
+	b.log.InfoContext(ctx, "container checkpointed", "pod", p.id(), "container", rec.ID, "archive", location,
+		"bytes", size, "dump", dumped, "took", time.Since(start))
+	return nil
 }
 
 // CheckpointPod checkpoints a pod and the running containers named
@@ -69,7 +131,10 @@ func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, co
 			return err
 		}
 	}
-	return b.checkpointable(ctx, p.rec.Stage1)
+	if err := b.checkpointable(ctx, p.rec.Stage1); err != nil {
+		return err
+	}
+	return errdefs.New(errdefs.ErrUnimplemented, "stage1 %s: checkpointing a pod is not implemented yet", p.rec.Stage1)
 }
 
 // RestorePod makes a pod from the checkpoint in directory checkpointPath,
@@ -111,7 +176,10 @@ func (b *Broker) RestorePod(ctx context.Context, checkpointPath string, cfg *Pod
 	if _, ok := b.opts.Backends[d.Stage1]; !ok {
 		return errdefs.FailedPrecondition("stage1 %q is not available on this node", d.Stage1)
 	}
-	return b.checkpointable(ctx, d.Stage1)
+	if err := b.checkpointable(ctx, d.Stage1); err != nil {
+		return err
+	}
+	return errdefs.New(errdefs.ErrUnimplemented, "stage1 %s: restoring a pod is not implemented yet", d.Stage1)
 }
 
 // checkpointDir checks the directory of a pod checkpoint given in field:
@@ -165,7 +233,7 @@ func archivePath(field, p string) error {
 }
 
 // checkpointable says why pods of stage1 name cannot be checkpointed or
-// restored on this node, or that this daemon does not do it yet.
+// restored on this node; nil when they can.
 func (b *Broker) checkpointable(ctx context.Context, name string) error {
 	if why := b.caps[name].NoCheckpoint; why != "" {
 		return errdefs.FailedPrecondition("stage1 %s cannot checkpoint or restore: %s", name, why)
@@ -176,5 +244,5 @@ func (b *Broker) checkpointable(ctx context.Context, name string) error {
 	if err := b.opts.CRIU(ctx); err != nil {
 		return errdefs.FailedPrecondition("checkpoints need CRIU: %v", err)
 	}
-	return errdefs.New(errdefs.ErrUnimplemented, "stage1 %s: checkpoint and restore are not implemented yet", name)
+	return nil
 }

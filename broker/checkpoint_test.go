@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -97,4 +98,85 @@ func TestCheckpointRefusals(t *testing.T) {
 	e.criu = nil
 	b2 := e.broker(t)
 	wantErr(b2.CheckpointContainer(ctx, cid, archive), errdefs.ErrFailedPrecondition, "CRIU")
+}
+
+// Where the pod's stage1 saves apps, CheckpointContainer writes the
+// archive: the stage1's images, the container's writable layer and its
+// record; the container goes on running, and nothing else is left.
+func TestCheckpointContainerWritesArchive(t *testing.T) {
+	e := newEnv(t)
+	e.criu = func(context.Context) error { return nil }
+	var saved []string
+	var failSave error
+	e.be.SaveApp = func(id string, pid int, dir string) error {
+		if pid <= 0 {
+			return errors.New("no pid")
+		}
+		if failSave != nil {
+			os.WriteFile(filepath.Join(dir, "core-1.img"), nil, 0o600) // a part written
+			return failSave
+		}
+		saved = append(saved, id)
+		return os.WriteFile(filepath.Join(dir, "pstree.img"), []byte("images of "+id), 0o600)
+	}
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, err := b.RunPod(ctx, podCfg("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cid, _ := b.CreateContainer(ctx, pid, ctrCfg("c"))
+	if err := b.StartContainer(ctx, cid); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.ContainerStatus(ctx, cid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the container wrote: its layer.
+	if err := os.MkdirAll(filepath.Join(rec.Dir, "upper", "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rec.Dir, "upper", "tmp", "count"), []byte("42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	archive := filepath.Join(dir, "c.tar")
+	if err := b.CheckpointContainer(ctx, cid, archive); err != nil {
+		t.Fatal(err)
+	}
+	if len(saved) != 1 || saved[0] != cid {
+		t.Errorf("apps saved: %v", saved)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("left beside the archive: %v", ents)
+	}
+	out := t.TempDir()
+	got, err := checkpoint.Read(archive, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != cid || got.Name != "c" || got.Pod != "x" || got.Namespace != "default" || got.Stage1 != "fake" || got.Image != rec.ImageName {
+		t.Errorf("archive says %+v", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "checkpoint", "pstree.img")); err != nil || string(b) != "images of "+cid {
+		t.Errorf("images: %q, %v", b, err)
+	}
+	layer, err := os.ReadFile(filepath.Join(out, checkpoint.RootfsDiff))
+	if err != nil || !strings.Contains(string(layer), "tmp/count") {
+		t.Errorf("layer lacks tmp/count: %v", err)
+	}
+	if st, err := b.ContainerStatus(ctx, cid); err != nil || st.State != ContainerRunning {
+		t.Errorf("after the checkpoint: %+v, %v", st, err)
+	}
+
+	// A failed save leaves no archive, and no images.
+	failSave = errdefs.FailedPrecondition("criu said no")
+	failing := filepath.Join(dir, "again.tar")
+	if err := b.CheckpointContainer(ctx, cid, failing); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("failed save: %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("a failed checkpoint left: %v", ents)
+	}
 }

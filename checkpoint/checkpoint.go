@@ -7,6 +7,7 @@
 //	rootfs-diff.tar  the container's writable layer (image.ExportLayer)
 //	deleted.files    what the layer deletes from the image, as a JSON list
 //	checkpoint/      CRIU's images of the container's processes
+//	dump.log         CRIU's log of the dump
 //
 // A stage1 that saves processes fills checkpoint/; this package only
 // moves files in and out of the archive, and refuses an archive holding
@@ -41,6 +42,7 @@ const (
 	RootfsDiff   = "rootfs-diff.tar"
 	DeletedFiles = "deleted.files"
 	ImagesDir    = "checkpoint"
+	DumpLog      = "dump.log"
 )
 
 // Container describes a checkpointed container.
@@ -84,7 +86,8 @@ type configDump struct {
 
 // Write writes the archive at path for container c: its metadata, the
 // writable layer of the container rootfs in layerDir (as MountRootfs made
-// it) and the CRIU images in imagesDir (regular files). The archive
+// it) and the CRIU images in imagesDir (regular files; CRIU's log there,
+// dump.log, goes beside them). The archive
 // appears whole or not at all: it is written beside path, then renamed.
 // It returns the archive's size. The container must not change its layer
 // meanwhile (the caller has it stopped or frozen).
@@ -199,7 +202,8 @@ func writeFile(tw *tar.Writer, name string, f *os.File, mtime time.Time) error {
 	return writeEntry(tw, name, fi.Size(), mtime, f)
 }
 
-// writeImages writes the regular files of dir under checkpoint/.
+// writeImages writes the regular files of dir under checkpoint/, but
+// CRIU's log, which goes beside it as dump.log.
 func writeImages(tw *tar.Writer, dir string, mtime time.Time) error {
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: ImagesDir + "/", Mode: 0o700, ModTime: mtime}); err != nil {
 		return fmt.Errorf("checkpoint archive: %w", err)
@@ -216,7 +220,11 @@ func writeImages(tw *tar.Writer, dir string, mtime time.Time) error {
 		if err != nil {
 			return fmt.Errorf("checkpoint archive: CRIU images: %w", err)
 		}
-		err = writeFile(tw, ImagesDir+"/"+e.Name(), f, mtime)
+		name := ImagesDir + "/" + e.Name()
+		if e.Name() == DumpLog {
+			name = DumpLog
+		}
+		err = writeFile(tw, name, f, mtime)
 		f.Close()
 		if err != nil {
 			return err
@@ -293,7 +301,7 @@ func Read(archive, dir string) (*Container, error) {
 // files above, or a file directly under checkpoint/.
 func allowed(name string) bool {
 	switch name {
-	case ConfigDump, SpecDump, StageletDump, RootfsDiff, DeletedFiles:
+	case ConfigDump, SpecDump, StageletDump, RootfsDiff, DeletedFiles, DumpLog:
 		return true
 	}
 	d, base := path.Split(name)

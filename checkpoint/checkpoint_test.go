@@ -45,7 +45,7 @@ func writeTestArchive(t *testing.T) (string, *Container) {
 	if err := os.Mkdir(images, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{"pstree.img", "pages-1.img"} {
+	for _, n := range []string{"pstree.img", "pages-1.img", "dump.log"} {
 		if err := os.WriteFile(filepath.Join(images, n), []byte("image "+n), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -83,10 +83,13 @@ func TestWriteRead(t *testing.T) {
 		!got.Created.Equal(c.Created) || got.Checkpointed.IsZero() || config.String() != string(c.Config) {
 		t.Errorf("read back %+v, wrote %+v", got, c)
 	}
-	for n, want := range map[string]string{"checkpoint/pstree.img": "image pstree.img", "checkpoint/pages-1.img": "image pages-1.img", DeletedFiles: "[]"} {
+	for n, want := range map[string]string{"checkpoint/pstree.img": "image pstree.img", "checkpoint/pages-1.img": "image pages-1.img", DumpLog: "image dump.log", DeletedFiles: "[]"} {
 		if b, err := os.ReadFile(filepath.Join(dir, n)); err != nil || string(b) != want {
 			t.Errorf("%s: %q, %v; want %q", n, b, err, want)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, ImagesDir, DumpLog)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("criu's log among the images: %v", err)
 	}
 	// The layer is an OCI layer holding the container's file.
 	f, err := os.Open(filepath.Join(dir, RootfsDiff))

@@ -4,14 +4,16 @@ import (
 	"context"
 	"sort"
 	"strings"
+	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/errdefs"
 )
 
-// CheckpointContainer checkpoints a running container into the archive
-// file the request's location names (the kubelet's checkpoint API).
+// CheckpointContainer saves a running container into the archive file
+// the request's location names (the kubelet's checkpoint API), within the
+// request's timeout in seconds when it gives one.
 func (s *Server) CheckpointContainer(ctx context.Context, r *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
 	if r.GetContainerId() == "" {
 		return nil, badRequest("container_id")
@@ -19,8 +21,15 @@ func (s *Server) CheckpointContainer(ctx context.Context, r *runtimeapi.Checkpoi
 	if r.GetTimeout() < 0 {
 		return nil, errdefs.InvalidArgument("timeout: %d is negative", r.GetTimeout())
 	}
-	// Until checkpoints are done, the broker refuses each one, saying why.
-	return nil, s.b.CheckpointContainer(ctx, r.GetContainerId(), r.GetLocation())
+	if t := r.GetTimeout(); t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(t)*time.Second)
+		defer cancel()
+	}
+	if err := s.b.CheckpointContainer(ctx, r.GetContainerId(), r.GetLocation()); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.CheckpointContainerResponse{}, nil
 }
 
 // CheckpointPod checkpoints a pod and the running containers named into

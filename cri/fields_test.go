@@ -275,10 +275,11 @@ var criFields = map[string]fieldUse{
 	"RemoveImageRequest.image":                        honoured,
 
 	// Checkpoints: each call checks its arguments, then says why the
-	// node or the pod's stage1 cannot checkpoint (broker/checkpoint.go).
+	// node or the pod's stage1 cannot checkpoint (broker/checkpoint.go);
+	// the pod calls go no further yet.
 	"CheckpointContainerRequest.container_id": honoured,
 	"CheckpointContainerRequest.location":     honoured,
-	"CheckpointContainerRequest.timeout":      informational, // checked; every call is refused before a checkpoint would start
+	"CheckpointContainerRequest.timeout":      honoured,
 	"CheckpointPodRequest.pod_sandbox_id":     honoured,
 	"CheckpointPodRequest.output_path":        honoured,
 	"CheckpointPodRequest.container_ids":      honoured,

@@ -46,6 +46,9 @@ type Backend struct {
 	// RecoverDelay is how long RecoverPod takes (long enough, say, for the
 	// calls of a parallel recovery to overlap).
 	RecoverDelay time.Duration
+	// SaveApp, when set, makes pods stage1.AppCheckpointers whose
+	// CheckpointApp it is (it writes stand-in images into dir).
+	SaveApp func(id string, pid int, dir string) error
 
 	name string
 	mu   sync.Mutex
@@ -193,10 +196,26 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 }
 
 func (b *Backend) wrap(p *Pod) stage1.Pod {
+	if b.SaveApp != nil {
+		return &savingPod{Pod: p, save: b.SaveApp}
+	}
 	if b.PodMemory > 0 {
 		return &sizedPod{Pod: p, memory: b.PodMemory}
 	}
 	return p
+}
+
+// savingPod is a fake pod that saves its apps (Backend.SaveApp).
+type savingPod struct {
+	*Pod
+	save func(id string, pid int, dir string) error
+}
+
+var _ stage1.AppCheckpointer = (*savingPod)(nil)
+
+// CheckpointApp implements stage1.AppCheckpointer.
+func (p *savingPod) CheckpointApp(_ context.Context, id string, pid int, dir string) error {
+	return p.save(id, pid, dir)
 }
 
 // FailStart makes StartPod fail (after persisting) while on.
