@@ -221,13 +221,21 @@ func (b *Broker) checkpointRunning(c *container) error {
 	return nil
 }
 
-// archivePath checks the path of a checkpoint archive given in field.
+// archivePath checks the path of a checkpoint archive given in field: an
+// absolute path in an existing directory, not a directory or device
+// itself (a file there is replaced).
 func archivePath(field, p string) error {
 	if p == "" {
 		return errdefs.InvalidArgument("%s: the checkpoint archive's path is required", field)
 	}
 	if !filepath.IsAbs(p) {
 		return errdefs.InvalidArgument("%s: %q is not an absolute path", field, p)
+	}
+	if fi, err := os.Stat(filepath.Dir(p)); err != nil || !fi.IsDir() {
+		return errdefs.InvalidArgument("%s: the directory of %s does not exist", field, p)
+	}
+	if fi, err := os.Lstat(p); err == nil && !fi.Mode().IsRegular() {
+		return errdefs.InvalidArgument("%s: %s exists and is not a file", field, p)
 	}
 	return nil
 }

@@ -38,6 +38,8 @@ func TestCheckpointRefusals(t *testing.T) {
 	}
 	wantErr(b.CheckpointContainer(ctx, cid, ""), errdefs.ErrInvalidArgument, "location")
 	wantErr(b.CheckpointContainer(ctx, cid, "c.tar"), errdefs.ErrInvalidArgument, "absolute")
+	wantErr(b.CheckpointContainer(ctx, cid, filepath.Join(archive, "in", "none.tar")), errdefs.ErrInvalidArgument, "does not exist")
+	wantErr(b.CheckpointContainer(ctx, cid, filepath.Dir(archive)), errdefs.ErrInvalidArgument, "not a file")
 	wantErr(b.CheckpointContainer(ctx, "nope", archive), errdefs.ErrNotFound, "nope")
 	wantErr(b.CheckpointContainer(ctx, cid, archive), errdefs.ErrFailedPrecondition, "only a running container")
 	if err := b.StartContainer(ctx, cid); err != nil {

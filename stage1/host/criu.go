@@ -68,7 +68,7 @@ func nsPIDs(status []byte) []string {
 //     key made of its mount point (MountKey).
 //
 // FailedPrecondition, with the end of criu's log, when criu cannot save
-// the tree.
+// the tree; DeadlineExceeded when ctx ends first (criu is killed then).
 func CRIUDump(ctx context.Context, criu string, pid int, dir string) error {
 	proc := fmt.Sprintf("/proc/%d", pid)
 	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", CRIUDumpLog, "-v4", "--leave-running"}
@@ -93,6 +93,9 @@ func CRIUDump(ctx context.Context, criu string, pid int, dir string) error {
 	}
 	cmd := exec.CommandContext(ctx, criu, args...)
 	out, err := cmd.CombinedOutput()
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("checkpoint: criu dump of process %d: %w (%v)", pid, errdefs.ErrDeadlineExceeded, ctx.Err())
+	}
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, CRIUDumpLog))
 		return errdefs.FailedPrecondition("checkpoint: criu dump of process %d: %v: %s%s", pid, err, bytes.TrimSpace(out), tail(log, 1024))
