@@ -76,25 +76,38 @@ func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) e
 		return err
 	}
 	dumped := time.Since(start)
+	meta, dir, err := b.checkpointMeta(c, p)
+	if err != nil {
+		return err
+	}
+	// The layer is read after the dump, while the app runs on: a file it
+	// writes in between is newer in the archive than in its images. A
+	// restore (to come) that must match them freezes the app over both.
+	size, err := checkpoint.Write(location, meta, dir, images)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+	}
+	b.log.InfoContext(ctx, "container checkpointed", "pod", p.id(), "container", c.rec.ID, "archive", location,
+		"bytes", size, "dump", dumped, "took", time.Since(start))
+	return nil
+}
+
+// checkpointMeta is what a checkpoint archive says of container c of pod
+// p, and the directory of its writable layer.
+func (b *Broker) checkpointMeta(c *container, p *pod) (*checkpoint.Container, string, error) {
 	b.mu.Lock()
-	rec, pod := *c.rec, p.rec.Config.Metadata
+	rec, pod, s1 := *c.rec, p.rec.Config.Metadata, p.rec.Stage1
 	b.mu.Unlock()
 	config, err := json.Marshal(rec.Config)
 	if err != nil {
-		return fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+		return nil, "", fmt.Errorf("checkpoint %s: %w", rec.ID, err)
 	}
 	meta := &checkpoint.Container{ID: rec.ID, Name: rec.Config.Metadata.Name, Pod: pod.Name, Namespace: pod.Namespace,
-		Image: rec.ImageName, ImageID: rec.ImageID, Stage1: p.rec.Stage1, Created: rec.CreatedAt, Config: config}
+		Image: rec.ImageName, ImageID: rec.ImageID, Stage1: s1, Created: rec.CreatedAt, Config: config}
 	if rec.App != nil {
 		meta.Args, meta.Env, meta.Cwd = rec.App.Args, rec.App.Env, rec.App.Cwd
 	}
-	size, err := checkpoint.Write(location, meta, rec.Dir, images)
-	if err != nil {
-		return fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
-	}
-	b.log.InfoContext(ctx, "container checkpointed", "pod", p.id(), "container", rec.ID, "archive", location,
-		"bytes", size, "dump", dumped, "took", time.Since(start))
-	return nil
+	return meta, rec.Dir, nil
 }
 
 // CheckpointPod checkpoints a pod and the running containers named
