@@ -1,20 +1,14 @@
 package host
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
 
-	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // What a container's mountinfo holds under nspawn: its overlay root,
@@ -56,31 +50,7 @@ func TestNSPIDs(t *testing.T) {
 // PodProcess finds a process of the pod's cgroup by its PID, and only
 // one of the pod's.
 func TestPodProcess(t *testing.T) {
-	testutil.NeedRoot(t, "creates cgroups")
-	self, err := cgroups.Self()
-	if err != nil {
-		t.Skipf("no cgroups: %v", err)
-	}
-	cg := self.Child(fmt.Sprintf("stagelet-podprocess-test-%d", os.Getpid()))
-	if err := cg.Create(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cg.Kill(); err != nil {
-			t.Error(err)
-		}
-		if err := cg.Delete(); err != nil {
-			t.Error(err)
-		}
-	})
-	p, err := (&PlainLauncher{}).Launch(context.Background(), LaunchSpec{
-		Name: "t", Path: "/bin/sleep", Args: []string{"1000"},
-		LogPath: filepath.Join(t.TempDir(), "log"), Cgroup: cg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Signal(syscall.SIGKILL); p.Wait(context.Background()) })
+	cg, p := sleepInCgroup(t, "stagelet-podprocess-test")
 	if got, err := PodProcess(cg, 0, p.PID); err != nil || got != p.PID {
 		t.Errorf("PodProcess(%d) = %d, %v", p.PID, got, err)
 	}

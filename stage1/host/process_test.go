@@ -140,13 +140,16 @@ func TestLaunchOutlivesLauncher(t *testing.T) {
 	}
 }
 
-func TestLaunchIntoCgroup(t *testing.T) {
+// sleepInCgroup launches a sleep with the plain launcher into a cgroup
+// of its own beneath the test's (name-<pid>), both gone at the test's end.
+func sleepInCgroup(t *testing.T, name string) (*cgroups.Cgroup, *Process) {
+	t.Helper()
 	testutil.NeedRoot(t, "creates cgroups")
 	self, err := cgroups.Self()
 	if err != nil {
 		t.Skipf("no cgroups: %v", err)
 	}
-	cg := self.Child(fmt.Sprintf("stagelet-launch-test-%d", os.Getpid()))
+	cg := self.Child(fmt.Sprintf("%s-%d", name, os.Getpid()))
 	if err := cg.Create(); err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +169,11 @@ func TestLaunchIntoCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Signal(syscall.SIGKILL); p.Wait(context.Background()) })
+	return cg, p
+}
+
+func TestLaunchIntoCgroup(t *testing.T) {
+	cg, p := sleepInCgroup(t, "stagelet-launch-test")
 	pids, err := cg.Procs()
 	if err != nil {
 		t.Fatal(err)
