@@ -338,13 +338,8 @@ var _ stage1.AppCheckpointer = (*Pod)(nil)
 // processes (pid is their first, numbered by the node, as the agent runs
 // in the node's PID namespace).
 func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) error {
-	criu, err := host.CRIUPath()
-	if err != nil {
-		return err
-	}
-	node, err := host.PodProcess(p.st.cgroup(), 0, pid)
-	if err != nil {
+	if err := host.CheckpointApp(ctx, p.st.cgroup(), 0, pid, dir); err != nil {
 		return fmt.Errorf("fly: checkpoint %s: %w", id, err)
 	}
-	return host.CRIUDump(ctx, criu, node, dir)
+	return nil
 }

@@ -20,6 +20,21 @@ import (
 // a checkpoint archive names it).
 const CRIUDumpLog = "dump.log"
 
+// CheckpointApp saves, with criu, the app of the pod in cg whose first
+// process is pid at PID namespace level (as PodProcess), left running,
+// into dir: the stage1s' stage1.AppCheckpointer.
+func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level, pid int, dir string) error {
+	criu, err := CRIUPath()
+	if err != nil {
+		return err
+	}
+	node, err := PodProcess(cg, level, pid)
+	if err != nil {
+		return err
+	}
+	return CRIUDump(ctx, criu, node, dir)
+}
+
 // PodProcess returns the node's PID of the process in cg (or beneath it)
 // that the PID namespace level levels below the node's numbers pid: level
 // 0 is the node's own numbering (fly's agent), 1 the pod's (nspawn's

@@ -770,13 +770,8 @@ var _ stage1.AppCheckpointer = (*Pod)(nil)
 // saves the app's processes (pid is their first in the pod's PID
 // namespace, whose PID 1 is the agent).
 func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) error {
-	criu, err := host.CRIUPath()
-	if err != nil {
-		return err
-	}
-	node, err := host.PodProcess(p.st.cgroup(), 1, pid)
-	if err != nil {
+	if err := host.CheckpointApp(ctx, p.st.cgroup(), 1, pid, dir); err != nil {
 		return fmt.Errorf("nspawn: checkpoint %s: %w", id, err)
 	}
-	return host.CRIUDump(ctx, criu, node, dir)
+	return nil
 }
