@@ -42,7 +42,15 @@ func (b *Broker) containerStats(ctx context.Context, c *container, p *pod) *Cont
 	out := &ContainerStats{Record: rec, WritableMount: rec.Dir}
 	local := false
 	if rec.State == ContainerRunning || b.caps[p.rec.Stage1].LocalLayers {
-		out.Usage, local = b.agentStats(ctx, p, &rec, out)
+		if st := b.agentStats(ctx, p, rec.ID); st != nil {
+			if rec.State == ContainerRunning {
+				out.Usage = st
+			}
+			if st.LocalLayer {
+				local = true
+				out.WritableBytes, out.WritableInodes = st.WritableBytes, st.WritableInodes
+			}
+		}
 	}
 	if !local {
 		// What cannot be read counts as nothing: a figure, not a failure.
@@ -51,27 +59,20 @@ func (b *Broker) containerStats(ctx context.Context, c *container, p *pod) *Cont
 	return out
 }
 
-// agentStats asks p's agent for rec's figures: its usage while it runs,
-// and, where the agent keeps the container's layer, that layer's (set in
-// out; local reports it).
-func (b *Broker) agentStats(ctx context.Context, p *pod, rec *ContainerRecord, out *ContainerStats) (usage *api.Stats, local bool) {
+// agentStats asks p's agent for container id's figures; nil when it
+// cannot answer.
+func (b *Broker) agentStats(ctx context.Context, p *pod, id string) *api.Stats {
 	h, err := b.podHandle(p)
 	if err != nil {
-		return nil, false
+		return nil
 	}
 	actx, cancel := agentCtx(ctx, 5*time.Second)
-	st, err := h.Stats(actx, rec.ID)
-	cancel()
+	defer cancel()
+	st, err := h.Stats(actx, id)
 	if err != nil {
-		return nil, false
+		return nil
 	}
-	if rec.State == ContainerRunning {
-		usage = st
-	}
-	if st.LocalLayer {
-		out.WritableBytes, out.WritableInodes = st.WritableBytes, st.WritableInodes
-	}
-	return usage, st.LocalLayer
+	return st
 }
 
 // ListContainerStats returns stats for the containers matching f.
