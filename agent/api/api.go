@@ -64,6 +64,15 @@ const (
 	// shared directory), Request.Time (the host's clock) and Request.Seed
 	// (entropy). Once per guest; FailedPrecondition otherwise.
 	OpSetup = "setup"
+	// OpRestore readies a created app for a restore from CRIU images, done
+	// by whoever holds them: Request.ID -> Response.Restore, the pipes its
+	// output goes into. The app is starting until OpAdopt.
+	OpRestore = "restore"
+	// OpAdopt ends a restore: Request.ID, Request.PID, the restored
+	// process, by now a child of the agent -> Response.App, running; or
+	// Request.PID 0 and Request.Message, why the restore failed: the app
+	// is then exited (code 128) with that message.
+	OpAdopt = "adopt"
 )
 
 // Frame types of a session.
@@ -102,6 +111,9 @@ type Request struct {
 	// Resources are an app's new limits (OpUpdate); zero fields stay as
 	// they are.
 	Resources *Resources `json:"resources,omitempty"`
+	// PID and Message are OpAdopt's.
+	PID     int    `json:"pid,omitempty"`
+	Message string `json:"message,omitempty"`
 	// Guest, Time (Unix nanoseconds) and Seed are OpSetup's.
 	Guest string `json:"guest,omitempty"`
 	Time  int64  `json:"time,omitempty"`
@@ -179,7 +191,22 @@ type Response struct {
 	Apps  []*AppStatus `json:"apps,omitempty"`
 	Exec  *ExecResult  `json:"exec,omitempty"`
 	Stats *Stats       `json:"stats,omitempty"`
+	// Restore is OpRestore's.
+	Restore *RestoreIO `json:"restore,omitempty"`
 }
+
+// RestoreIO is where a restored app's output goes: the write ends of
+// pipes the agent reads, as its file descriptors Stdout and Stderr in its
+// process PID (in the agent's PID namespace), for the restorer to open
+// as /proc/<PID>/fd/<N> and hand the restored process.
+type RestoreIO struct {
+	PID    int `json:"pid"`
+	Stdout int `json:"stdout"`
+	Stderr int `json:"stderr"`
+}
+
+// AppCgroup is the name of app id's cgroup, beneath the agent's.
+func AppCgroup(id string) string { return "app-" + id }
 
 // Info describes the agent and the environment it runs in.
 type Info struct {

@@ -98,6 +98,42 @@ func (c *Conn) StartContainer(ctx context.Context, id string) (*api.AppStatus, e
 	return st, nil
 }
 
+// RestoreContainer starts a created app from a checkpoint: the agent
+// readies it, restore makes the restored process (given where its
+// output goes) a child of the agent and returns its PID in the agent's
+// namespace, and the agent adopts it. When restore fails the app exits
+// with its error as message, and that error is returned.
+func (c *Conn) RestoreContainer(ctx context.Context, id string, restore func(*api.RestoreIO) (int, error)) (*api.AppStatus, error) {
+	r, err := c.Client.Call(ctx, &api.Request{Op: api.OpRestore, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	if r.Restore == nil {
+		return nil, fmt.Errorf("restore %s: the agent gave no pipes: %w", id, errdefs.ErrUnavailable)
+	}
+	pid, rerr := restore(r.Restore)
+	req := &api.Request{Op: api.OpAdopt, ID: id, PID: pid}
+	if rerr != nil {
+		req.PID, req.Message = 0, rerr.Error()
+	}
+	// Also when ctx ended: the agent must hear how the restore ended.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	r, err = c.Client.Call(actx, req)
+	if rerr != nil {
+		return nil, rerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if c.paths != nil {
+		if err := c.paths.Started(id); err != nil {
+			c.log.WarnContext(ctx, "container restored; the host's binds of its mount sources stay until it is removed", "container", id, "err", err)
+		}
+	}
+	return r.App, nil
+}
+
 // StopContainer sends SIGTERM, waits up to timeout, then SIGKILL; an
 // exited app is returned as it is.
 func (c *Conn) StopContainer(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error) {

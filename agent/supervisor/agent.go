@@ -258,6 +258,12 @@ func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, er
 		return &api.Response{App: st}, err
 	case api.OpSetup:
 		return &api.Response{}, a.runSetup(req)
+	case api.OpRestore:
+		r, err := a.prepareRestore(ctx, req.ID)
+		return &api.Response{Restore: r}, err
+	case api.OpAdopt:
+		st, err := a.adopt(ctx, req.ID, req.PID, req.Message)
+		return &api.Response{App: st}, err
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
 }

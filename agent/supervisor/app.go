@@ -42,6 +42,8 @@ type app struct {
 	// exited and its record is final; both nil before OpStart.
 	started chan struct{}
 	exited  chan struct{}
+	// restore is the restore under way, between OpRestore and OpAdopt.
+	restore *pendingRestore
 }
 
 func (ap *app) status() *api.AppStatus {
@@ -50,8 +52,6 @@ func (ap *app) status() *api.AppStatus {
 	st := ap.st
 	return &st
 }
-
-func appCgroupName(id string) string { return "app-" + id }
 
 // validateSpec checks what can be checked before anything is taken.
 func validateSpec(s *api.AppSpec) error {
@@ -317,6 +317,14 @@ func (a *Agent) launch(ctx context.Context, ap *app) error {
 		lg.close()
 		return a.failEarly(ctx, ap, err)
 	}
+	a.running(ctx, ap, lg, pr)
+	return nil
+}
+
+// running records the app's process pr running, its output copied to its
+// log lg and to attach sessions, and monitors it.
+func (a *Agent) running(ctx context.Context, ap *app, lg *criLog, pr *child) {
+	spec := ap.spec
 	aio := newAppIO(spec.StdinOnce)
 	var copies sync.WaitGroup
 	// Output goes to the CRI log and to every attach session.
@@ -363,7 +371,6 @@ func (a *Agent) launch(ctx context.Context, ap *app) error {
 	a.log.InfoContext(ctx, "app started", "app", spec.ID, "pid", st.PID)
 	a.events.publish(api.EventStarted, &st)
 	close(ap.started)
-	return nil
 }
 
 // targetPID is the process of the app spec.PIDTarget, whose PID namespace
@@ -517,6 +524,7 @@ func (a *Agent) stopApp(ctx context.Context, ap *app, timeout time.Duration) {
 	if started == nil {
 		return // never started
 	}
+	a.abortRestore(ctx, ap, "stopped before its restore ended")
 	<-started
 	select {
 	case <-exited:

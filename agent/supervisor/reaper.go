@@ -1,15 +1,21 @@
 package supervisor
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stagelet/stagelet/errdefs"
 )
 
 // reaper is the one place that waits for children of the agent process. On
@@ -27,7 +33,19 @@ type reaper struct {
 	mu      sync.Mutex
 	waiters map[int]chan syscall.WaitStatus
 	sigs    chan os.Signal
+	// orphans are the last exits of children nobody waited for, oldest
+	// first: a restored process (see adopt) may exit before it is adopted.
+	orphans []orphanExit
 }
+
+// orphanExit is the exit of a child nobody waited for.
+type orphanExit struct {
+	pid int
+	ws  syscall.WaitStatus
+}
+
+// maxOrphans bounds the orphan exits kept.
+const maxOrphans = 64
 
 func newReaper(log *slog.Logger) *reaper {
 	r := &reaper{
@@ -66,7 +84,58 @@ func (r *reaper) reap() {
 			continue
 		}
 		r.log.Debug("reaped orphan", "pid", pid, "status", describeWait(ws))
+		if len(r.orphans) == maxOrphans {
+			r.orphans = r.orphans[1:]
+		}
+		r.orphans = append(r.orphans, orphanExit{pid, ws})
 	}
+}
+
+// adopt returns the channel that receives the exit status of pid, a child
+// of this process that start did not start (a restored process handed to
+// it), once: at once when it exited already. FailedPrecondition when pid is
+// neither a child nor among the last exits of children.
+func (r *reaper) adopt(pid int) (<-chan syscall.WaitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := make(chan syscall.WaitStatus, 1)
+	for i := len(r.orphans) - 1; i >= 0; i-- {
+		if r.orphans[i].pid == pid {
+			ch <- r.orphans[i].ws
+			r.orphans = slices.Delete(r.orphans, i, i+1)
+			return ch, nil
+		}
+	}
+	ppid, err := parentOf(pid)
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("process %d: %v", pid, err)
+	}
+	if ppid != os.Getpid() {
+		return nil, errdefs.FailedPrecondition("process %d is not the agent's child (its parent is %d)", pid, ppid)
+	}
+	if _, ok := r.waiters[pid]; ok {
+		return nil, errdefs.FailedPrecondition("process %d is waited for already", pid)
+	}
+	r.waiters[pid] = ch
+	return ch, nil
+}
+
+// parentOf is the parent of process pid, from /proc/<pid>/stat.
+func parentOf(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("bad stat %q", b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("bad stat %q", b)
+	}
+	return strconv.Atoi(f[1])
 }
 
 // start starts a process like os.StartProcess and returns it with the

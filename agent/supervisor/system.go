@@ -24,6 +24,10 @@ type System interface {
 	// start starts a process as s says and returns once it runs s.args
 	// (or failed to, and is gone).
 	start(s *startSpec) (*child, error)
+	// adopt takes pid, a child of the agent it did not start (a restored
+	// app's process), as an app's process, with the channel that receives
+	// its exit status once. FailedPrecondition when it cannot.
+	adopt(pid int) (process, <-chan syscall.WaitStatus, error)
 	// podCgroup is the agent's own cgroup, the parent of every app's, and
 	// appCgroup app id's; nil (an untyped nil) when cgroups are not
 	// available.

@@ -92,7 +92,7 @@ func (l *linuxSystem) appCgroup(id string) cgroup {
 	if l.cg == nil {
 		return nil
 	}
-	return l.cg.Child(appCgroupName(id))
+	return l.cg.Child(api.AppCgroup(id))
 }
 
 func (l *linuxSystem) setSysctls(sysctls map[string]string, scratch string) error {
@@ -379,4 +379,16 @@ func socketPair() (net.Conn, *os.File, error) {
 		return nil, nil, err
 	}
 	return conn, os.NewFile(uintptr(fds[1]), "sync-child"), nil
+}
+
+func (l *linuxSystem) adopt(pid int) (process, <-chan syscall.WaitStatus, error) {
+	wait, err := l.reaper.adopt(pid)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := os.FindProcess(pid) // never fails on Linux
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, wait, nil
 }

@@ -336,3 +336,8 @@ type pipeAddr struct{}
 
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "pipe" }
+
+// adopt implements System: a toy runs no real processes to adopt.
+func (t *Toy) adopt(pid int) (process, <-chan syscall.WaitStatus, error) {
+	return nil, nil, errdefs.FailedPrecondition("a toy system cannot adopt process %d", pid)
+}
