@@ -72,13 +72,17 @@ func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) e
 	}
 	defer os.RemoveAll(images)
 	start := time.Now()
-	if err := saver.CheckpointApp(ctx, c.rec.ID, st.PID, images); err != nil {
+	img, err := saver.CheckpointApp(ctx, c.rec.ID, st.PID, images)
+	if err != nil {
 		return err
 	}
 	dumped := time.Since(start)
 	meta, dir, err := b.checkpointMeta(c, p)
 	if err != nil {
 		return err
+	}
+	if meta.Processes, err = json.Marshal(img); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
 	}
 	// The layer is read after the dump, while the app runs on: a file it
 	// writes in between is newer in the archive than in its images. A

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // Checkpoint calls check their arguments, then say why this node or the
@@ -181,4 +183,123 @@ func TestCheckpointContainerWritesArchive(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Errorf("a failed checkpoint left: %v", ents)
 	}
+}
+
+// A container created with a checkpoint archive as its image is the
+// checkpointed one (its command, image, writable layer) under the
+// request's name, labels and log; its start has the stage1 restore the
+// archive's images, and a failed restore exits it with the stage1's
+// reason. Archives that cannot be restored are refused at create, and
+// leave nothing.
+func TestRestoreFromArchive(t *testing.T) {
+	e := newEnv(t)
+	e.criu = func(context.Context) error { return nil }
+	e.vm.Caps.NoCheckpoint = "its state is a VM's"
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	e.be.SaveApp = func(id string, pid int, dir string) error {
+		return os.WriteFile(filepath.Join(dir, "pstree.img"), []byte("images of "+id), 0o600)
+	}
+	var restored *stage1.AppRestore
+	e.be.RestoreApp = func(r *stage1.AppRestore) (int, error) {
+		restored = r
+		return 0, errdefs.FailedPrecondition("criu said no")
+	}
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, err := b.RunPod(ctx, podCfg("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := ctrCfg("c")
+	cfg.Command = []string{"sleep", "1000"}
+	cid, err := b.CreateContainer(ctx, pid, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StartContainer(ctx, cid); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := b.ContainerStatus(ctx, cid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(orig.Dir, "upper", "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(orig.Dir, "upper", "tmp", "count"), []byte("42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	archive := filepath.Join(dir, "c.tar")
+	if err := b.CheckpointContainer(ctx, cid, archive); err != nil {
+		t.Fatal(err)
+	}
+
+	ypid, err := b.RunPod(ctx, podCfg("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrs := func() int {
+		ents, _ := os.ReadDir(b.containersDir())
+		return len(ents)
+	}
+	before := ctrs()
+	from := func(name, archive string) *ContainerConfig {
+		return &ContainerConfig{Metadata: ContainerMetadata{Name: name}, Image: archive, LogPath: name + ".log", Labels: map[string]string{"l": name}}
+	}
+	rid, err := b.CreateContainer(ctx, ypid, from("r", archive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.ContainerStatus(ctx, rid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Config.Metadata.Name != "r" || rec.Config.Labels["l"] != "r" || rec.Config.LogPath != "r.log" ||
+		!slices.Equal(rec.Config.Command, cfg.Command) || rec.ImageName != orig.ImageName || rec.Restore == nil || rec.Restore.Archive != archive {
+		t.Errorf("restored container: %+v", rec)
+	}
+	if b, err := os.ReadFile(filepath.Join(rec.Dir, "upper", "tmp", "count")); err != nil || string(b) != "42\n" {
+		t.Errorf("restored layer: %q %v", b, err)
+	}
+	err = b.StartContainer(ctx, rid)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "criu said no") {
+		t.Errorf("start of a container whose restore fails: %v", err)
+	}
+	if restored == nil || restored.Spec.ID != rid || restored.IO == nil || restored.Image.Stdio[1] != "pipe:[1]" {
+		t.Fatalf("the stage1 was asked %+v", restored)
+	}
+	if b, err := os.ReadFile(filepath.Join(restored.Images, "pstree.img")); err != nil || string(b) != "images of "+cid {
+		t.Errorf("images given to the stage1: %q %v", b, err)
+	}
+	if st, err := b.ContainerStatus(ctx, rid); err != nil || st.State != ContainerExited || !strings.Contains(st.Message, "criu said no") {
+		t.Errorf("after a failed restore: %+v %v", st, err)
+	}
+
+	// Refused at create, leaving nothing.
+	wantErr := func(err, class error, text string) {
+		t.Helper()
+		if !errors.Is(err, class) || !strings.Contains(err.Error(), text) {
+			t.Errorf("err = %v, want class %v saying %q", err, class, text)
+		}
+	}
+	_, err = b.CreateContainer(ctx, ypid, from("none", filepath.Join(dir, "none.tar")))
+	wantErr(err, errdefs.ErrNotFound, "does not exist")
+	junk := filepath.Join(dir, "junk.tar")
+	if err := os.WriteFile(junk, []byte("not a tar"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.CreateContainer(ctx, ypid, from("junk", junk))
+	wantErr(err, errdefs.ErrInvalidArgument, "junk.tar")
+	if n := ctrs(); n != before+1 {
+		t.Errorf("refused restores left %d container directories", n-before-1)
+	}
+	vmCfg := podCfg("v")
+	vmCfg.HostNetwork, vmCfg.RuntimeHandler = false, "vm"
+	vpid, err := b.RunPod(ctx, vmCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.CreateContainer(ctx, vpid, from("r", archive))
+	wantErr(err, errdefs.ErrFailedPrecondition, "its state is a VM's")
 }

@@ -115,6 +115,11 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 	b.mu.Lock()
 	podNS := p.rec.Config.UserNS
 	b.mu.Unlock()
+	if isCheckpointArchive(cfg.Image) {
+		if err := b.checkRestorable(ctx, p); err != nil {
+			return "", err
+		}
+	}
 	if !sameUserNS(cfg.Security.UserNS, podNS) {
 		return "", errdefs.InvalidArgument("config.linux.security_context.namespace_options.userns_options: the container asks for %s, and its pod runs in %s: a container shares its pod's user namespace", describeUserNS(cfg.Security.UserNS), describeUserNS(podNS))
 	}
@@ -238,10 +243,16 @@ func (b *Broker) checkCpuset(p *pod, r *Resources, field string) error {
 	return nil
 }
 
-// mountRootfs mounts a container's rootfs from img in dir: in a pod with
-// a user namespace of its own, the pod's root owns the image's files as
-// the host's root does.
-func (b *Broker) mountRootfs(p *pod, img *image.Image, dir string) (string, error) {
+// mountRootfs mounts container rec's rootfs from img in its directory:
+// in a pod with a user namespace of its own, the pod's root owns the
+// image's files as the host's root does. A container restored from a
+// checkpoint gets the checkpoint's writable layer.
+func (b *Broker) mountRootfs(p *pod, img *image.Image, rec *ContainerRecord) (string, error) {
+	if rec.Restore != nil {
+		if err := b.importCheckpointLayer(rec); err != nil {
+			return "", err
+		}
+	}
 	b.mu.Lock()
 	podNS := p.rec.Config.UserNS
 	b.mu.Unlock()
@@ -254,7 +265,7 @@ func (b *Broker) mountRootfs(p *pod, img *image.Image, dir string) (string, erro
 		defer f.Close()
 		userns = &image.UserNS{File: f, UID: int(podNS.HostID), GID: int(podNS.HostID)}
 	}
-	return b.opts.Images.MountRootfs(img.ID, dir, userns)
+	return b.opts.Images.MountRootfs(img.ID, rec.Dir, userns)
 }
 
 // mountImageVolumes mounts the images of cfg's image volumes beneath the
@@ -283,6 +294,12 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		return err
 	}
 	rec := c.rec
+	if isCheckpointArchive(rec.Config.Image) {
+		if err := b.unpackCheckpoint(ctx, rec, p); err != nil {
+			return err
+		}
+		defer b.removeUnpacked(ctx, rec, &err)
+	}
 	img, err := b.opts.Images.Get(rec.Config.Image)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
@@ -306,7 +323,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		}
 		b.rec.deleteContainer(rec.ID)
 	}()
-	rootfs, err := b.mountRootfs(p, img, rec.Dir)
+	rootfs, err := b.mountRootfs(p, img, rec)
 	if err != nil {
 		return fmt.Errorf("container rootfs: %w", err)
 	}
@@ -409,9 +426,17 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	b.mu.Lock()
+	restore := c.rec.Restore != nil
+	b.mu.Unlock()
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
-	st, err := h.StartContainer(actx, c.rec.ID)
+	var st *api.AppStatus
+	if restore {
+		st, err = b.startRestored(ctx, h, c)
+	} else {
+		st, err = h.StartContainer(actx, c.rec.ID)
+	}
 	if err != nil {
 		// The agent records a failed start as an exit; keep that truth.
 		if st2, serr := h.ContainerStatus(actx, c.rec.ID); serr == nil && st2.State == api.StateExited {

@@ -270,4 +270,17 @@ type ContainerRecord struct {
 	ExitCode   int32        `json:"exitCode"`
 	Reason     string       `json:"reason,omitempty"`
 	Message    string       `json:"message,omitempty"`
+	// Restore, for a container created from a checkpoint archive, is what
+	// its start restores.
+	Restore *RestoreRecord `json:"restore,omitempty"`
+}
+
+// RestoreRecord is the checkpoint a container was created from.
+type RestoreRecord struct {
+	// Archive is the checkpoint archive's path, Images the directory of
+	// its CRIU images (under the container's Dir), Image what the images
+	// leave out, for the stage1.
+	Archive string           `json:"archive"`
+	Images  string           `json:"images"`
+	Image   *stage1.AppImage `json:"image"`
 }

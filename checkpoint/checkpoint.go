@@ -67,6 +67,9 @@ type Container struct {
 	Checkpointed time.Time `json:"checkpointed"`
 	// Config is the broker's record of the container, opaque here.
 	Config json.RawMessage `json:"config,omitempty"`
+	// Processes is the stage1's account of what CRIU's images leave out,
+	// for their restore; opaque here.
+	Processes json.RawMessage `json:"processes,omitempty"`
 }
 
 // configDump is checkpointctl's ContainerConfig, the config.dump of

@@ -146,7 +146,55 @@ type Pod interface {
 // empty directory dir. FailedPrecondition when they cannot be saved
 // (criu's reason); NotFound when the pod has no such process.
 type AppCheckpointer interface {
-	CheckpointApp(ctx context.Context, id string, pid int, dir string) error
+	CheckpointApp(ctx context.Context, id string, pid int, dir string) (*AppImage, error)
+}
+
+// AppImage is what a dump of an app left out of its images, shared with
+// the rest of its pod, for its restore to give back.
+type AppImage struct {
+	// Net and PID: the pod's network namespace, and its PID namespace
+	// (an app sharing it, not its init), are the restored app's.
+	Net bool `json:"net,omitempty"`
+	PID bool `json:"pid,omitempty"`
+	// PIDs, with PID, are the app's processes' PIDs in the pod's PID
+	// namespace: its restore gives them back, so they must be free.
+	PIDs []int `json:"pids,omitempty"`
+	// Mounts are the mounts of file systems the app did not mount whole.
+	Mounts []ExternalMount `json:"mounts,omitempty"`
+	// Stdio are the app's standard streams that were pipes, by file
+	// descriptor: CRIU's names of them ("pipe:[INODE]").
+	Stdio map[int]string `json:"stdio,omitempty"`
+}
+
+// ExternalMount is a mount an app's images leave out.
+type ExternalMount struct {
+	// Point is where the app has it.
+	Point string `json:"point"`
+	// Device is the node's device node the mount shows (a bind of
+	// /dev/null: a device, or a masked file); empty: one of the
+	// container's mounts, at Point in its spec.
+	Device string `json:"device,omitempty"`
+}
+
+// AppRestorer is a Pod whose apps can be restored from CRIU images (an
+// AppCheckpointer's). RestoreApp restores app r.ID, created in the pod
+// and readied by its agent (r.IO), as a child of the agent, and returns
+// its PID as the agent numbers it. FailedPrecondition when it cannot be
+// restored (criu's reason).
+type AppRestorer interface {
+	RestoreApp(ctx context.Context, r *AppRestore) (int, error)
+}
+
+// AppRestore is an app to restore.
+type AppRestore struct {
+	// Spec is the app as created, with host paths (its rootfs, holding
+	// the checkpoint's writable layer, and its mounts' sources).
+	Spec *api.AppSpec
+	// Images is the directory of CRIU's images, Image what they left out.
+	Images string
+	Image  *AppImage
+	// IO is where the agent takes the restored app's output.
+	IO *api.RestoreIO
 }
 
 // Shutdown asks a pod's agent to stop every app (SIGTERM, timeout,

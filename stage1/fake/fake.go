@@ -49,6 +49,9 @@ type Backend struct {
 	// SaveApp, when set, makes pods stage1.AppCheckpointers whose
 	// CheckpointApp it is (it writes stand-in images into dir).
 	SaveApp func(id string, pid int, dir string) error
+	// RestoreApp, when set with SaveApp, makes pods also
+	// stage1.AppRestorers whose RestoreApp it is.
+	RestoreApp func(r *stage1.AppRestore) (int, error)
 
 	name string
 	mu   sync.Mutex
@@ -197,7 +200,11 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 
 func (b *Backend) wrap(p *Pod) stage1.Pod {
 	if b.SaveApp != nil {
-		return &savingPod{Pod: p, save: b.SaveApp}
+		sp := &savingPod{Pod: p, save: b.SaveApp}
+		if b.RestoreApp != nil {
+			return &restoringPod{savingPod: sp, restore: b.RestoreApp}
+		}
+		return sp
 	}
 	if b.PodMemory > 0 {
 		return &sizedPod{Pod: p, memory: b.PodMemory}
@@ -214,8 +221,25 @@ type savingPod struct {
 var _ stage1.AppCheckpointer = (*savingPod)(nil)
 
 // CheckpointApp implements stage1.AppCheckpointer.
-func (p *savingPod) CheckpointApp(_ context.Context, id string, pid int, dir string) error {
-	return p.save(id, pid, dir)
+func (p *savingPod) CheckpointApp(_ context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
+	if err := p.save(id, pid, dir); err != nil {
+		return nil, err
+	}
+	return &stage1.AppImage{Stdio: map[int]string{1: "pipe:[1]", 2: "pipe:[2]"}}, nil
+}
+
+// restoringPod is a fake pod that also restores its apps
+// (Backend.RestoreApp).
+type restoringPod struct {
+	*savingPod
+	restore func(r *stage1.AppRestore) (int, error)
+}
+
+var _ stage1.AppRestorer = (*restoringPod)(nil)
+
+// RestoreApp implements stage1.AppRestorer.
+func (p *restoringPod) RestoreApp(_ context.Context, r *stage1.AppRestore) (int, error) {
+	return p.restore(r)
 }
 
 // FailStart makes StartPod fail (after persisting) while on.

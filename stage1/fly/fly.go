@@ -337,9 +337,10 @@ var _ stage1.AppCheckpointer = (*Pod)(nil)
 // CheckpointApp implements stage1.AppCheckpointer: criu saves the app's
 // processes (pid is their first, numbered by the node, as the agent runs
 // in the node's PID namespace).
-func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) error {
-	if err := host.CheckpointApp(ctx, p.st.cgroup(), 0, pid, dir); err != nil {
-		return fmt.Errorf("fly: checkpoint %s: %w", id, err)
+func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
+	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 0, pid, dir)
+	if err != nil {
+		return nil, fmt.Errorf("fly: checkpoint %s: %w", id, err)
 	}
-	return nil
+	return img, nil
 }

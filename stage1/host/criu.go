@@ -11,9 +11,11 @@ import (
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 // CRIUDumpLog is the name of criu's log in a dump's image directory (as
@@ -23,14 +25,14 @@ const CRIUDumpLog = "dump.log"
 // CheckpointApp saves, with criu, the app of the pod in cg whose first
 // process is pid at PID namespace level (as PodProcess), left running,
 // into dir: the stage1s' stage1.AppCheckpointer.
-func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level, pid int, dir string) error {
+func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level, pid int, dir string) (*stage1.AppImage, error) {
 	criu, err := CRIUPath()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	node, err := PodProcess(cg, level, pid)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	return CRIUDump(ctx, criu, node, dir)
 }
@@ -82,40 +84,107 @@ func nsPIDs(status []byte) []string {
 //     of a file or directory: the /dev nodes, /etc/hosts, volumes), as a
 //     key made of its mount point (MountKey).
 //
-// FailedPrecondition, with the end of criu's log, when criu cannot save
-// the tree; DeadlineExceeded when ctx ends first (criu is killed then).
-func CRIUDump(ctx context.Context, criu string, pid int, dir string) error {
+// It returns what it named external and the tree's standard streams that
+// are pipes. FailedPrecondition, with the end of criu's log, when criu
+// cannot save the tree; DeadlineExceeded when ctx ends first (criu is
+// killed then).
+func CRIUDump(ctx context.Context, criu string, pid int, dir string) (*stage1.AppImage, error) {
 	proc := fmt.Sprintf("/proc/%d", pid)
+	img := &stage1.AppImage{Stdio: map[int]string{}}
 	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", CRIUDumpLog, "-v4", "--leave-running"}
 	if its, mine := nsInode(proc+"/ns/net"), nsInode("/proc/self/ns/net"); its != "" && its != mine {
-		args = append(args, "--external", "net["+its+"]:net")
+		args = append(args, "--external", "net["+its+"]:"+criuNetKey)
+		img.Net = true
 	}
 	status, err := os.ReadFile(proc + "/status")
 	if err != nil {
-		return errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
+		return nil, errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
 	}
 	if ids := nsPIDs(status); len(ids) > 1 && ids[len(ids)-1] != "1" {
 		if its := nsInode(proc + "/ns/pid"); its != "" {
-			args = append(args, "--external", "pid["+its+"]:pid")
+			args = append(args, "--external", "pid["+its+"]:"+criuPIDKey)
+			img.PID = true
+			img.PIDs = cgroupPIDs(pid, len(ids)-1)
 		}
 	}
 	mounts, err := readMountinfo(proc + "/mountinfo")
 	if err != nil {
-		return errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
+		return nil, errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
 	}
 	for _, point := range externalMounts(mounts) {
 		args = append(args, "--ext-mount-map", point+":"+MountKey(point))
+		img.Mounts = append(img.Mounts, stage1.ExternalMount{Point: point, Device: deviceOf(filepath.Join(proc, "root", point))})
+	}
+	for fd := 0; fd <= 2; fd++ {
+		if l, err := os.Readlink(fmt.Sprintf("%s/fd/%d", proc, fd)); err == nil && strings.HasPrefix(l, "pipe:") {
+			img.Stdio[fd] = l
+		}
 	}
 	cmd := exec.CommandContext(ctx, criu, args...)
 	out, err := cmd.CombinedOutput()
 	if err != nil && ctx.Err() != nil {
-		return fmt.Errorf("checkpoint: criu dump of process %d: %w (%v)", pid, errdefs.ErrDeadlineExceeded, ctx.Err())
+		return nil, fmt.Errorf("checkpoint: criu dump of process %d: %w (%v)", pid, errdefs.ErrDeadlineExceeded, ctx.Err())
 	}
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, CRIUDumpLog))
-		return errdefs.FailedPrecondition("checkpoint: criu dump of process %d: %v: %s%s", pid, err, bytes.TrimSpace(out), tail(log, 1024))
+		return nil, errdefs.FailedPrecondition("checkpoint: criu dump of process %d: %v: %s%s", pid, err, bytes.TrimSpace(out), tail(log, 1024))
 	}
-	return nil
+	return img, nil
+}
+
+// cgroupPIDs are the PIDs, at PID namespace level, of the processes in
+// the cgroup v2 cgroup of process pid; nil when they cannot be read.
+func cgroupPIDs(pid, level int) []int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return nil
+	}
+	path, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "0::")
+	if !ok {
+		return nil // cgroup v1
+	}
+	procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", path, "cgroup.procs"))
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(procs)) {
+		st, err := os.ReadFile("/proc/" + f + "/status")
+		if err != nil {
+			continue
+		}
+		if ids := nsPIDs(st); len(ids) > level {
+			if n, err := strconv.Atoi(ids[level]); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// criu's keys of the pod's namespaces an app's images leave out.
+const (
+	criuNetKey = "net"
+	criuPIDKey = "pid"
+)
+
+// stdDevices are the device nodes an app's /dev binds from its agent's.
+var stdDevices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// deviceOf is the node's device node (one of stdDevices) that the
+// character device at path is; "" when path is not one.
+func deviceOf(path string) string {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return ""
+	}
+	for _, name := range stdDevices {
+		var d unix.Stat_t
+		if unix.Stat("/dev/"+name, &d) == nil && d.Mode&unix.S_IFMT == unix.S_IFCHR && d.Rdev == st.Rdev {
+			return "/dev/" + name
+		}
+	}
+	return ""
 }
 
 func readMountinfo(path string) ([]*mountinfo.Info, error) {
@@ -166,11 +235,21 @@ func nsInode(path string) string {
 	return l[i+1 : j]
 }
 
-// tail is the end of a log, for an error message.
+// tail is what a criu log says of its failure, for an error message:
+// its first errors, else its last n bytes.
 func tail(b []byte, n int) string {
 	b = bytes.TrimSpace(b)
 	if len(b) == 0 {
 		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error (") && len(errs) < 4 {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) > 0 {
+		return "; its log says: " + strings.Join(errs, "; ")
 	}
 	if len(b) > n {
 		b = b[len(b)-n:]

@@ -764,14 +764,29 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 	return nil
 }
 
-var _ stage1.AppCheckpointer = (*Pod)(nil)
+var (
+	_ stage1.AppCheckpointer = (*Pod)(nil)
+	_ stage1.AppRestorer     = (*Pod)(nil)
+)
+
+// RestoreApp implements stage1.AppRestorer: criu, run from the app's
+// cgroup in the pod's PID and cgroup namespaces, restores the app as a
+// child of the agent, the PID namespace's init.
+func (p *Pod) RestoreApp(ctx context.Context, r *stage1.AppRestore) (int, error) {
+	pid, err := host.RestoreApp(ctx, p.st.cgroup(), r)
+	if err != nil {
+		return 0, fmt.Errorf("nspawn: restore %s: %w", r.Spec.ID, err)
+	}
+	return pid, nil
+}
 
 // CheckpointApp implements stage1.AppCheckpointer: criu, run on the node,
 // saves the app's processes (pid is their first in the pod's PID
 // namespace, whose PID 1 is the agent).
-func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) error {
-	if err := host.CheckpointApp(ctx, p.st.cgroup(), 1, pid, dir); err != nil {
-		return fmt.Errorf("nspawn: checkpoint %s: %w", id, err)
+func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
+	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 1, pid, dir)
+	if err != nil {
+		return nil, fmt.Errorf("nspawn: checkpoint %s: %w", id, err)
 	}
-	return nil
+	return img, nil
 }

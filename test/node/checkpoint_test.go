@@ -3,6 +3,7 @@ package node
 import (
 	"archive/tar"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -12,21 +13,26 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 
-// counterCmd counts in its rootfs, five times a second.
-const counterCmd = `exec </dev/null; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done`
+// counterCmd counts in its rootfs and to its log, five times a second.
+const counterCmd = `exec </dev/null; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; echo count $i; sleep 0.2; done`
 
 // TestCheckpointContainer: on Debian's own kernel, where its criu works,
 // CheckpointContainer saves a running counter of an nspawn pod and of a
 // fly pod, in its own PID namespace (the kubelet's default) and in the
 // pod's, into an archive holding criu's images of it, its writable layer
-// and its record; the counter goes on counting. Times and sizes are
-// logged.
+// and its record; the counter goes on counting. The nspawn archives are
+// restored into a container of a new pod (CreateContainer naming the
+// archive as its image, as with CRI-O), where the counter goes on from
+// where it was, to its new log; fly refuses them, saying why. Times and
+// sizes are logged.
 func TestCheckpointContainer(t *testing.T) {
 	e := nodeEnv(t)
 	criu, err := exec.LookPath("criu")
@@ -85,6 +91,7 @@ func TestCheckpointContainer(t *testing.T) {
 			})
 
 			archive := filepath.Join(archives, tc.name+".tar")
+			before := count()
 			start := time.Now()
 			if _, err := rt.CheckpointContainer(c, &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive, Timeout: 120}); err != nil {
 				t.Fatalf("CheckpointContainer: %v\n%s", err, journal(t))
@@ -133,6 +140,33 @@ func TestCheckpointContainer(t *testing.T) {
 			if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 				t.Errorf("after the checkpoint: %v, %v", st, err)
 			}
+			atDump := layerFile(t, filepath.Join(dir, checkpoint.RootfsDiff), "tmp/count")
+			switch {
+			case tc.handler == "fly":
+				q := startPod(t, rt, ref, tc.name+"-restored", tc.namespace, tc.handler, "")
+				_, err := rt.CreateContainer(c, restoreRequest(q, "counter", archive))
+				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cannot restore") {
+					t.Errorf("CreateContainer from an archive in a fly pod: %v, want FailedPrecondition saying it cannot restore", err)
+				}
+			case tc.pid == runtimeapi.NamespaceMode_POD:
+				// Its PIDs come back with it: not while the original
+				// holds them, once it stopped.
+				cr, err := rt.CreateContainer(c, restoreRequest(p, "counter-beside", archive))
+				if err != nil {
+					t.Fatalf("CreateContainer from %s: %v", archive, err)
+				}
+				_, err = rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId})
+				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "are taken") {
+					t.Errorf("restore beside the original in its pod's PID namespace: %v, want FailedPrecondition saying its PIDs are taken", err)
+				}
+				if _, err := rt.StopContainer(c, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 10}); err != nil {
+					t.Fatal(err)
+				}
+				restoreInto(t, rt, p, "counter-again", archive, before, atDump)
+			default:
+				q := startPod(t, rt, ref, tc.name+"-restored", tc.namespace, tc.handler, "")
+				restoreInto(t, rt, q, "counter", archive, before, atDump)
+			}
 		})
 	}
 	// Nothing but the archives.
@@ -140,6 +174,102 @@ func TestCheckpointContainer(t *testing.T) {
 	for _, e := range ents {
 		if !strings.HasSuffix(e.Name(), ".tar") {
 			t.Errorf("left beside the archives: %s", e.Name())
+		}
+	}
+}
+
+// restoreRequest creates container name in pod q from a checkpoint
+// archive, as CRI-O takes one: the archive's path as its image.
+func restoreRequest(q *pod, name, archive string) *runtimeapi.CreateContainerRequest {
+	return &runtimeapi.CreateContainerRequest{
+		PodSandboxId: q.id, SandboxConfig: q.cfg,
+		Config: &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: name},
+			Image:    &runtimeapi.ImageSpec{Image: archive},
+			LogPath:  name + ".log",
+		},
+	}
+}
+
+// restoreInto restores the counter's archive into container name of pod
+// q: the counter goes on from where it was, at least before (its count
+// before the checkpoint) and at most atDump (the count its layer holds,
+// read after the dump), to its new log; it stops and goes as any
+// container.
+func restoreInto(t *testing.T, rt runtimeapi.RuntimeServiceClient, q *pod, name, archive string, before int, atDump string) {
+	t.Helper()
+	c := ctx(t)
+	cr, err := rt.CreateContainer(c, restoreRequest(q, name, archive))
+	if err != nil {
+		t.Fatalf("CreateContainer from %s: %v\n%s", archive, err, journal(t))
+	}
+	start := time.Now()
+	if _, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+		t.Fatalf("StartContainer (restore): %v\n%s", err, journal(t))
+	}
+	took := time.Since(start)
+	log := filepath.Join(q.logDir, name+".log")
+	var first, last int
+	testutil.WaitFor(t, time.Minute, "the restored counter logs on", func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		first, last = 0, 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if _, after, ok := strings.Cut(l, " count "); ok {
+				n, _ := strconv.Atoi(strings.TrimSpace(after))
+				if first == 0 {
+					first = n
+				}
+				last = n
+			}
+		}
+		return last > first+2, fmt.Sprintf("first %d last %d", first, last)
+	})
+	dumped, _ := strconv.Atoi(strings.TrimSpace(atDump))
+	if first-1 < before || first-1 > dumped {
+		t.Errorf("the restored counter began its log at %d: want one past its count at the dump, between %d (before the checkpoint) and %d (its layer)", first, before, dumped)
+	}
+	st, err := rt.ContainerStatus(c, &runtimeapi.ContainerStatusRequest{ContainerId: cr.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("restored container: %v, %v", st, err)
+	}
+	r, err := rt.ExecSync(c, &runtimeapi.ExecSyncRequest{ContainerId: cr.ContainerId, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
+	if err != nil || r.ExitCode != 0 {
+		t.Errorf("exec in the restored container: %v %v", r, err)
+	}
+	t.Logf("%s: restored in %v (StartContainer); its log goes on from %d (checkpointed between %d and %d)", name, took.Round(time.Millisecond), first, before, dumped)
+	// It stops and goes as any container does.
+	if _, err := rt.StopContainer(c, &runtimeapi.StopContainerRequest{ContainerId: cr.ContainerId, Timeout: 10}); err != nil {
+		t.Errorf("StopContainer (restored): %v", err)
+	}
+	st, err = rt.ContainerStatus(c, &runtimeapi.ContainerStatusRequest{ContainerId: cr.ContainerId})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("restored container after stop: %v, %v", st, err)
+	}
+	if _, err := rt.RemoveContainer(c, &runtimeapi.RemoveContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+		t.Errorf("RemoveContainer (restored): %v", err)
+	}
+}
+
+// layerFile is the content of entry name of the layer tar at path.
+func layerFile(t *testing.T, path, name string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err != nil {
+			t.Fatalf("layer %s has no %s: %v", path, name, err)
+		}
+		if hdr.Name == name {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(b)
 		}
 	}
 }

@@ -1,0 +1,151 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
+	"github.com/stagelet/stagelet/checkpoint"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// A container is restored from a checkpoint archive as CRI-O does it:
+// CreateContainer names the archive's path as its image. The container
+// is created as the checkpointed one was (its image, command,
+// environment, security), with the request's name, labels, annotations,
+// log path and mounts, on the archive's writable layer; StartContainer
+// then has the pod's stage1 restore the archive's processes into it
+// (stage1.AppRestorer) rather than start its command.
+
+// restoreTimeout bounds the restore of a container's processes (criu).
+const restoreTimeout = 5 * time.Minute
+
+// restoreDir is where a container's checkpoint archive is unpacked,
+// within its directory.
+const restoreDir = "checkpoint"
+
+// isCheckpointArchive says whether a container's image names a
+// checkpoint archive: a path, which no image reference is.
+func isCheckpointArchive(ref string) bool { return filepath.IsAbs(ref) }
+
+// checkRestorable refuses, before anything is taken, a container to be
+// restored into pod p that cannot be: its stage1 or this node cannot.
+func (b *Broker) checkRestorable(ctx context.Context, p *pod) error {
+	b.mu.Lock()
+	name := p.rec.Stage1
+	b.mu.Unlock()
+	if err := b.checkpointable(ctx, name); err != nil {
+		return err
+	}
+	h, err := b.podHandle(p)
+	if err != nil {
+		return err
+	}
+	if _, ok := h.Pod.(stage1.AppRestorer); !ok {
+		return errdefs.FailedPrecondition("stage1 %s cannot restore a container from a checkpoint (only nspawn's pods can, in their own PID namespace)", name)
+	}
+	return nil
+}
+
+// unpackCheckpoint unpacks the checkpoint archive rec.Config.Image names
+// into rec.Dir and makes rec the restored container's, for pod p: its
+// configuration the checkpointed one's with the request's name, labels,
+// annotations, log path and (when it has any) mounts. On failure rec.Dir
+// is removed again.
+func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *pod) (err error) {
+	defer b.removeUnpacked(ctx, rec, &err)
+	b.mu.Lock()
+	stage1Name := p.rec.Stage1
+	b.mu.Unlock()
+	archive := rec.Config.Image
+	dir := filepath.Join(rec.Dir, restoreDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	meta, err := checkpoint.Read(archive, dir)
+	if err != nil {
+		return err
+	}
+	if meta.Stage1 != stage1Name {
+		return errdefs.FailedPrecondition("checkpoint archive %s: a container of stage1 %s cannot be restored into a pod of stage1 %s", archive, meta.Stage1, stage1Name)
+	}
+	var old ContainerConfig
+	if err := json.Unmarshal(meta.Config, &old); err != nil {
+		return errdefs.InvalidArgument("checkpoint archive %s: the container's configuration: %v", archive, err)
+	}
+	var img stage1.AppImage
+	if len(meta.Processes) == 0 || json.Unmarshal(meta.Processes, &img) != nil {
+		return errdefs.InvalidArgument("checkpoint archive %s: no account of its processes' images", archive)
+	}
+	if isCheckpointArchive(old.Image) {
+		return errdefs.InvalidArgument("checkpoint archive %s: its container's image %q is a path", archive, old.Image)
+	}
+	req := rec.Config
+	cfg := old
+	cfg.Metadata, cfg.Labels, cfg.Annotations, cfg.LogPath = req.Metadata, req.Labels, req.Annotations, req.LogPath
+	if len(req.Mounts) > 0 {
+		cfg.Mounts = req.Mounts
+	}
+	if err := validateContainerConfig(&cfg); err != nil {
+		return fmt.Errorf("checkpoint archive %s: %w", archive, err)
+	}
+	b.mu.Lock()
+	rec.Config = cfg
+	rec.ImageName = cfg.Image
+	rec.Restore = &RestoreRecord{Archive: archive, Images: filepath.Join(dir, checkpoint.ImagesDir), Image: &img}
+	b.mu.Unlock()
+	return nil
+}
+
+// removeUnpacked removes the directory of container rec, with its
+// unpacked checkpoint, when *err is set: it goes as its rootfs goes,
+// unmounted first.
+func (b *Broker) removeUnpacked(ctx context.Context, rec *ContainerRecord, err *error) {
+	if *err == nil {
+		return
+	}
+	if rerr := b.opts.Images.UnmountRootfs(rec.Dir); rerr != nil {
+		b.log.ErrorContext(ctx, "removing the unpacked checkpoint of a container that failed to be created", "container", rec.ID, "err", rerr)
+	}
+}
+
+// importCheckpointLayer makes the writable layer of rec's rootfs the
+// checkpoint's, before the rootfs is mounted.
+func (b *Broker) importCheckpointLayer(rec *ContainerRecord) error {
+	f, err := os.Open(filepath.Join(rec.Dir, restoreDir, checkpoint.RootfsDiff))
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	defer f.Close()
+	return image.ImportLayer(rec.Dir, f, b.log)
+}
+
+// startRestored starts container c of pod p, created from a checkpoint,
+// by restoring the checkpoint's processes. The caller holds c.op.
+func (b *Broker) startRestored(ctx context.Context, h *client.Pod, c *container) (*api.AppStatus, error) {
+	restorer, ok := h.Pod.(stage1.AppRestorer)
+	if !ok {
+		return nil, errdefs.FailedPrecondition("container %s was created from a checkpoint, and its pod's stage1 cannot restore one", c.rec.ID)
+	}
+	b.mu.Lock()
+	spec, r := c.rec.App, c.rec.Restore
+	b.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
+	start := time.Now()
+	st, err := h.RestoreContainer(rctx, c.rec.ID, func(io *api.RestoreIO) (int, error) {
+		return restorer.RestoreApp(rctx, &stage1.AppRestore{Spec: spec, Images: r.Images, Image: r.Image, IO: io})
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.log.InfoContext(ctx, "container restored", "container", c.rec.ID, "archive", r.Archive, "took", time.Since(start))
+	return st, nil
+}

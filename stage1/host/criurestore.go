@@ -1,0 +1,235 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+)
+
+// CRIURestoreLog is the name of criu's log of a restore, in the images'
+// directory.
+const CRIURestoreLog = "restore.log"
+
+// RestoreApp restores, with criu, app r.Spec.ID of the pod in cg, whose
+// agent is PID 1 of the pod's PID namespace, one level below the node's:
+// nspawn's stage1.AppRestorer. (An agent in the node's PID namespace, as
+// fly's, is no restored process's parent when criu runs here.) The restored process
+// ends as a child of the agent, in the app's cgroup, the pod's network
+// and IPC namespaces (and its PID namespace, when it shares it), on the
+// app's rootfs with the app's mounts; its output goes into the agent's
+// pipes. It returns the PID the agent sees.
+//
+// criu runs from the app's cgroup (it leaves cgroups alone) and, for a
+// pod with a PID namespace of its own, in that namespace and the pod's
+// cgroup namespace with a /proc of its own, so that the process it
+// restores detached is re-parented to the pod's init, the agent. Only
+// cgroup v2 can start criu there. FailedPrecondition with criu's reason.
+func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (int, error) {
+	const level = 1
+	criu, err := CRIUPath()
+	if err != nil {
+		return 0, err
+	}
+	if !cg.IsV2() {
+		return 0, errdefs.FailedPrecondition("restore: needs cgroup v2 (a process started in the app's cgroup); this node has v1")
+	}
+	agent, err := PodProcess(cg, level, r.IO.PID)
+	if err != nil {
+		return 0, err
+	}
+	if r.Image.PID {
+		if err := pidsFree(cg, level, r.Image.PIDs); err != nil {
+			return 0, err
+		}
+	}
+	appCg, err := findCgroup(cg.Paths[cgroups.Unified], api.AppCgroup(r.Spec.ID))
+	if err != nil {
+		return 0, err
+	}
+	cgDir, err := os.Open(appCg)
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	defer cgDir.Close()
+
+	args, files, err := restoreExternals(fmt.Sprintf("/proc/%d", agent), r)
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	if err != nil {
+		return 0, err
+	}
+	pidfile := filepath.Join(r.Images, "restore.pid")
+	if err := os.Remove(pidfile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("restore: %w", err) // criu refuses to overwrite it
+	}
+	args = append([]string{criu, "restore", "-D", r.Images, "-o", CRIURestoreLog, "-v4", "--restore-detached",
+		"--root", r.Spec.Rootfs, "--manage-cgroups=ignore", "--pidfile", pidfile,
+		// The pod's IPC namespace, as criu sees the agent.
+		"--join-ns", fmt.Sprintf("ipc:/proc/%d/ns/ipc", r.IO.PID)}, args...)
+	args = append([]string{"nsenter", "--target", strconv.Itoa(agent), "--pid", "--cgroup", "--",
+		// Slave: the node's mounts keep their peer groups, whose sharing
+		// criu copies to the external mounts it binds.
+		"unshare", "--mount", "--mount-proc", "--propagation", "slave", "--"}, args...)
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		return 0, errdefs.FailedPrecondition("restore: %v", err)
+	}
+	cmd := exec.CommandContext(ctx, path, args[1:]...)
+	cmd.ExtraFiles = files
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgDir.Fd())}
+	out, err := cmd.CombinedOutput()
+	if err != nil && ctx.Err() != nil {
+		return 0, fmt.Errorf("restore: criu: %w (%v)", errdefs.ErrDeadlineExceeded, ctx.Err())
+	}
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(r.Images, CRIURestoreLog))
+		return 0, errdefs.FailedPrecondition("restore: criu restore: %v: %s%s", err, bytes.TrimSpace(out), tail(log, 1024))
+	}
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		return 0, fmt.Errorf("restore: criu's pidfile: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("restore: criu's pidfile holds %q", b)
+	}
+	return pid, nil
+}
+
+// pidsFree refuses a restore into the pod in cg of an app that shared its
+// pod's PID namespace (criu gives it its PIDs back) when a process of the
+// pod has one of them already.
+func pidsFree(cg *cgroups.Cgroup, level int, pids []int) error {
+	procs, err := cg.Procs()
+	if err != nil {
+		return err
+	}
+	var taken []string
+	for _, p := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		if err != nil {
+			continue
+		}
+		if ids := nsPIDs(b); len(ids) > level {
+			if n, err := strconv.Atoi(ids[level]); err == nil && slices.Contains(pids, n) {
+				taken = append(taken, ids[level])
+			}
+		}
+	}
+	if len(taken) > 0 {
+		return errdefs.FailedPrecondition("restore: the checkpointed app shared its pod's PID namespace, and its PIDs %s are taken in this pod's: restore it where they are free", strings.Join(taken, ", "))
+	}
+	return nil
+}
+
+// mountSource is the node path to bind where the app had external mount
+// m: the device node it showed, or the source of the app's mount there.
+func mountSource(spec *api.AppSpec, m stage1.ExternalMount) (string, error) {
+	if m.Device != "" {
+		if !slices.Contains(stdDevices, strings.TrimPrefix(m.Device, "/dev/")) {
+			return "", errdefs.InvalidArgument("restore: mount %s shows device %s, not one an app is given", m.Point, m.Device)
+		}
+		return m.Device, nil
+	}
+	for _, sm := range spec.Mounts {
+		if filepath.Clean(sm.Destination) == m.Point {
+			return sm.Source, nil
+		}
+	}
+	return "", errdefs.FailedPrecondition("restore: the checkpointed app had a mount at %s, which the new container does not have", m.Point)
+}
+
+// findCgroup is the directory named name beneath root (at most three
+// levels down): an app's cgroup in its pod's.
+func findCgroup(root, name string) (string, error) {
+	found := ""
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if d.Name() == name {
+			found = p
+			return fs.SkipAll
+		}
+		if strings.Count(strings.TrimPrefix(p, root), "/") >= 3 {
+			return fs.SkipDir
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	if found == "" {
+		return "", errdefs.NotFound("restore: no cgroup %s in the pod's %s", name, root)
+	}
+	return found, nil
+}
+
+// restoreExternals are criu's arguments that give the restored app what
+// its images left out, from the pod whose agent is proc (a /proc/PID):
+// the pod's namespaces, the agent's pipes for its output, its mounts'
+// sources; with the files to pass criu, from fd 3 on (the caller closes
+// them, also on error).
+func restoreExternals(proc string, r *stage1.AppRestore) ([]string, []*os.File, error) {
+	var files []*os.File
+	var args []string
+	inherit := func(path string, flag int, key string) error {
+		f, err := os.OpenFile(path, flag, 0)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		files = append(files, f)
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 2+len(files), key))
+		return nil
+	}
+	if r.Image.Net {
+		if err := inherit(proc+"/ns/net", os.O_RDONLY, criuNetKey); err != nil {
+			return nil, files, err
+		}
+	}
+	if r.Image.PID {
+		if err := inherit(proc+"/ns/pid", os.O_RDONLY, criuPIDKey); err != nil {
+			return nil, files, err
+		}
+	}
+	for fd, key := range r.Image.Stdio {
+		var to int
+		switch fd {
+		case 1:
+			to = r.IO.Stdout
+		case 2:
+			to = r.IO.Stderr
+		default:
+			return nil, files, errdefs.FailedPrecondition("restore: the app's fd %d was a pipe (%s): only its output can be given back", fd, key)
+		}
+		// The agent's pipe, opened anew through its fd.
+		if err := inherit(fmt.Sprintf("%s/fd/%d", proc, to), os.O_WRONLY, key); err != nil {
+			return nil, files, err
+		}
+	}
+	for _, m := range r.Image.Mounts {
+		src, err := mountSource(r.Spec, m)
+		if err != nil {
+			return nil, files, err
+		}
+		args = append(args, "--ext-mount-map", MountKey(m.Point)+":"+src)
+	}
+	return args, files, nil
+}
