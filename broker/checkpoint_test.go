@@ -81,22 +81,22 @@ func TestCheckpointRefusals(t *testing.T) {
 
 	// RestorePod: the policy decides as for a new pod, then the stage1.
 	in := t.TempDir()
-	err = b.RestorePod(ctx, filepath.Join(in, "none"), podCfg("r"), []string{"c"})
+	_, _, err = b.RestorePod(ctx, filepath.Join(in, "none"), podCfg("r"), []*ContainerConfig{ctrCfg("c")})
 	wantErr(err, errdefs.ErrNotFound, "checkpoint_path")
-	err = b.RestorePod(ctx, in, podCfg("r"), nil)
+	_, _, err = b.RestorePod(ctx, in, podCfg("r"), nil)
 	wantErr(err, errdefs.ErrInvalidArgument, "container_configs")
-	err = b.RestorePod(ctx, in, podCfg("r"), []string{"c", "c"})
+	_, _, err = b.RestorePod(ctx, in, podCfg("r"), []*ContainerConfig{ctrCfg("c"), ctrCfg("c")})
 	wantErr(err, errdefs.ErrInvalidArgument, "twice")
 	locked := podCfg("r")
 	locked.Metadata.Namespace, locked.Privileged = "locked", true
-	err = b.RestorePod(ctx, in, locked, []string{"c"})
+	_, _, err = b.RestorePod(ctx, in, locked, []*ContainerConfig{ctrCfg("c")})
 	wantErr(err, errdefs.ErrPermissionDenied, "no privileged pods in locked")
 	restoreVM := podCfg("r")
 	restoreVM.HostNetwork, restoreVM.RuntimeHandler = false, "vm"
-	err = b.RestorePod(ctx, in, restoreVM, []string{"c"})
+	_, _, err = b.RestorePod(ctx, in, restoreVM, []*ContainerConfig{ctrCfg("c")})
 	wantErr(err, errdefs.ErrFailedPrecondition, "its state is a VM's")
-	err = b.RestorePod(ctx, in, podCfg("r"), []string{"c"})
-	wantErr(err, errdefs.ErrUnimplemented, "stage1 fake")
+	_, _, err = b.RestorePod(ctx, in, podCfg("r"), []*ContainerConfig{ctrCfg("c")})
+	wantErr(err, errdefs.ErrNotFound, "no pod checkpoint")
 
 	// Without a CRIU check, refused.
 	e.criu = nil
@@ -302,4 +302,121 @@ func TestRestoreFromArchive(t *testing.T) {
 	}
 	_, err = b.CreateContainer(ctx, vpid, from("r", archive))
 	wantErr(err, errdefs.ErrFailedPrecondition, "its state is a VM's")
+}
+
+// CheckpointPod pauses every container named before saving any, writes
+// an archive each and the pod's description, and resumes them; a failure
+// leaves nothing. RestorePod makes a pod through the policy, with the
+// checkpoint's containers created from their archives, matched by name;
+// a configuration that does not match its checkpoint is refused, and
+// leaves no pod.
+func TestCheckpointPodAndRestorePod(t *testing.T) {
+	e := newEnv(t)
+	e.criu = func(context.Context) error { return nil }
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	var ids []string
+	pausedAtSave := map[string]bool{} // every container paused at each save
+	var failSave string
+	e.be.SaveApp = func(id string, pid int, dir string) error {
+		for _, other := range ids {
+			pausedAtSave[id] = pausedAtSave[id] || !e.be.Frozen(other)
+		}
+		if id == failSave {
+			return errdefs.FailedPrecondition("criu said no")
+		}
+		return os.WriteFile(filepath.Join(dir, "pstree.img"), []byte("images of "+id), 0o600)
+	}
+	e.be.RestoreApp = func(r *stage1.AppRestore) (int, error) { return 0, errdefs.FailedPrecondition("not here") }
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, err := b.RunPod(ctx, podCfg("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := map[string]*ContainerConfig{}
+	for _, name := range []string{"a", "b"} {
+		cfg := ctrCfg(name)
+		cfg.Command = []string{"sleep", "1000"}
+		cfgs[name] = cfg
+		id, err := b.CreateContainer(ctx, pid, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.StartContainer(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := b.ContainerStatus(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(rec.Dir, "upper"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	out := t.TempDir()
+	if err := b.CheckpointPod(ctx, pid, out, ids); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	ents, _ := os.ReadDir(out)
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{"container-a.tar", "container-b.tar", "pod.dump"}; !slices.Equal(names, want) {
+		t.Errorf("pod checkpoint holds %v, want %v", names, want)
+	}
+	for _, id := range ids {
+		if paused, seen := pausedAtSave[id]; !seen || paused {
+			t.Errorf("container %s saved while another was not paused (saved: %v)", id, seen)
+		}
+		if e.be.Frozen(id) {
+			t.Errorf("container %s still paused", id)
+		}
+		if st, err := b.ContainerStatus(ctx, id); err != nil || st.State != ContainerRunning {
+			t.Errorf("after the checkpoint: %+v %v", st, err)
+		}
+	}
+	failSave = ids[1]
+	failed := t.TempDir()
+	if err := b.CheckpointPod(ctx, pid, failed, ids); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("failed save: %v", err)
+	}
+	if ents, _ := os.ReadDir(failed); len(ents) != 0 || e.be.Frozen(ids[0]) || e.be.Frozen(ids[1]) {
+		t.Errorf("a failed pod checkpoint left %v, paused %v %v", ents, e.be.Frozen(ids[0]), e.be.Frozen(ids[1]))
+	}
+
+	pods := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.pods)
+	}
+	before := pods()
+	bad := *cfgs["a"]
+	bad.Image = "example.test/other:1"
+	_, _, err = b.RestorePod(ctx, out, podCfg("y"), []*ContainerConfig{&bad, cfgs["b"]})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "other:1") {
+		t.Errorf("restore with another image: %v", err)
+	}
+	_, _, err = b.RestorePod(ctx, out, podCfg("y"), []*ContainerConfig{cfgs["a"]})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("restore of part of the checkpoint: %v", err)
+	}
+	if n := pods(); n != before {
+		t.Errorf("refused restores left %d pods", n-before)
+	}
+	ypid, restored, err := b.RestorePod(ctx, out, podCfg("y"), []*ContainerConfig{cfgs["b"], cfgs["a"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(restored) != 2 || restored[0].Name != "b" || restored[1].Name != "a" {
+		t.Fatalf("restored %+v", restored)
+	}
+	for _, r := range restored {
+		rec, err := b.ContainerStatus(ctx, r.ID)
+		if err != nil || rec.PodID != ypid || rec.State != ContainerCreated || rec.Config.Metadata.Name != r.Name ||
+			rec.Restore == nil || rec.Restore.Archive != filepath.Join(out, "container-"+r.Name+".tar") {
+			t.Errorf("restored container %s: %+v %v", r.Name, rec, err)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
@@ -17,10 +18,12 @@ import (
 )
 
 // A container is restored from a checkpoint archive as CRI-O does it:
-// CreateContainer names the archive's path as its image. The container
-// is created as the checkpointed one was (its image, command,
-// environment, security), with the request's name, labels, annotations,
-// log path and mounts, on the archive's writable layer; StartContainer
+// CreateContainer names the archive's path as its image (RestorePod does
+// so for each container of a pod checkpoint). The container is created
+// as the checkpointed one was (its image, command, environment,
+// security), with the request's name, labels, annotations, log path and,
+// when it gives them, mounts, devices and resources, on the archive's
+// writable layer; a request naming another command is refused. StartContainer
 // then has the pod's stage1 restore the archive's processes into it
 // (stage1.AppRestorer) rather than start its command.
 
@@ -88,10 +91,24 @@ func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *
 		return errdefs.InvalidArgument("checkpoint archive %s: its container's image %q is a path", archive, old.Image)
 	}
 	req := rec.Config
+	// The checkpoint is the process: a request that names another
+	// command is refused.
+	if len(req.Command) > 0 && !slices.Equal(req.Command, old.Command) ||
+		len(req.Args) > 0 && !slices.Equal(req.Args, old.Args) ||
+		req.WorkingDir != "" && req.WorkingDir != old.WorkingDir {
+		return errdefs.FailedPrecondition("checkpoint archive %s: the container ran %q %q in %q, not the %q %q in %q configured",
+			archive, old.Command, old.Args, old.WorkingDir, req.Command, req.Args, req.WorkingDir)
+	}
 	cfg := old
 	cfg.Metadata, cfg.Labels, cfg.Annotations, cfg.LogPath = req.Metadata, req.Labels, req.Annotations, req.LogPath
 	if len(req.Mounts) > 0 {
 		cfg.Mounts = req.Mounts
+	}
+	if len(req.Devices) > 0 || len(req.CDIDevices) > 0 {
+		cfg.Devices, cfg.CDIDevices = req.Devices, req.CDIDevices
+	}
+	if req.Resources != (Resources{}) {
+		cfg.Resources = req.Resources
 	}
 	if err := validateContainerConfig(&cfg); err != nil {
 		return fmt.Errorf("checkpoint archive %s: %w", archive, err)

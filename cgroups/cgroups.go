@@ -18,6 +18,7 @@ package cgroups
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -628,6 +629,49 @@ func (c *Cgroup) Kill() error {
 	}
 	return c.waitEmpty(deadline)
 }
+
+// Freeze pauses every process of c with the cgroup freezer (v2's
+// cgroup.freeze, v1's freezer.state) and returns once the kernel says
+// they are, with the function that resumes them. ErrNoFreezer when c has
+// no freezer; the context's error when they are not frozen by its end (c
+// is thawed again then).
+func (c *Cgroup) Freeze(ctx context.Context) (thaw func() error, err error) {
+	dir, file, on, off, done := "", "", "", "", ""
+	if d, ok := c.Paths[Unified]; ok {
+		dir, file, on, off, done = d, "cgroup.freeze", "1", "0", "frozen 1"
+	} else if d, ok := c.Paths["freezer"]; ok {
+		dir, file, on, off, done = d, "freezer.state", "FROZEN", "THAWED", "FROZEN"
+	} else {
+		return nil, ErrNoFreezer
+	}
+	thaw = func() error { return writeFile(dir, file, off) }
+	if err := writeFile(dir, file, on); err != nil {
+		return nil, err
+	}
+	state := file
+	if file == "cgroup.freeze" {
+		state = "cgroup.events"
+	}
+	for {
+		s, err := readFile(dir, state)
+		if err != nil {
+			_ = thaw()
+			return nil, err
+		}
+		if strings.Contains(s, done) {
+			return thaw, nil
+		}
+		select {
+		case <-ctx.Done():
+			_ = thaw()
+			return nil, fmt.Errorf("cgroups: freeze %s: %w", dir, ctx.Err())
+		case <-time.After(5 * time.Millisecond): // polling the kernel's state
+		}
+	}
+}
+
+// ErrNoFreezer says a cgroup has no freezer to pause its processes with.
+var ErrNoFreezer = errors.New("cgroups: no freezer")
 
 // freeze freezes c (best effort, bounded) and returns the function that
 // thaws it.

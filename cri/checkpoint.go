@@ -2,12 +2,14 @@ package cri
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strings"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -41,8 +43,10 @@ func (s *Server) CheckpointPod(ctx context.Context, r *runtimeapi.CheckpointPodR
 	if err := noOptions(r.GetOptions()); err != nil {
 		return nil, err
 	}
-	// Until checkpoints are done, the broker refuses each one, saying why.
-	return nil, s.b.CheckpointPod(ctx, r.GetPodSandboxId(), r.GetOutputPath(), r.GetContainerIds())
+	if err := s.b.CheckpointPod(ctx, r.GetPodSandboxId(), r.GetOutputPath(), r.GetContainerIds()); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.CheckpointPodResponse{}, nil
 }
 
 // RestorePod makes a pod from a CheckpointPod directory (CRI v0.37).
@@ -54,12 +58,26 @@ func (s *Server) RestorePod(ctx context.Context, r *runtimeapi.RestorePodRequest
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, 0, len(r.GetContainerConfigs()))
-	for _, c := range r.GetContainerConfigs() {
-		names = append(names, c.GetMetadata().GetName())
+	ctrs := make([]*broker.ContainerConfig, 0, len(r.GetContainerConfigs()))
+	for i, c := range r.GetContainerConfigs() {
+		if c.GetMetadata().GetName() == "" {
+			return nil, errdefs.InvalidArgument("container_configs[%d]: metadata.name is required", i)
+		}
+		cc, err := containerConfigFrom(c)
+		if err != nil {
+			return nil, fmt.Errorf("container_configs[%d]: %w", i, err)
+		}
+		ctrs = append(ctrs, cc)
 	}
-	// Until restores are done, the broker refuses each one, saying why.
-	return nil, s.b.RestorePod(ctx, r.GetCheckpointPath(), pc, names)
+	id, restored, err := s.b.RestorePod(ctx, r.GetCheckpointPath(), pc, ctrs)
+	if err != nil {
+		return nil, err
+	}
+	out := &runtimeapi.RestorePodResponse{PodSandboxId: id}
+	for _, c := range restored {
+		out.RestoredContainers = append(out.RestoredContainers, &runtimeapi.RestoredContainer{Name: c.Name, ContainerId: c.ID})
+	}
+	return out, nil
 }
 
 // noOptions refuses runtime-specific checkpoint and restore options:

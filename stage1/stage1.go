@@ -145,8 +145,14 @@ type Pod interface {
 // pod's agent numbers pid, leaving them running, as CRIU images in the
 // empty directory dir. FailedPrecondition when they cannot be saved
 // (criu's reason); NotFound when the pod has no such process.
+//
+// FreezeApps pauses the processes of apps ids and returns the function
+// that resumes them, so that what is saved of them (their processes,
+// their layers) is of one moment; CheckpointApp leaves a paused app
+// paused.
 type AppCheckpointer interface {
 	CheckpointApp(ctx context.Context, id string, pid int, dir string) (*AppImage, error)
+	FreezeApps(ctx context.Context, ids []string) (thaw func() error, err error)
 }
 
 // AppImage is what a dump of an app left out of its images, shared with

@@ -61,6 +61,7 @@ type Backend struct {
 	destroyed map[string]int
 	specs     map[string]*stage1.PodSpec
 	failStart bool
+	frozen    map[string]bool
 	hang      map[string]bool
 	// recovering counts RecoverPod calls under way; maxRecovering is the
 	// most at once.
@@ -200,7 +201,7 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 
 func (b *Backend) wrap(p *Pod) stage1.Pod {
 	if b.SaveApp != nil {
-		sp := &savingPod{Pod: p, save: b.SaveApp}
+		sp := &savingPod{Pod: p, save: b.SaveApp, b: b}
 		if b.RestoreApp != nil {
 			return &restoringPod{savingPod: sp, restore: b.RestoreApp}
 		}
@@ -216,6 +217,35 @@ func (b *Backend) wrap(p *Pod) stage1.Pod {
 type savingPod struct {
 	*Pod
 	save func(id string, pid int, dir string) error
+	b    *Backend
+}
+
+// FreezeApps implements stage1.AppCheckpointer: Frozen tells which apps
+// are paused.
+func (p *savingPod) FreezeApps(_ context.Context, ids []string) (func() error, error) {
+	p.b.mu.Lock()
+	defer p.b.mu.Unlock()
+	if p.b.frozen == nil {
+		p.b.frozen = map[string]bool{}
+	}
+	for _, id := range ids {
+		p.b.frozen[id] = true
+	}
+	return func() error {
+		p.b.mu.Lock()
+		defer p.b.mu.Unlock()
+		for _, id := range ids {
+			delete(p.b.frozen, id)
+		}
+		return nil
+	}, nil
+}
+
+// Frozen tells whether app id is paused (FreezeApps).
+func (b *Backend) Frozen(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.frozen[id]
 }
 
 var _ stage1.AppCheckpointer = (*savingPod)(nil)

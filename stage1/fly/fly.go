@@ -337,8 +337,18 @@ var _ stage1.AppCheckpointer = (*Pod)(nil)
 // CheckpointApp implements stage1.AppCheckpointer: criu saves the app's
 // processes (pid is their first, numbered by the node, as the agent runs
 // in the node's PID namespace).
+// FreezeApps implements stage1.AppCheckpointer: the apps' cgroups'
+// freezer.
+func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error) {
+	thaw, err := host.FreezeApps(ctx, p.st.cgroup(), ids)
+	if err != nil {
+		return nil, fmt.Errorf("fly: %w", err)
+	}
+	return thaw, nil
+}
+
 func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
-	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 0, pid, dir)
+	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 0, id, pid, dir)
 	if err != nil {
 		return nil, fmt.Errorf("fly: checkpoint %s: %w", id, err)
 	}

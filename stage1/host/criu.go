@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
@@ -25,7 +27,7 @@ const CRIUDumpLog = "dump.log"
 // CheckpointApp saves, with criu, the app of the pod in cg whose first
 // process is pid at PID namespace level (as PodProcess), left running,
 // into dir: the stage1s' stage1.AppCheckpointer.
-func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level, pid int, dir string) (*stage1.AppImage, error) {
+func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level int, id string, pid int, dir string) (*stage1.AppImage, error) {
 	criu, err := CRIUPath()
 	if err != nil {
 		return nil, err
@@ -34,7 +36,47 @@ func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level, pid int, dir 
 	if err != nil {
 		return nil, err
 	}
-	return CRIUDump(ctx, criu, node, dir)
+	appCg, err := appCgroup(cg, id)
+	if err != nil {
+		return nil, err
+	}
+	return CRIUDump(ctx, criu, node, appCg, dir)
+}
+
+// appCgroup is the directory of app id's cgroup (cgroup v2) in the pod's
+// cg: FailedPrecondition on cgroup v1, where apps are not paused.
+func appCgroup(cg *cgroups.Cgroup, id string) (string, error) {
+	if !cg.IsV2() {
+		return "", errdefs.FailedPrecondition("checkpoints need cgroup v2 (to pause and place apps); this node has v1")
+	}
+	return findCgroup(cg.Paths[cgroups.Unified], api.AppCgroup(id))
+}
+
+// FreezeApps pauses the processes of apps ids of the pod in cg (the
+// cgroup freezer) and returns the function that resumes them all: the
+// stage1s' stage1.AppCheckpointer. On failure none stays paused.
+func FreezeApps(ctx context.Context, cg *cgroups.Cgroup, ids []string) (thaw func() error, err error) {
+	var thaws []func() error
+	thaw = func() error {
+		var errs []error
+		for _, t := range thaws {
+			errs = append(errs, t())
+		}
+		return errors.Join(errs...)
+	}
+	for _, id := range ids {
+		dir, err := appCgroup(cg, id)
+		var t func() error
+		if err == nil {
+			t, err = (&cgroups.Cgroup{Paths: map[string]string{cgroups.Unified: dir}}).Freeze(ctx)
+		}
+		if err != nil {
+			_ = thaw()
+			return nil, fmt.Errorf("pause app %s: %w", id, err)
+		}
+		thaws = append(thaws, t)
+	}
+	return thaw, nil
 }
 
 // PodProcess returns the node's PID of the process in cg (or beneath it)
@@ -88,10 +130,13 @@ func nsPIDs(status []byte) []string {
 // are pipes. FailedPrecondition, with the end of criu's log, when criu
 // cannot save the tree; DeadlineExceeded when ctx ends first (criu is
 // killed then).
-func CRIUDump(ctx context.Context, criu string, pid int, dir string) (*stage1.AppImage, error) {
+func CRIUDump(ctx context.Context, criu string, pid int, cgroup, dir string) (*stage1.AppImage, error) {
 	proc := fmt.Sprintf("/proc/%d", pid)
 	img := &stage1.AppImage{Stdio: map[int]string{}}
-	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", CRIUDumpLog, "-v4", "--leave-running"}
+	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", CRIUDumpLog, "-v4", "--leave-running",
+		// The app's own cgroup's freezer pauses it, and keeps it as
+		// it was (paused, in a pod's checkpoint) afterwards.
+		"--freeze-cgroup", cgroup}
 	if its, mine := nsInode(proc+"/ns/net"), nsInode("/proc/self/ns/net"); its != "" && its != mine {
 		args = append(args, "--external", "net["+its+"]:"+criuNetKey)
 		img.Net = true

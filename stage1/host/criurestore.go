@@ -44,9 +44,6 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 	if err != nil {
 		return 0, err
 	}
-	if !cg.IsV2() {
-		return 0, errdefs.FailedPrecondition("restore: needs cgroup v2 (a process started in the app's cgroup); this node has v1")
-	}
 	agent, err := PodProcess(cg, level, r.IO.PID)
 	if err != nil {
 		return 0, err
@@ -56,7 +53,7 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 			return 0, err
 		}
 	}
-	appCg, err := findCgroup(cg.Paths[cgroups.Unified], api.AppCgroup(r.Spec.ID))
+	appCg, err := appCgroup(cg, r.Spec.ID)
 	if err != nil {
 		return 0, err
 	}
@@ -114,8 +111,8 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 }
 
 // pidsFree refuses a restore into the pod in cg of an app that shared its
-// pod's PID namespace (criu gives it its PIDs back) when a process of the
-// pod has one of them already.
+// pod's PID namespace (criu gives it its PIDs back) when a process or
+// thread of the pod has one of them already.
 func pidsFree(cg *cgroups.Cgroup, level int, pids []int) error {
 	procs, err := cg.Procs()
 	if err != nil {
@@ -123,13 +120,19 @@ func pidsFree(cg *cgroups.Cgroup, level int, pids []int) error {
 	}
 	var taken []string
 	for _, p := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
 		if err != nil {
-			continue
+			continue // gone meanwhile
 		}
-		if ids := nsPIDs(b); len(ids) > level {
-			if n, err := strconv.Atoi(ids[level]); err == nil && slices.Contains(pids, n) {
-				taken = append(taken, ids[level])
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", p, task.Name()))
+			if err != nil {
+				continue
+			}
+			if ids := nsPIDs(b); len(ids) > level {
+				if n, err := strconv.Atoi(ids[level]); err == nil && slices.Contains(pids, n) {
+					taken = append(taken, ids[level])
+				}
 			}
 		}
 	}

@@ -783,8 +783,18 @@ func (p *Pod) RestoreApp(ctx context.Context, r *stage1.AppRestore) (int, error)
 // CheckpointApp implements stage1.AppCheckpointer: criu, run on the node,
 // saves the app's processes (pid is their first in the pod's PID
 // namespace, whose PID 1 is the agent).
+// FreezeApps implements stage1.AppCheckpointer: the apps' cgroups'
+// freezer.
+func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error) {
+	thaw, err := host.FreezeApps(ctx, p.st.cgroup(), ids)
+	if err != nil {
+		return nil, fmt.Errorf("nspawn: %w", err)
+	}
+	return thaw, nil
+}
+
 func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
-	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 1, pid, dir)
+	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 1, id, pid, dir)
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: checkpoint %s: %w", id, err)
 	}

@@ -208,22 +208,7 @@ func restoreInto(t *testing.T, rt runtimeapi.RuntimeServiceClient, q *pod, name,
 		t.Fatalf("StartContainer (restore): %v\n%s", err, journal(t))
 	}
 	took := time.Since(start)
-	log := filepath.Join(q.logDir, name+".log")
-	var first, last int
-	testutil.WaitFor(t, time.Minute, "the restored counter logs on", func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		first, last = 0, 0
-		for _, l := range strings.Split(string(b), "\n") {
-			if _, after, ok := strings.Cut(l, " count "); ok {
-				n, _ := strconv.Atoi(strings.TrimSpace(after))
-				if first == 0 {
-					first = n
-				}
-				last = n
-			}
-		}
-		return last > first+2, fmt.Sprintf("first %d last %d", first, last)
-	})
+	first := countsOn(t, filepath.Join(q.logDir, name+".log"))
 	dumped, _ := strconv.Atoi(strings.TrimSpace(atDump))
 	if first-1 < before || first-1 > dumped {
 		t.Errorf("the restored counter began its log at %d: want one past its count at the dump, between %d (before the checkpoint) and %d (its layer)", first, before, dumped)
@@ -247,6 +232,153 @@ func restoreInto(t *testing.T, rt runtimeapi.RuntimeServiceClient, q *pod, name,
 	}
 	if _, err := rt.RemoveContainer(c, &runtimeapi.RemoveContainerRequest{ContainerId: cr.ContainerId}); err != nil {
 		t.Errorf("RemoveContainer (restored): %v", err)
+	}
+}
+
+// countsOn waits for the counter's log at path to count on, and returns
+// the first count it holds.
+func countsOn(t *testing.T, path string) int {
+	t.Helper()
+	var first, last int
+	testutil.WaitFor(t, time.Minute, "the counter logs on in "+filepath.Base(path), func() (bool, string) {
+		b, _ := os.ReadFile(path)
+		first, last = 0, 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if _, after, ok := strings.Cut(l, " count "); ok {
+				n, _ := strconv.Atoi(strings.TrimSpace(after))
+				if first == 0 {
+					first = n
+				}
+				last = n
+			}
+		}
+		return last > first+2, fmt.Sprintf("first %d last %d", first, last)
+	})
+	return first
+}
+
+// TestCheckpointPod: CheckpointPod saves an nspawn pod's and a fly pod's
+// containers (a sleeper and two counters), paused together, into a
+// directory; they go on. RestorePod makes a new nspawn pod of it whose
+// counters, once started, count on from where they were, to their new
+// logs; fly refuses, leaving no pod. Times and sizes are logged.
+func TestCheckpointPod(t *testing.T) {
+	e := nodeEnv(t)
+	criu, err := exec.LookPath("criu")
+	if err != nil {
+		t.Skipf("no criu in this node image: %v", err)
+	}
+	if out, err := exec.Command(criu, "check").CombinedOutput(); err != nil {
+		t.Skipf("criu check fails on this kernel: %v\n%s", err, out)
+	}
+	e.install(t, "")
+	t.Cleanup(func() { stopService(t) })
+	rt, img := client(t)
+	ref := pullBusybox(t, img)
+	for _, tc := range []struct{ name, namespace, handler string }{
+		{"podckpt-nspawn", "default", ""},
+		{"podckpt-fly", "kube-system", "fly"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startPod(t, rt, ref, tc.name, tc.namespace, tc.handler, "")
+			c := ctx(t)
+			// Each in its own PID namespace, as the kubelet asks unless
+			// the pod shares one (whose PIDs a restore would need free).
+			var configs []*runtimeapi.ContainerConfig
+			var ids []string
+			for _, name := range []string{"sleeper", "one", "two"} {
+				cmd := counterCmd
+				if name == "sleeper" {
+					cmd = "exec sleep 100000"
+				}
+				cfg := &runtimeapi.ContainerConfig{
+					Metadata: &runtimeapi.ContainerMetadata{Name: name},
+					Image:    &runtimeapi.ImageSpec{Image: ref},
+					Command:  []string{"sh", "-c", cmd},
+					LogPath:  name + ".log",
+					Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+						NamespaceOptions: &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER},
+					}},
+				}
+				cr, err := rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, SandboxConfig: p.cfg, Config: cfg})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+					t.Fatal(err)
+				}
+				if name != "sleeper" {
+					countsOn(t, filepath.Join(p.logDir, name+".log"))
+				}
+				ids = append(ids, cr.ContainerId)
+				configs = append(configs, cfg)
+			}
+			dir := t.TempDir()
+			start := time.Now()
+			if _, err := rt.CheckpointPod(c, &runtimeapi.CheckpointPodRequest{PodSandboxId: p.id, OutputPath: dir, ContainerIds: ids}); err != nil {
+				t.Fatalf("CheckpointPod: %v\n%s", err, journal(t))
+			}
+			took := time.Since(start)
+			ents, _ := os.ReadDir(dir)
+			var files []string
+			var size int64
+			for _, e := range ents {
+				fi, _ := e.Info()
+				size += fi.Size()
+				files = append(files, fmt.Sprintf("%s (%d bytes)", e.Name(), fi.Size()))
+			}
+			t.Logf("%s: CheckpointPod of 3 containers took %v; %d bytes: %s", tc.name, took.Round(time.Millisecond), size, strings.Join(files, ", "))
+			if len(ents) != 4 {
+				t.Errorf("pod checkpoint holds %v, want pod.dump and three archives", files)
+			}
+			for _, id := range ids {
+				st, err := rt.ContainerStatus(c, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+				if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+					t.Errorf("after CheckpointPod: %v %v", st, err)
+				}
+			}
+
+			q := &pod{logDir: t.TempDir(), handler: tc.handler}
+			q.cfg = &runtimeapi.PodSandboxConfig{
+				Metadata:     &runtimeapi.PodSandboxMetadata{Name: tc.name + "-restored", Namespace: tc.namespace, Uid: fmt.Sprintf("%s-%d", tc.name, time.Now().UnixNano())},
+				Hostname:     tc.name,
+				LogDirectory: q.logDir,
+				Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+			}
+			start = time.Now()
+			resp, err := rt.RestorePod(c, &runtimeapi.RestorePodRequest{CheckpointPath: dir, Config: q.cfg, RuntimeHandler: tc.handler, ContainerConfigs: configs})
+			if tc.handler == "fly" {
+				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cannot restore") {
+					t.Errorf("RestorePod on fly: %v, want FailedPrecondition saying it cannot restore", err)
+				}
+				pods, _ := rt.ListPodSandbox(c, &runtimeapi.ListPodSandboxRequest{})
+				for _, ps := range pods.GetItems() {
+					if ps.Metadata.Name == q.cfg.Metadata.Name {
+						t.Errorf("a refused RestorePod left pod %s", ps.Id)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("RestorePod: %v\n%s", err, journal(t))
+			}
+			q.id = resp.PodSandboxId
+			t.Cleanup(func() { q.removeQuietly(t) })
+			if len(resp.RestoredContainers) != 3 {
+				t.Fatalf("restored %v", resp.RestoredContainers)
+			}
+			for _, r := range resp.RestoredContainers {
+				if _, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: r.ContainerId}); err != nil {
+					t.Fatalf("StartContainer %s (restore): %v\n%s", r.Name, err, journal(t))
+				}
+			}
+			t.Logf("%s: RestorePod and three StartContainers took %v", tc.name, time.Since(start).Round(time.Millisecond))
+			for _, name := range []string{"one", "two"} {
+				if first := countsOn(t, filepath.Join(q.logDir, name+".log")); first < 3 {
+					t.Errorf("restored counter %s began at %d, not where it was", name, first)
+				}
+			}
+		})
 	}
 }
 
