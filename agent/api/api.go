@@ -68,6 +68,12 @@ const (
 	// by whoever holds them: Request.ID -> Response.Restore, the pipes its
 	// output goes into. The app is starting until OpAdopt.
 	OpRestore = "restore"
+	// OpRestoreRun runs the restorer of a restore under way, where the
+	// agent must be its parent for the restored process to be its child:
+	// Request.ID, Request.Cmd, Request.Timeout -> Response.Exec. It runs
+	// in the app's cgroup with the write ends of the app's output pipes
+	// as fds 3 and 4 and the agent's network namespace as fd 5.
+	OpRestoreRun = "restorerun"
 	// OpAdopt ends a restore: Request.ID, Request.PID, the restored
 	// process, by now a child of the agent -> Response.App, running; or
 	// Request.PID 0 and Request.Message, why the restore failed: the app

@@ -134,6 +134,18 @@ func (c *Conn) RestoreContainer(ctx context.Context, id string, restore func(*ap
 	return r.App, nil
 }
 
+// RunRestorer runs cmd, the restorer of app id's restore under way, as a
+// child of the agent (OpRestoreRun), and returns once it exited:
+// FailedPrecondition with its output when it failed.
+func (c *Conn) RunRestorer(ctx context.Context, id string, cmd []string) error {
+	var timeout time.Duration
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	_, err := c.Client.Call(ctx, &api.Request{Op: api.OpRestoreRun, ID: id, Cmd: cmd, Timeout: timeout})
+	return err
+}
+
 // StopContainer sends SIGTERM, waits up to timeout, then SIGKILL; an
 // exited app is returned as it is.
 func (c *Conn) StopContainer(ctx context.Context, id string, timeout time.Duration) (*api.AppStatus, error) {

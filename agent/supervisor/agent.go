@@ -261,6 +261,9 @@ func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, er
 	case api.OpRestore:
 		r, err := a.prepareRestore(ctx, req.ID)
 		return &api.Response{Restore: r}, err
+	case api.OpRestoreRun:
+		res, err := a.runRestorer(ctx, req.ID, req.Cmd, req.Timeout)
+		return &api.Response{Exec: res}, err
 	case api.OpAdopt:
 		st, err := a.adopt(ctx, req.ID, req.PID, req.Message)
 		return &api.Response{App: st}, err

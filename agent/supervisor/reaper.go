@@ -153,6 +153,22 @@ func (r *reaper) start(name string, argv []string, attr *os.ProcAttr) (*os.Proce
 	return p, ch, nil
 }
 
+// startWith runs start, which starts a process some other way than start
+// does (an exec.Cmd placed in a cgroup) and returns its pid, and returns
+// the channel that receives the process's exit status once. The caller
+// must not Wait on the process.
+func (r *reaper) startWith(start func() (int, error)) (<-chan syscall.WaitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid, err := start()
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan syscall.WaitStatus, 1)
+	r.waiters[pid] = ch
+	return ch, nil
+}
+
 // exitCode is the exit code a shell would show: the process's own code,
 // or 128+signal when a signal killed it.
 func exitCode(ws syscall.WaitStatus) int32 {

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -158,4 +159,42 @@ func (a *Agent) adopt(ctx context.Context, id string, pid int, why string) (*api
 	a.running(ctx, ap, lg, &child{proc: proc, pid: pid, wait: wait, stdout: r.stdout[0], stderr: r.stderr[0]})
 	a.log.InfoContext(ctx, "app restored", "app", id, "pid", pid)
 	return ap.status(), nil
+}
+
+// runRestorer runs cmd, the restorer of app id's restore under way, for a
+// pod where a restored process is the agent's only if its restorer is
+// (the agent is not its PID namespace's init): as the agent's child, in
+// the app's cgroup, with the write ends of the app's output pipes as fds
+// 3 and 4 and the agent's network namespace as fd 5. The restore goes on
+// with OpAdopt. NotFound, FailedPrecondition (no restore under way; the
+// restorer failed: its output), DeadlineExceeded (timeout, when not 0).
+func (a *Agent) runRestorer(ctx context.Context, id string, cmd []string, timeout time.Duration) (*api.ExecResult, error) {
+	ap, err := a.get(id)
+	if err != nil {
+		return nil, err
+	}
+	ap.mu.Lock()
+	r := ap.restore
+	ap.mu.Unlock()
+	if r == nil {
+		return nil, errdefs.FailedPrecondition("app %s has no restore under way", id)
+	}
+	netns, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", id, err)
+	}
+	defer netns.Close()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	res, err := a.sys.runRestorer(ctx, ap.cg, cmd, []*os.File{r.stdout[1], r.stderr[1], netns})
+	if err != nil {
+		return res, err
+	}
+	if res.ExitCode != 0 {
+		return res, errdefs.FailedPrecondition("restore %s: %s exited with %d: %s", id, cmd[0], res.ExitCode, bytes.TrimSpace(res.Stdout))
+	}
+	return res, nil
 }

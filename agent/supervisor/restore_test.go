@@ -137,6 +137,41 @@ func TestRestoreAdopt(t *testing.T) {
 		t.Errorf("after adopting a stranger: %+v", st)
 	}
 
+	// A restorer the agent runs (OpRestoreRun): the app's output pipes
+	// and the agent's network namespace as fds 3 to 5, the app's cgroup,
+	// and what it leaves behind re-parented to the agent, to adopt.
+	create("run")
+	prepare("run")
+	dir := t.TempDir()
+	script := `echo restored by the agent child >&3; readlink /proc/self/fd/5 > ` + dir + `/netns; cat /proc/self/cgroup > ` + dir + `/cgroup; ` +
+		`sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > ` + dir + `/pid`
+	if _, err := ta.c.Call(ctx(t), &api.Request{Op: api.OpRestoreRun, ID: "run", Cmd: []string{"/bin/sh", "-c", script}}); err != nil {
+		t.Fatalf("restorer: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "netns")); !strings.HasPrefix(string(b), "net:[") {
+		t.Errorf("the restorer's fd 5: %q", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup")); !strings.Contains(string(b), api.AppCgroup("run")) {
+		t.Errorf("the restorer ran in cgroup %q", b)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "pid"))
+	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	if st, err := adopt("run", pid, ""); err != nil || st.State != api.StateRunning {
+		t.Fatalf("adopt what the restorer left: %+v %v", st, err)
+	}
+	if _, err := ta.c.Stop(ctx(t), "run", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(logs, "run.log")); !strings.Contains(string(b), "stdout F restored by the agent child") {
+		t.Errorf("log: %q", b)
+	}
+	create("broken")
+	prepare("broken")
+	_, err = ta.c.Call(ctx(t), &api.Request{Op: api.OpRestoreRun, ID: "broken", Cmd: []string{"/bin/sh", "-c", "echo criu said no; exit 3"}})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "criu said no") || !strings.Contains(err.Error(), "exited with 3") {
+		t.Errorf("a failing restorer: %v", err)
+	}
+
 	// A terminal's app is not restored; a removed restore ends.
 	if _, err := ta.c.Create(ctx(t), &api.AppSpec{ID: "tty", Rootfs: rootfs, Args: []string{"true"}, TTY: true}); err != nil {
 		t.Fatal(err)

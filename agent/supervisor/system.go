@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"net"
 	"os"
 	"syscall"
@@ -28,6 +29,11 @@ type System interface {
 	// app's process), as an app's process, with the channel that receives
 	// its exit status once. FailedPrecondition when it cannot.
 	adopt(pid int) (process, <-chan syscall.WaitStatus, error)
+	// runRestorer runs argv, a restorer of an app whose processes are to
+	// be the agent's, as a child of the agent in the app's cgroup cg with
+	// files as its fds 3 on, and returns its exit code and output once it
+	// exited. ctx's end kills it.
+	runRestorer(ctx context.Context, cg cgroup, argv []string, files []*os.File) (*api.ExecResult, error)
 	// podCgroup is the agent's own cgroup, the parent of every app's, and
 	// appCgroup app id's; nil (an untyped nil) when cgroups are not
 	// available.

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -391,4 +393,64 @@ func (l *linuxSystem) adopt(pid int) (process, <-chan syscall.WaitStatus, error)
 		return nil, nil, err
 	}
 	return p, wait, nil
+}
+
+// restorerOutput bounds the output of a restorer kept for its error.
+const restorerOutput = 64 << 10
+
+func (l *linuxSystem) runRestorer(ctx context.Context, cg cgroup, argv []string, files []*os.File) (*api.ExecResult, error) {
+	if len(argv) == 0 {
+		return nil, errdefs.InvalidArgument("restore: no restorer")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("restore: %v", err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer outR.Close()
+	cmd := exec.Command(path, argv[1:]...)
+	cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = outW, outW, files
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	wait, err := l.reaper.startWith(func() (int, error) {
+		var err error
+		if c, ok := cg.(*cgroups.Cgroup); ok && c != nil {
+			err = c.Start(cmd)
+		} else {
+			err = cmd.Start()
+		}
+		if err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
+	outW.Close()
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("restore: start %s: %v", argv[0], err)
+	}
+	defer cmd.Process.Release()
+	out := capBuffer{budget: &outputBudget{left: restorerOutput}}
+	read := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(&out, outR)
+		close(read)
+	}()
+	var ws syscall.WaitStatus
+	select {
+	case ws = <-wait:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		ws = <-wait
+	}
+	// What the restorer left behind may hold its output open: read what
+	// came, for a moment.
+	_ = outR.SetReadDeadline(time.Now().Add(time.Second))
+	<-read
+	res := &api.ExecResult{ExitCode: exitCode(ws), Stdout: out.buf.Bytes()}
+	if ctx.Err() != nil {
+		return res, fmt.Errorf("restore: %s: %w", argv[0], errdefs.ErrDeadlineExceeded)
+	}
+	return res, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 )
@@ -340,4 +341,9 @@ func (pipeAddr) String() string  { return "pipe" }
 // adopt implements System: a toy runs no real processes to adopt.
 func (t *Toy) adopt(pid int) (process, <-chan syscall.WaitStatus, error) {
 	return nil, nil, errdefs.FailedPrecondition("a toy system cannot adopt process %d", pid)
+}
+
+// runRestorer implements System: a toy runs no real restorer.
+func (t *Toy) runRestorer(context.Context, cgroup, []string, []*os.File) (*api.ExecResult, error) {
+	return nil, errdefs.FailedPrecondition("a toy system runs no restorer")
 }
