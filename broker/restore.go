@@ -52,7 +52,7 @@ func (b *Broker) checkRestorable(ctx context.Context, p *pod) error {
 		return err
 	}
 	if _, ok := h.Pod.(stage1.AppRestorer); !ok {
-		return errdefs.FailedPrecondition("stage1 %s cannot restore a container from a checkpoint (only nspawn's pods can, in their own PID namespace)", name)
+		return errdefs.FailedPrecondition("stage1 %s cannot restore a container from a checkpoint", name)
 	}
 	return nil
 }
@@ -158,7 +158,8 @@ func (b *Broker) startRestored(ctx context.Context, h *client.Pod, c *container)
 	defer cancel()
 	start := time.Now()
 	st, err := h.RestoreContainer(rctx, c.rec.ID, func(io *api.RestoreIO) (int, error) {
-		return restorer.RestoreApp(rctx, &stage1.AppRestore{Spec: spec, Images: r.Images, Image: r.Image, IO: io})
+		inAgent := func(ctx context.Context, argv []string) error { return h.RunRestorer(ctx, c.rec.ID, argv) }
+		return restorer.RestoreApp(rctx, &stage1.AppRestore{Spec: spec, Images: r.Images, Image: r.Image, IO: io, InAgent: inAgent})
 	})
 	if err != nil {
 		return nil, err

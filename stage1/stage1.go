@@ -201,6 +201,11 @@ type AppRestore struct {
 	Image  *AppImage
 	// IO is where the agent takes the restored app's output.
 	IO *api.RestoreIO
+	// InAgent runs argv as a restorer child of the pod's agent
+	// (api.OpRestoreRun: in the app's cgroup, the app's output pipes as
+	// fds 3 and 4, the agent's network namespace as fd 5), for a pod
+	// where only the agent's own descendants end as its children.
+	InAgent func(ctx context.Context, argv []string) error
 }
 
 // Shutdown asks a pod's agent to stop every app (SIGTERM, timeout,

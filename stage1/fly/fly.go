@@ -332,7 +332,21 @@ func agentArgs(socket, stateDir, netns string, hostIPC bool) []string {
 	return args
 }
 
-var _ stage1.AppCheckpointer = (*Pod)(nil)
+var (
+	_ stage1.AppCheckpointer = (*Pod)(nil)
+	_ stage1.AppRestorer     = (*Pod)(nil)
+)
+
+// RestoreApp implements stage1.AppRestorer: criu, run by the agent as its
+// child (the agent is in the node's PID namespace, not its init), leaves
+// the restored app to the agent.
+func (p *Pod) RestoreApp(ctx context.Context, r *stage1.AppRestore) (int, error) {
+	pid, err := host.RestoreAppInAgent(ctx, r)
+	if err != nil {
+		return 0, fmt.Errorf("fly: restore %s: %w", r.Spec.ID, err)
+	}
+	return pid, nil
+}
 
 // CheckpointApp implements stage1.AppCheckpointer: criu saves the app's
 // processes (pid is their first, numbered by the node, as the agent runs

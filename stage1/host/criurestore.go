@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,23 +64,34 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 	}
 	defer cgDir.Close()
 
-	args, files, err := restoreExternals(fmt.Sprintf("/proc/%d", agent), r)
+	proc := fmt.Sprintf("/proc/%d", agent)
+	var files []*os.File // fd 3 on in criu
 	defer func() {
 		for _, f := range files {
 			f.Close()
 		}
 	}()
+	pidfile := filepath.Join(r.Images, "restore.pid")
+	args, err := criuRestoreArgs(criu, pidfile, r, func(what, key string) (int, error) {
+		path, flag := proc+"/ns/"+what, os.O_RDONLY
+		switch what {
+		case "stdout":
+			path, flag = fmt.Sprintf("%s/fd/%d", proc, r.IO.Stdout), os.O_WRONLY
+		case "stderr":
+			path, flag = fmt.Sprintf("%s/fd/%d", proc, r.IO.Stderr), os.O_WRONLY
+		}
+		// The agent's pipes opened anew through its fds; the pod's
+		// namespaces through the agent's.
+		f, err := os.OpenFile(path, flag, 0)
+		if err != nil {
+			return 0, fmt.Errorf("restore: %w", err)
+		}
+		files = append(files, f)
+		return 2 + len(files), nil
+	})
 	if err != nil {
 		return 0, err
 	}
-	pidfile := filepath.Join(r.Images, "restore.pid")
-	if err := os.Remove(pidfile); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("restore: %w", err) // criu refuses to overwrite it
-	}
-	args = append([]string{criu, "restore", "-D", r.Images, "-o", CRIURestoreLog, "-v4", "--restore-detached",
-		"--root", r.Spec.Rootfs, "--manage-cgroups=ignore", "--pidfile", pidfile,
-		// The pod's IPC namespace, as criu sees the agent.
-		"--join-ns", fmt.Sprintf("ipc:/proc/%d/ns/ipc", r.IO.PID)}, args...)
 	args = append([]string{"nsenter", "--target", strconv.Itoa(agent), "--pid", "--cgroup", "--",
 		// Slave: the node's mounts keep their peer groups, whose sharing
 		// criu copies to the external mounts it binds.
@@ -99,6 +111,99 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 		log, _ := os.ReadFile(filepath.Join(r.Images, CRIURestoreLog))
 		return 0, errdefs.FailedPrecondition("restore: criu restore: %v: %s%s", err, bytes.TrimSpace(out), tail(log, 1024))
 	}
+	return readPIDFile(pidfile)
+}
+
+// RestoreAppInAgent restores, with criu run by the pod's agent as its
+// child (stage1.AppRestore.InAgent), app r.Spec.ID of a pod whose agent
+// runs in the node's PID namespace and mount namespace (fly's
+// stage1.AppRestorer): criu, detached, leaves the restored process to the
+// agent, a child subreaper. It returns the process's PID.
+func RestoreAppInAgent(ctx context.Context, r *stage1.AppRestore) (int, error) {
+	criu, err := CRIUPath()
+	if err != nil {
+		return 0, err
+	}
+	if r.InAgent == nil {
+		return 0, errdefs.FailedPrecondition("restore: the agent cannot run criu for this pod")
+	}
+	pidfile := filepath.Join(r.Images, "restore.pid")
+	// The agent's fds, as OpRestoreRun gives them.
+	fds := map[string]int{"stdout": 3, "stderr": 4, "net": 5}
+	args, err := criuRestoreArgs(criu, pidfile, r, func(what, key string) (int, error) {
+		fd, ok := fds[what]
+		if !ok {
+			return 0, errdefs.FailedPrecondition("restore: the app's images leave out its pod's %s namespace, which this pod cannot give back", what)
+		}
+		return fd, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := r.InAgent(ctx, args); err != nil {
+		log, _ := os.ReadFile(filepath.Join(r.Images, CRIURestoreLog))
+		return 0, fmt.Errorf("%w%s", err, tail(log, 1024))
+	}
+	return readPIDFile(pidfile)
+}
+
+// criuRestoreArgs is the command line (criu first) that restores r, its
+// PID written to pidfile. fd gives the file descriptor criu is given for
+// what the images left out: "net" and "pid" (the pod's namespaces),
+// "stdout" and "stderr" (the agent's pipes), each by its criu key.
+func criuRestoreArgs(criu, pidfile string, r *stage1.AppRestore, fd func(what, key string) (int, error)) ([]string, error) {
+	if err := os.Remove(pidfile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("restore: %w", err) // criu refuses to overwrite it
+	}
+	args := []string{criu, "restore", "-D", r.Images, "-o", CRIURestoreLog, "-v4", "--restore-detached",
+		"--root", r.Spec.Rootfs, "--manage-cgroups=ignore", "--pidfile", pidfile,
+		// The pod's IPC namespace, as criu sees the agent.
+		"--join-ns", fmt.Sprintf("ipc:/proc/%d/ns/ipc", r.IO.PID)}
+	inherit := func(what, key string) error {
+		n, err := fd(what, key)
+		if err != nil {
+			return err
+		}
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", n, key))
+		return nil
+	}
+	if r.Image.Net {
+		if err := inherit("net", criuNetKey); err != nil {
+			return nil, err
+		}
+	}
+	if r.Image.PID {
+		if err := inherit("pid", criuPIDKey); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(r.Image.Stdio)) {
+		key := r.Image.Stdio[n]
+		var what string
+		switch n {
+		case 1:
+			what = "stdout"
+		case 2:
+			what = "stderr"
+		default:
+			return nil, errdefs.FailedPrecondition("restore: the app's fd %d was a pipe (%s): only its output can be given back", n, key)
+		}
+		if err := inherit(what, key); err != nil {
+			return nil, err
+		}
+	}
+	for _, m := range r.Image.Mounts {
+		src, err := mountSource(r.Spec, m)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--ext-mount-map", MountKey(m.Point)+":"+src)
+	}
+	return args, nil
+}
+
+// readPIDFile is the PID criu wrote to pidfile.
+func readPIDFile(pidfile string) (int, error) {
 	b, err := os.ReadFile(pidfile)
 	if err != nil {
 		return 0, fmt.Errorf("restore: criu's pidfile: %w", err)
@@ -183,56 +288,4 @@ func findCgroup(root, name string) (string, error) {
 		return "", errdefs.NotFound("restore: no cgroup %s in the pod's %s", name, root)
 	}
 	return found, nil
-}
-
-// restoreExternals are criu's arguments that give the restored app what
-// its images left out, from the pod whose agent is proc (a /proc/PID):
-// the pod's namespaces, the agent's pipes for its output, its mounts'
-// sources; with the files to pass criu, from fd 3 on (the caller closes
-// them, also on error).
-func restoreExternals(proc string, r *stage1.AppRestore) ([]string, []*os.File, error) {
-	var files []*os.File
-	var args []string
-	inherit := func(path string, flag int, key string) error {
-		f, err := os.OpenFile(path, flag, 0)
-		if err != nil {
-			return fmt.Errorf("restore: %w", err)
-		}
-		files = append(files, f)
-		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 2+len(files), key))
-		return nil
-	}
-	if r.Image.Net {
-		if err := inherit(proc+"/ns/net", os.O_RDONLY, criuNetKey); err != nil {
-			return nil, files, err
-		}
-	}
-	if r.Image.PID {
-		if err := inherit(proc+"/ns/pid", os.O_RDONLY, criuPIDKey); err != nil {
-			return nil, files, err
-		}
-	}
-	for fd, key := range r.Image.Stdio {
-		var to int
-		switch fd {
-		case 1:
-			to = r.IO.Stdout
-		case 2:
-			to = r.IO.Stderr
-		default:
-			return nil, files, errdefs.FailedPrecondition("restore: the app's fd %d was a pipe (%s): only its output can be given back", fd, key)
-		}
-		// The agent's pipe, opened anew through its fd.
-		if err := inherit(fmt.Sprintf("%s/fd/%d", proc, to), os.O_WRONLY, key); err != nil {
-			return nil, files, err
-		}
-	}
-	for _, m := range r.Image.Mounts {
-		src, err := mountSource(r.Spec, m)
-		if err != nil {
-			return nil, files, err
-		}
-		args = append(args, "--ext-mount-map", MountKey(m.Point)+":"+src)
-	}
-	return args, files, nil
 }
