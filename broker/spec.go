@@ -239,6 +239,7 @@ func appResources(r Resources) api.Resources {
 		OOMScoreAdj: int(r.OOMScoreAdj),
 		CpusetCpus:  r.CpusetCpus,
 		CpusetMems:  r.CpusetMems,
+		OOMGroup:    r.OOMGroup,
 	}
 }
 

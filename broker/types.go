@@ -95,6 +95,9 @@ type Resources struct {
 	// memory nodes a container may use (a container's only).
 	CpusetCpus string `json:"cpusetCpus,omitempty"`
 	CpusetMems string `json:"cpusetMems,omitempty"`
+	// OOMGroup: an OOM kill in the container kills all of its processes
+	// (cgroup v2's memory.oom.group).
+	OOMGroup bool `json:"oomGroup,omitempty"`
 }
 
 // Types of a SecurityProfile, as the CRI names them.

@@ -59,6 +59,9 @@ type Resources struct {
 	// CpusetCpus and CpusetMems are cpuset lists ("0-3,6"): the CPUs and
 	// memory nodes the cgroup's processes may use.
 	CpusetCpus, CpusetMems string
+	// OOMGroup makes an OOM kill take every process of the cgroup
+	// (memory.oom.group); cgroup v2 only.
+	OOMGroup bool
 }
 
 // Stats are usage figures of a cgroup, descendants included.
@@ -500,6 +503,9 @@ func (c *Cgroup) Set(r Resources) error {
 	if r.CpusetMems != "" {
 		w = append(w, kv{"cpuset", "cpuset.mems", r.CpusetMems})
 	}
+	if r.OOMGroup {
+		return fmt.Errorf("cgroups: memory.oom.group: cgroup v1 has no OOM groups")
+	}
 	for _, x := range w {
 		d, ok := c.Paths[x.ctl]
 		if !ok {
@@ -548,6 +554,9 @@ func setV2(d string, r Resources) error {
 	}
 	if r.CpusetMems != "" {
 		w = append(w, kv{"cpuset.mems", r.CpusetMems})
+	}
+	if r.OOMGroup {
+		w = append(w, kv{"memory.oom.group", "1"})
 	}
 	for _, x := range w {
 		if err := writeFile(d, x.file, x.val); err != nil {

@@ -114,6 +114,16 @@ func TestLifecycle(t *testing.T) {
 		}
 	}
 
+	// An OOM group: cgroup v2's, refused by v1, which has none.
+	err := c.Set(Resources{OOMGroup: true})
+	if c.IsV2() {
+		if got, rerr := readFile(c.Paths[Unified], "memory.oom.group"); err != nil || got != "1" {
+			t.Errorf("memory.oom.group = %q (%v), set: %v", got, rerr, err)
+		}
+	} else if err == nil {
+		t.Errorf("an OOM group on cgroup v1: no error")
+	}
+
 	// A process in a child cgroup, forking more: Procs sees all of them.
 	child := c.Child("app")
 	if err := child.Create(); err != nil {

@@ -102,7 +102,7 @@ var criFields = map[string]fieldUse{
 	"LinuxContainerResources.cpuset_cpus":                    honoured,
 	"LinuxContainerResources.cpuset_mems":                    honoured,
 	"LinuxContainerResources.hugepage_limits":                honoured, // each limit is checked: refused when not zero
-	"LinuxContainerResources.unified":                        refused,  // but memory.swap.max=0, which holds without swap
+	"LinuxContainerResources.unified":                        refused,  // but memory.swap.max=0, which holds without swap, and memory.oom.group, applied
 	"LinuxContainerResources.memory_swap_limit_in_bytes":     refused,  // but one equal to the memory limit: no swap
 	// The kubelet lists every page size with a zero limit: the size
 	// alone asks nothing.

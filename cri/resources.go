@@ -19,7 +19,9 @@ import (
 // hugepage limits, a swap limit on a node that has swap, and any other
 // unified (cgroup v2) setting. A "no swap" request (the kubelet sends one
 // for every container on a cgroup v2 node, memory.swap.max=0) holds as it
-// is on a node without swap.
+// is on a node without swap. memory.oom.group (the kubelet asks it of
+// every container on cgroup v2, unless singleProcessOOMKill) is applied
+// to the container's cgroup.
 func containerResources(r *runtimeapi.LinuxContainerResources, field string) (broker.Resources, error) {
 	if r == nil {
 		return broker.Resources{}, nil
@@ -33,15 +35,23 @@ func containerResources(r *runtimeapi.LinuxContainerResources, field string) (br
 	if s := r.GetMemorySwapLimitInBytes(); s != 0 && s != r.GetMemoryLimitInBytes() {
 		noSwap = false
 	}
+	oomGroup, swapUnified := false, false
 	for k, v := range r.GetUnified() {
-		if k != "memory.swap.max" || v != "0" {
-			return broker.Resources{}, errdefs.InvalidArgument("%s.unified: %s=%s is not supported (only memory.swap.max=0)", field, k, v)
+		switch {
+		case k == "memory.swap.max" && v == "0":
+			swapUnified = true
+		case k == "memory.oom.group" && (v == "0" || v == "1"):
+			oomGroup = v == "1"
+		default:
+			return broker.Resources{}, errdefs.InvalidArgument("%s.unified: %s=%s is not supported (only memory.swap.max=0 and memory.oom.group)", field, k, v)
 		}
 	}
-	if !noSwap || ((r.GetMemorySwapLimitInBytes() != 0 || len(r.GetUnified()) > 0) && nodeHasSwap()) {
+	if !noSwap || ((r.GetMemorySwapLimitInBytes() != 0 || swapUnified) && nodeHasSwap()) {
 		return broker.Resources{}, errdefs.InvalidArgument("%s: swap limits are not supported, and this node has swap", field)
 	}
-	return resourcesFrom(r), nil
+	res := resourcesFrom(r)
+	res.OOMGroup = oomGroup
+	return res, nil
 }
 
 // resourcesFrom converts CRI limits, a container's or a pod's, to the
@@ -137,7 +147,10 @@ func updatePodResourcesFrom(r *runtimeapi.UpdatePodSandboxResourcesRequest) (bro
 }
 
 // podResources reads a pod's limits as containerResources does, refusing
-// a cpuset too: a cpuset is a container's.
+// a cpuset too: a cpuset is a container's. A pod's memory.oom.group
+// (which the kubelet sends for the sandbox as for its containers) is
+// each of its containers' to apply: the sandbox runs no process of its
+// own that an OOM kill could leave behind, only the stage1's agent.
 func podResources(r *runtimeapi.LinuxContainerResources, field string) (broker.Resources, error) {
 	res, err := containerResources(r, field)
 	if err != nil {

@@ -36,6 +36,17 @@ func TestContainerResources(t *testing.T) {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
 	}
+	// The kubelet's OOM group on cgroup v2, with its no-swap request.
+	r, err := containerResources(&runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, Unified: map[string]string{"memory.oom.group": "1"}}, "linux")
+	if err != nil || !r.OOMGroup || r.MemoryLimit != 64<<20 {
+		t.Errorf("memory.oom.group=1: %+v %v", r, err)
+	}
+	if r, err := containerResources(&runtimeapi.LinuxContainerResources{Unified: map[string]string{"memory.oom.group": "0"}}, "linux"); err != nil || r.OOMGroup {
+		t.Errorf("memory.oom.group=0: %+v %v", r, err)
+	}
+	if _, err := containerResources(&runtimeapi.LinuxContainerResources{Unified: map[string]string{"memory.oom.group": "2"}}, "linux"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("memory.oom.group=2: %v, want InvalidArgument", err)
+	}
 	noSwap := []*runtimeapi.LinuxContainerResources{
 		{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 64 << 20},
 		{Unified: map[string]string{"memory.swap.max": "0"}},

@@ -249,6 +249,9 @@ type Resources struct {
 	// CpusetCpus and CpusetMems are cpuset lists ("0-3,6").
 	CpusetCpus string `json:"cpusetCpus,omitempty"`
 	CpusetMems string `json:"cpusetMems,omitempty"`
+	// OOMGroup: an OOM kill takes every process of the app (cgroup v2's
+	// memory.oom.group); cgroup v1 refuses it.
+	OOMGroup bool `json:"oomGroup,omitempty"`
 }
 
 // AppSpec is everything the agent needs to create and start one container.

@@ -228,6 +228,7 @@ func cgroupLimits(r api.Resources) cgroups.Resources {
 		PidsLimit:   r.PidsLimit,
 		CpusetCpus:  r.CpusetCpus,
 		CpusetMems:  r.CpusetMems,
+		OOMGroup:    r.OOMGroup,
 	}
 }
 
