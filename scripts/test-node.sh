@@ -57,9 +57,18 @@ cp "$top/contrib/systemd/stagelet.service" "$P/stagelet.service"
 # checkpointctl, which CRI-O's and containerd's users read checkpoint
 # archives with: TestCheckpointContainer reads stagelet's with it. Built
 # static from the module proxy (cached by go), only for that test.
-if [ -z "$tests" ] || printf 'TestCheckpointContainer\n' | grep -Eq -- "$tests"; then
+if [ -z "$tests" ] || printf 'TestCheckpointContainer\nTestKubeletCheckpoint\n' | grep -Eq -- "$tests"; then
 	CGO_ENABLED=0 GOBIN="$P" go install github.com/checkpoint-restore/checkpointctl@v1.4.0 ||
 		echo "test-node: checkpointctl could not be built: TestCheckpointContainer will say so"
+fi
+# The kubelet (Kubernetes v1.34.12, built once by ../shared/k8s/build.sh
+# and cached in /var/cache): TestKubeletCheckpoint runs it standalone.
+if [ -z "$tests" ] || printf 'TestKubeletCheckpoint\n' | grep -Eq -- "$tests"; then
+	if [ -x "$top/../shared/k8s/build.sh" ] && kbin=$("$top/../shared/k8s/build.sh" kubelet | tail -n1) && [ -x "$kbin/kubelet" ]; then
+		cp "$kbin/kubelet" "$P/kubelet"
+	else
+		echo "test-node: the kubelet could not be built: TestKubeletCheckpoint will say so"
+	fi
 fi
 # Two Debian packages of this tree (make deb), the second a higher
 # version, for the package's install, upgrade and purge
@@ -89,7 +98,7 @@ rc=0
 cp $P/stagelet /usr/local/bin/stagelet && /usr/local/bin/stagelet cni init --subnet 10.88.0.0/16 || rc=1
 cd /tmp
 if [ $rc = 0 ]; then
-	STAGELET_NODE_TEST=1 STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service STAGELET_CHECKPOINTCTL=$P/checkpointctl \
+	STAGELET_NODE_TEST=1 STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service STAGELET_CHECKPOINTCTL=$P/checkpointctl STAGELET_KUBELET=$P/kubelet \
 		STAGELET_DEB_A=$P/stagelet_0.1.0~node1_amd64.deb STAGELET_DEB_B=$P/stagelet_0.1.0~node2_amd64.deb \
 		$P/node.test -test.v -test.timeout 20m -test.run "$(cat $P/tests)" || rc=1
 fi
