@@ -916,6 +916,58 @@ func (c *Cgroup) OOMKills() (uint64, error) {
 	return kv["oom_kill"], nil
 }
 
+// WatchOOM (cgroup v1) returns a channel that receives a value after OOM
+// events in c's memory cgroup (memory.oom_control through
+// cgroup.event_control; events that come while one is pending are one)
+// and is closed once watching ends: stop was called, or the cgroup was
+// removed. cgroup v2 has its own OOM groups (Resources.OOMGroup) and
+// refuses.
+func (c *Cgroup) WatchOOM() (events <-chan struct{}, stop func(), err error) {
+	if c.IsV2() {
+		return nil, nil, errors.New("cgroups: watching OOM events is cgroup v1's; v2 has memory.oom.group")
+	}
+	d, ok := c.Paths["memory"]
+	if !ok {
+		return nil, nil, errors.New("cgroups: memory controller not mounted")
+	}
+	ctl, err := os.Open(filepath.Join(d, "memory.oom_control"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("cgroups: watch OOM: %w", err)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		ctl.Close()
+		return nil, nil, fmt.Errorf("cgroups: watch OOM: eventfd: %w", err)
+	}
+	ev := os.NewFile(uintptr(efd), "oom-events") // pollable: Close ends a Read
+	if err := writeFile(d, "cgroup.event_control", fmt.Sprintf("%d %d", efd, ctl.Fd())); err != nil {
+		ev.Close()
+		ctl.Close()
+		return nil, nil, fmt.Errorf("cgroups: watch OOM: %w", err)
+	}
+	ch := make(chan struct{}, 1)
+	go func() {
+		defer close(ch)
+		defer ctl.Close()
+		var buf [8]byte
+		for {
+			if _, err := ev.Read(buf[:]); err != nil {
+				return // stopped
+			}
+			// The kernel signals a removed cgroup's watchers too.
+			if _, err := os.Stat(ctl.Name()); err != nil {
+				ev.Close()
+				return
+			}
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return ch, func() { ev.Close() }, nil
+}
+
 // delegateFiles are the files of a cgroup its owner needs to manage the
 // cgroups beneath it (cgroup v2's delegation, and v1's equivalents).
 var delegateFiles = []string{"cgroup.procs", "tasks", "cgroup.subtree_control", "cgroup.threads", "cgroup.clone_children"}

@@ -297,3 +297,40 @@ func TestOfProcessSelf(t *testing.T) {
 		t.Errorf("OfProcess of no process: %v, want ErrNotExist", err)
 	}
 }
+
+// On cgroup v1, OOM events of a memory cgroup reach its watcher; the
+// watch ends when stopped.
+func TestWatchOOM(t *testing.T) {
+	c := testCgroup(t)
+	if c.IsV2() {
+		if _, _, err := c.WatchOOM(); err == nil {
+			t.Error("WatchOOM on cgroup v2: no error")
+		}
+		t.Skip("cgroup v2 has OOM groups of its own")
+	}
+	if _, ok := c.Paths["memory"]; !ok {
+		t.Skip("no memory controller")
+	}
+	if err := c.Set(Resources{MemoryLimit: 16 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	events, stop, err := c.WatchOOM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tail keeps what it reads of a file with no newline.
+	startGated(t, c, "exec tail /dev/zero")
+	select {
+	case <-events:
+	case <-time.After(time.Minute):
+		t.Fatal("no OOM event within a minute")
+	}
+	// The event comes as the OOM begins; the kill follows.
+	waitFor(t, func() bool {
+		n, err := c.OOMKills()
+		return err == nil && n > 0
+	})
+	stop()
+	for range events {
+	}
+}

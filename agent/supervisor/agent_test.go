@@ -880,6 +880,34 @@ func TestOOMKilled(t *testing.T) {
 	}
 }
 
+// An OOM group (the kubelet's memory.oom.group): an OOM kill of one of
+// the app's processes takes all of them, on cgroup v2 by the kernel, on
+// v1 by the agent. Without one, the app lives on without the process
+// killed.
+func TestOOMGroup(t *testing.T) {
+	ta := startAgent(t)
+	rootfs := makeRootfs(t)
+	// tail keeps what it reads of a file without newlines: it is the
+	// OOM killer's pick, and the shell waits on for its sleep.
+	script := sh("sleep 1000 & tail /dev/zero; wait")
+	ta.run(&api.AppSpec{ID: "single", Rootfs: rootfs, Args: script, Resources: api.Resources{MemoryLimit: 16 << 20}})
+	ta.run(&api.AppSpec{ID: "group", Rootfs: rootfs, Args: script, Resources: api.Resources{MemoryLimit: 16 << 20, OOMGroup: true}})
+	if st := ta.waitExited("group"); st.Reason != api.ReasonOOMKilled {
+		t.Errorf("app with an OOM group: %+v", st)
+	}
+	memory, file := "memory", "memory.oom_control"
+	if ta.cg.IsV2() {
+		memory, file = cgroups.Unified, "memory.events"
+	}
+	testutil.WaitFor(t, time.Minute, "an OOM kill in the app without a group", func() (bool, string) {
+		v := ta.cgroupValue("single", memory, file)
+		return !strings.Contains(v, "oom_kill 0"), v
+	})
+	if st, err := ta.c.Status(ctx(t), "single"); err != nil || st.State != api.StateRunning {
+		t.Errorf("app without an OOM group after an OOM kill: %+v %v", st, err)
+	}
+}
+
 func TestLiveSocketNotReplaced(t *testing.T) {
 	ta := startAgent(t)
 	sock := filepath.Join(filepath.Dir(ta.state), "agent.sock")

@@ -44,6 +44,9 @@ type app struct {
 	exited  chan struct{}
 	// restore is the restore under way, between OpRestore and OpAdopt.
 	restore *pendingRestore
+	// stopOOMWatch ends the agent's OOM group of an app on cgroup v1
+	// (applyLimits); nil without one.
+	stopOOMWatch func()
 }
 
 func (ap *app) status() *api.AppStatus {
@@ -209,12 +212,39 @@ func (a *Agent) update(ctx context.Context, id string, r *api.Resources) (*api.A
 	if ap.cg == nil {
 		return nil, errdefs.FailedPrecondition("update %s: cgroups are unavailable in this pod, so its limits cannot change", id)
 	}
-	if err := ap.cg.Set(cgroupLimits(*r)); err != nil {
+	if err := a.applyLimits(ap, *r); err != nil {
 		return nil, errdefs.FailedPrecondition("update %s: %w", id, err)
 	}
 	a.log.InfoContext(ctx, "app limits changed", "app", id, "resources", *r)
 	st := ap.st
 	return &st, nil
+}
+
+// applyLimits sets the limits r of app ap's cgroup (the caller holds
+// ap.mu). An OOM group on cgroup v1, which has none, is the agent's: on an
+// OOM in the app's memory cgroup it kills every process of the app, as
+// cgroup v2's memory.oom.group would.
+func (a *Agent) applyLimits(ap *app, r api.Resources) error {
+	limits := cgroupLimits(r)
+	if c, ok := ap.cg.(*cgroups.Cgroup); ok && limits.OOMGroup && !c.IsV2() {
+		limits.OOMGroup = false
+		if ap.stopOOMWatch == nil {
+			events, stop, err := c.WatchOOM()
+			if err != nil {
+				return fmt.Errorf("OOM group: %w", err)
+			}
+			ap.stopOOMWatch = stop
+			go func() {
+				for range events {
+					a.log.Info("OOM in an app with an OOM group: killing all of its processes", "app", ap.id)
+					if err := c.Kill(); err != nil {
+						a.log.Warn("kill the OOM group", "app", ap.id, "err", err)
+					}
+				}
+			}()
+		}
+	}
+	return ap.cg.Set(limits)
 }
 
 // cgroupLimits are the cgroup limits of an app's resources (all but the
@@ -246,7 +276,7 @@ func (a *Agent) setupCgroup(ctx context.Context, ap *app) error {
 	if err := ap.cg.Create(); err != nil {
 		return fmt.Errorf("app %s: cgroup: %w", ap.spec.ID, err)
 	}
-	if err := ap.cg.Set(cgroupLimits(r)); err != nil {
+	if err := a.applyLimits(ap, r); err != nil {
 		return errdefs.InvalidArgument("app %s: resources: %w", ap.spec.ID, err)
 	}
 	if ap.spec.DeviceCgroup != nil {
@@ -586,6 +616,12 @@ func (a *Agent) remove(ctx context.Context, id string) error {
 	ap.removed = true
 	ap.mu.Unlock()
 	a.stopApp(ctx, ap, 0)
+	ap.mu.Lock()
+	stopWatch := ap.stopOOMWatch
+	ap.mu.Unlock()
+	if stopWatch != nil {
+		stopWatch()
+	}
 	if ap.cg != nil {
 		if err := ap.cg.Delete(); err != nil {
 			return fmt.Errorf("remove %s: %w", id, err)
