@@ -386,8 +386,10 @@ func (b *Broker) restoreContainer(ctx context.Context, podID, archive string, cf
 	if err := json.Unmarshal(meta.Config, &old); err != nil {
 		return "", errdefs.InvalidArgument("checkpoint archive %s: the container's configuration: %v", archive, err)
 	}
-	if cfg.Image != old.Image && cfg.Image != meta.Image {
-		return "", errdefs.FailedPrecondition("config.image: %q, and the checkpointed container ran %q", cfg.Image, old.Image)
+	// The kubelet names an image by the ID it resolved, with the pod's
+	// own spelling as the user's.
+	if !slices.Contains([]string{old.Image, meta.Image, meta.ImageID}, cfg.Image) && (cfg.UserImage == "" || cfg.UserImage != old.UserImage) {
+		return "", errdefs.FailedPrecondition("config.image: %q, and the checkpointed container ran %q (%s)", cfg.Image, old.Image, meta.ImageID)
 	}
 	c := *cfg
 	c.Image = archive

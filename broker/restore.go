@@ -165,5 +165,10 @@ func (b *Broker) startRestored(ctx context.Context, h *client.Pod, c *container)
 		return nil, err
 	}
 	b.log.InfoContext(ctx, "container restored", "container", c.rec.ID, "archive", r.Archive, "took", time.Since(start))
+	// The unpacked archive served its turn: criu's images hold as much
+	// as the processes' memory. Plain files, beside the rootfs mount.
+	if err := os.RemoveAll(filepath.Join(c.rec.Dir, restoreDir)); err != nil {
+		b.log.WarnContext(ctx, "removing a restored container's unpacked checkpoint", "container", c.rec.ID, "err", err)
+	}
 	return st, nil
 }
