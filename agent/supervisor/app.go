@@ -294,6 +294,21 @@ func (a *Agent) setupCgroup(ctx context.Context, ap *app) error {
 // failed to). NotFound, FailedPrecondition (not in state created; the
 // command cannot be run — the app is then exited with code 128).
 func (a *Agent) start(ctx context.Context, id string) (*api.AppStatus, error) {
+	ap, err := a.beginStart(id, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.launch(ctx, ap); err != nil {
+		return ap.status(), err
+	}
+	return ap.status(), nil
+}
+
+// beginStart marks created app id as starting (a start or a restore) and
+// returns it; ready, unless nil, checks and readies the app first, under
+// its lock. NotFound, FailedPrecondition (not created; shutting down;
+// ready's refusal).
+func (a *Agent) beginStart(id string, ready func(*app) error) (*app, error) {
 	ap, err := a.get(id)
 	if err != nil {
 		return nil, err
@@ -302,29 +317,27 @@ func (a *Agent) start(ctx context.Context, id string) (*api.AppStatus, error) {
 	closing := a.closing
 	a.mu.Unlock()
 	ap.mu.Lock()
+	defer ap.mu.Unlock()
 	switch {
 	case ap.removed:
-		ap.mu.Unlock()
 		return nil, errdefs.NotFound("app %q not found", id)
 	case closing:
-		ap.mu.Unlock()
 		return nil, errdefs.FailedPrecondition("the agent is shutting down")
 	case ap.spec == nil || ap.started != nil:
 		st := ap.st.State
 		if ap.st.State == api.StateCreated {
 			st = "starting"
 		}
-		ap.mu.Unlock()
 		return nil, errdefs.FailedPrecondition("app %s is %s", id, st)
+	}
+	if ready != nil {
+		if err := ready(ap); err != nil {
+			return nil, err
+		}
 	}
 	ap.started = make(chan struct{})
 	ap.exited = make(chan struct{})
-	ap.mu.Unlock()
-
-	if err := a.launch(ctx, ap); err != nil {
-		return ap.status(), err
-	}
-	return ap.status(), nil
+	return ap, nil
 }
 
 // launch starts the app's process, its output copied to its log and to

@@ -41,46 +41,36 @@ func (r *pendingRestore) close() {
 // FailedPrecondition (not created; shutting down; an app with a terminal
 // or stdin, whose restore is not supported).
 func (a *Agent) prepareRestore(ctx context.Context, id string) (*api.RestoreIO, error) {
-	ap, err := a.get(id)
+	var out *api.RestoreIO
+	_, err := a.beginStart(id, func(ap *app) error {
+		if ap.spec.TTY || ap.spec.Stdin {
+			return errdefs.FailedPrecondition("app %s: an app with a terminal or stdin cannot be restored", id)
+		}
+		r := &pendingRestore{}
+		var files []*os.File
+		for _, p := range []*[2]*os.File{&r.stdout, &r.stderr} {
+			rd, wr, err := os.Pipe()
+			if err != nil {
+				for _, f := range files {
+					f.Close()
+				}
+				return fmt.Errorf("restore %s: %w", id, err)
+			}
+			p[0], p[1] = rd, wr
+			files = append(files, rd, wr)
+		}
+		r.timer = time.AfterFunc(restoreTimeout, func() {
+			a.abortRestore(context.Background(), ap, fmt.Sprintf("not restored within %v", restoreTimeout))
+		})
+		ap.restore = r
+		out = &api.RestoreIO{PID: os.Getpid(), Stdout: int(r.stdout[1].Fd()), Stderr: int(r.stderr[1].Fd())}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	closing := a.closing
-	a.mu.Unlock()
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	switch {
-	case ap.removed:
-		return nil, errdefs.NotFound("app %q not found", id)
-	case closing:
-		return nil, errdefs.FailedPrecondition("the agent is shutting down")
-	case ap.spec == nil || ap.started != nil:
-		return nil, errdefs.FailedPrecondition("app %s is not created", id)
-	case ap.spec.TTY || ap.spec.Stdin:
-		return nil, errdefs.FailedPrecondition("app %s: an app with a terminal or stdin cannot be restored", id)
-	}
-	r := &pendingRestore{}
-	var files []*os.File
-	for _, p := range []*[2]*os.File{&r.stdout, &r.stderr} {
-		rd, wr, err := os.Pipe()
-		if err != nil {
-			for _, f := range files {
-				f.Close()
-			}
-			return nil, fmt.Errorf("restore %s: %w", id, err)
-		}
-		p[0], p[1] = rd, wr
-		files = append(files, rd, wr)
-	}
-	r.timer = time.AfterFunc(restoreTimeout, func() {
-		a.abortRestore(context.Background(), ap, fmt.Sprintf("not restored within %v", restoreTimeout))
-	})
-	ap.restore = r
-	ap.started = make(chan struct{})
-	ap.exited = make(chan struct{})
 	a.log.InfoContext(ctx, "app awaits its restore", "app", id)
-	return &api.RestoreIO{PID: os.Getpid(), Stdout: int(r.stdout[1].Fd()), Stderr: int(r.stderr[1].Fd())}, nil
+	return out, nil
 }
 
 // takeRestore ends ap's restore under way, if any, and returns it.

@@ -36,13 +36,7 @@ const counterCmd = `exec </dev/null; i=0; while :; do i=$((i+1)); echo $i > /tmp
 // once that stopped. Times and sizes are logged.
 func TestCheckpointContainer(t *testing.T) {
 	e := nodeEnv(t)
-	criu, err := exec.LookPath("criu")
-	if err != nil {
-		t.Skipf("no criu in this node image: %v", err)
-	}
-	if out, err := exec.Command(criu, "check").CombinedOutput(); err != nil {
-		t.Skipf("criu check fails on this kernel: %v\n%s", err, out)
-	}
+	needCRIU(t)
 	e.install(t, "")
 	t.Cleanup(func() { stopService(t) })
 	rt, img := client(t)
@@ -78,18 +72,7 @@ func TestCheckpointContainer(t *testing.T) {
 			if _, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
 				t.Fatalf("StartContainer: %v", err)
 			}
-			count := func() int {
-				r, err := rt.ExecSync(c, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
-				if err != nil || r.ExitCode != 0 {
-					return 0
-				}
-				n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout)))
-				return n
-			}
-			testutil.WaitFor(t, time.Minute, "the counter counts", func() (bool, string) {
-				n := count()
-				return n > 2, strconv.Itoa(n)
-			})
+			count := counting(t, rt, id)
 
 			archive := filepath.Join(archives, tc.name+".tar")
 			before := count()
@@ -171,6 +154,38 @@ func TestCheckpointContainer(t *testing.T) {
 			t.Errorf("left beside the archives: %s", e.Name())
 		}
 	}
+}
+
+// needCRIU skips a test where criu does not work: not installed, or its
+// check fails on this kernel.
+func needCRIU(t *testing.T) {
+	t.Helper()
+	criu, err := exec.LookPath("criu")
+	if err != nil {
+		t.Skipf("no criu in this node image: %v", err)
+	}
+	if out, err := exec.Command(criu, "check").CombinedOutput(); err != nil {
+		t.Skipf("criu check fails on this kernel: %v\n%s", err, out)
+	}
+}
+
+// counting waits for the counter of container id to count, and returns
+// what reads its count (0 when it cannot be read).
+func counting(t *testing.T, rt runtimeapi.RuntimeServiceClient, id string) func() int {
+	t.Helper()
+	count := func() int {
+		r, err := rt.ExecSync(ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
+		if err != nil || r.ExitCode != 0 {
+			return 0
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout)))
+		return n
+	}
+	testutil.WaitFor(t, time.Minute, "the counter counts", func() (bool, string) {
+		n := count()
+		return n > 2, strconv.Itoa(n)
+	})
+	return count
 }
 
 // restoreRequest creates container name in pod q from a checkpoint
@@ -259,13 +274,7 @@ func countsOn(t *testing.T, path string) int {
 // logs. Times and sizes are logged.
 func TestCheckpointPod(t *testing.T) {
 	e := nodeEnv(t)
-	criu, err := exec.LookPath("criu")
-	if err != nil {
-		t.Skipf("no criu in this node image: %v", err)
-	}
-	if out, err := exec.Command(criu, "check").CombinedOutput(); err != nil {
-		t.Skipf("criu check fails on this kernel: %v\n%s", err, out)
-	}
+	needCRIU(t)
 	e.install(t, "")
 	t.Cleanup(func() { stopService(t) })
 	rt, img := client(t)
@@ -368,25 +377,11 @@ func TestCheckpointPod(t *testing.T) {
 // layerFile is the content of entry name of the layer tar at path.
 func layerFile(t *testing.T, path, name string) string {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
+	b, ok := layerEntry(t, path, name)
+	if !ok {
+		t.Fatalf("layer %s has no %s", path, name)
 	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if err != nil {
-			t.Fatalf("layer %s has no %s: %v", path, name, err)
-		}
-		if hdr.Name == name {
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return string(b)
-		}
-	}
+	return string(b)
 }
 
 // checkpointctl reads the archive as CRI-O's and containerd's users
@@ -424,6 +419,14 @@ func checkpointctl(t *testing.T, archive string, want ...string) {
 // layerHas says whether the layer tar at path holds an entry name.
 func layerHas(t *testing.T, path, name string) bool {
 	t.Helper()
+	_, ok := layerEntry(t, path, name)
+	return ok
+}
+
+// layerEntry is the content of entry name of the layer tar at path, and
+// whether it has one.
+func layerEntry(t *testing.T, path, name string) ([]byte, bool) {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -433,13 +436,17 @@ func layerHas(t *testing.T, path, name string) bool {
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return false
+			return nil, false
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		if hdr.Name == name {
-			return true
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b, true
 		}
 	}
 }

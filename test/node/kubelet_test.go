@@ -34,27 +34,9 @@ func TestKubeletCheckpoint(t *testing.T) {
 	if _, err := os.Stat(kubelet); kubelet == "" || err != nil {
 		t.Skipf("no kubelet in the payload (%q): scripts/test-node.sh adds it when ../shared/k8s/build.sh builds it", kubelet)
 	}
-	criu, err := exec.LookPath("criu")
-	if err != nil {
-		t.Skipf("no criu in this node image: %v", err)
-	}
-	if out, err := exec.Command(criu, "check").CombinedOutput(); err != nil {
-		t.Skipf("criu check fails on this kernel: %v\n%s", err, out)
-	}
-	if err := os.MkdirAll(configDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	needCRIU(t)
 	// The kubelet's cgroup driver, as a distribution's node runs it.
-	cfg := filepath.Join(configDir, "kubelet-checkpoint.yaml")
-	if err := os.WriteFile(cfg, []byte("version: 1\ncgroup_driver: systemd\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e.install(t, "--config "+cfg)
-	t.Cleanup(func() {
-		stopService(t)
-		os.RemoveAll(dropInDir)
-		run(t, "systemctl", "daemon-reload")
-	})
+	e.installSystemdDriver(t, "kubelet-checkpoint.yaml")
 	rt, img := client(t)
 	ref := pullBusybox(t, img)
 
@@ -141,18 +123,7 @@ spec:
 		return true, ""
 	})
 	podName := ctr.Labels["io.kubernetes.pod.name"]
-	count := func() int {
-		r, err := rt.ExecSync(ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: ctr.Id, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
-		if err != nil || r.ExitCode != 0 {
-			return 0
-		}
-		n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout)))
-		return n
-	}
-	testutil.WaitFor(t, time.Minute, "the counter counts", func() (bool, string) {
-		n := count()
-		return n > 2, strconv.Itoa(n)
-	})
+	count := counting(t, rt, ctr.Id)
 
 	// The kubelet's API, with its self-signed certificate.
 	hc := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}

@@ -98,6 +98,26 @@ func (e env) install(t *testing.T, extraArgs string) {
 	run(t, "systemctl", "restart", unitName)
 }
 
+// installSystemdDriver installs and starts the service with a node
+// configuration (configDir/name) choosing the systemd cgroup driver; the
+// test's end stops it and drops the configuration's drop-in.
+func (e env) installSystemdDriver(t *testing.T, name string) {
+	t.Helper()
+	if err := os.MkdirAll(configDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(configDir, name)
+	if err := os.WriteFile(cfg, []byte("version: 1\ncgroup_driver: systemd\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.install(t, "--config "+cfg)
+	t.Cleanup(func() {
+		stopService(t)
+		os.RemoveAll(dropInDir)
+		run(t, "systemctl", "daemon-reload")
+	})
+}
+
 func copyFile(from, to string, mode os.FileMode) error {
 	b, err := os.ReadFile(from)
 	if err != nil {
@@ -478,19 +498,7 @@ func TestCgroupfsDriver(t *testing.T) {
 // is a transient unit in the slice the kubelet names, for nspawn and fly.
 func TestSystemdDriver(t *testing.T) {
 	e := nodeEnv(t)
-	if err := os.MkdirAll(configDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(configDir, "systemd-driver.yaml")
-	if err := os.WriteFile(cfg, []byte("version: 1\ncgroup_driver: systemd\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e.install(t, "--config "+cfg)
-	t.Cleanup(func() {
-		stopService(t)
-		os.RemoveAll(dropInDir)
-		run(t, "systemctl", "daemon-reload")
-	})
+	e.installSystemdDriver(t, "systemd-driver.yaml")
 	rt, img := client(t)
 	rc, err := rt.RuntimeConfig(ctx(t), &runtimeapi.RuntimeConfigRequest{})
 	if err != nil || rc.GetLinux().GetCgroupDriver() != runtimeapi.CgroupDriver_SYSTEMD {
