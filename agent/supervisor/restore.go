@@ -135,7 +135,8 @@ func (a *Agent) adopt(ctx context.Context, id string, pid int, why string) (*api
 		if ap.cg != nil {
 			_ = ap.cg.Kill()
 		}
-		return ap.status(), a.failEarly(ctx, ap, err)
+		err = a.failEarly(ctx, ap, err)
+		return ap.status(), err
 	}
 	lg, err := openCRILog(ap.spec.LogPath)
 	if err != nil {
