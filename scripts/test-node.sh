@@ -7,8 +7,9 @@
 # It builds (or reuses) the node image (scripts/node-image.sh) and a payload
 # disk with the binary, the node tests (test/node, compiled static),
 # contrib/systemd/stagelet.service, two versions of the Debian package
-# (make deb) and, when ../shared/conformance exists, the CRI conformance
-# kit. In the VM the node tests install and drive the
+# (make deb), checkpointctl and the kubelet (../shared/k8s/build.sh, for
+# the checkpoint tests) and, when ../shared/conformance exists, the CRI
+# conformance kit. In the VM the node tests install and drive the
 # service under both cgroup drivers, then critest runs against the nspawn
 # stage1 with the systemd driver. critest also runs on this host first, and
 # the two runs must fail the same specs. Everything it makes goes in one
