@@ -28,11 +28,12 @@ const CRIURestoreLog = "restore.log"
 // RestoreApp restores, with criu, app r.Spec.ID of the pod in cg, whose
 // agent is PID 1 of the pod's PID namespace, one level below the node's:
 // nspawn's stage1.AppRestorer. (An agent in the node's PID namespace, as
-// fly's, is no restored process's parent when criu runs here.) The restored process
-// ends as a child of the agent, in the app's cgroup, the pod's network
-// and IPC namespaces (and its PID namespace, when it shares it), on the
-// app's rootfs with the app's mounts; its output goes into the agent's
-// pipes. It returns the PID the agent sees.
+// fly's, is no restored process's parent when criu runs here: see
+// RestoreAppInAgent.) The restored process ends as a child of the agent,
+// in the app's cgroup, the pod's network and IPC namespaces (and its PID
+// namespace, when it shares it), on the app's rootfs with the app's
+// mounts; its output goes into the agent's pipes. It returns the PID the
+// agent sees.
 //
 // criu runs from the app's cgroup (it leaves cgroups alone) and, for a
 // pod with a PID namespace of its own, in that namespace and the pod's
