@@ -348,9 +348,6 @@ func (p *Pod) RestoreApp(ctx context.Context, r *stage1.AppRestore) (int, error)
 	return pid, nil
 }
 
-// CheckpointApp implements stage1.AppCheckpointer: criu saves the app's
-// processes (pid is their first, numbered by the node, as the agent runs
-// in the node's PID namespace).
 // FreezeApps implements stage1.AppCheckpointer: the apps' cgroups'
 // freezer.
 func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error) {
@@ -361,6 +358,9 @@ func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error
 	return thaw, nil
 }
 
+// CheckpointApp implements stage1.AppCheckpointer: criu saves the app's
+// processes (pid is their first, numbered by the node, as the agent runs
+// in the node's PID namespace).
 func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
 	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 0, id, pid, dir)
 	if err != nil {

@@ -149,7 +149,7 @@ func CRIUDump(ctx context.Context, criu string, pid int, cgroup, dir string) (*s
 		if its := nsInode(proc + "/ns/pid"); its != "" {
 			args = append(args, "--external", "pid["+its+"]:"+criuPIDKey)
 			img.PID = true
-			img.PIDs = cgroupPIDs(pid, len(ids)-1)
+			img.PIDs = cgroupPIDs(cgroup, len(ids)-1)
 		}
 	}
 	mounts, err := readMountinfo(proc + "/mountinfo")
@@ -178,17 +178,9 @@ func CRIUDump(ctx context.Context, criu string, pid int, cgroup, dir string) (*s
 }
 
 // cgroupPIDs are the PIDs, at PID namespace level, of the processes in
-// the cgroup v2 cgroup of process pid; nil when they cannot be read.
-func cgroupPIDs(pid, level int) []int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return nil
-	}
-	path, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "0::")
-	if !ok {
-		return nil // cgroup v1
-	}
-	procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", path, "cgroup.procs"))
+// the cgroup directory dir (the app's); nil when they cannot be read.
+func cgroupPIDs(dir string, level int) []int {
+	procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
 		return nil
 	}

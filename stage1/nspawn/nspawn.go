@@ -780,9 +780,6 @@ func (p *Pod) RestoreApp(ctx context.Context, r *stage1.AppRestore) (int, error)
 	return pid, nil
 }
 
-// CheckpointApp implements stage1.AppCheckpointer: criu, run on the node,
-// saves the app's processes (pid is their first in the pod's PID
-// namespace, whose PID 1 is the agent).
 // FreezeApps implements stage1.AppCheckpointer: the apps' cgroups'
 // freezer.
 func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error) {
@@ -793,6 +790,9 @@ func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error
 	return thaw, nil
 }
 
+// CheckpointApp implements stage1.AppCheckpointer: criu, run on the node,
+// saves the app's processes (pid is their first in the pod's PID
+// namespace, whose PID 1 is the agent).
 func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
 	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 1, id, pid, dir)
 	if err != nil {
