@@ -20,6 +20,14 @@ const (
 	fileIOWriteMiB = 64
 )
 
+// spawnProcs is how many times the spawn measure has the container's shell
+// fork and exec true, and spawnScript that loop: what any exec into the
+// container costs at least, whatever the runtime's own path adds (an
+// ExecSync is one such process plus the runtime's work).
+const spawnProcs = 20
+
+var spawnScript = fmt.Sprintf(`i=0; while [ $i -lt %d ]; do /bin/true || exit 1; i=$((i+1)); done`, spawnProcs)
+
 // fileIOPlace is a directory of the container where the phases run.
 type fileIOPlace struct {
 	name string
@@ -53,9 +61,11 @@ var fileIOPhases = []fileIOPhase{
 		fmt.Sprintf(`dd if=/dev/zero of="$D.big" bs=1M count=%d conv=fsync 2>/dev/null`, fileIOWriteMiB)},
 }
 
-// fileIOResult: per place, per phase, the durations of the runs.
+// fileIOResult: per place, per phase, the durations of the runs; spawn:
+// per run, the time of one process of spawnScript.
 type fileIOResult struct {
-	took map[string]map[string][]time.Duration
+	took  map[string]map[string][]time.Duration
+	spawn []time.Duration
 }
 
 // measureFileIO starts one pod and times, n times over, each phase in
@@ -91,6 +101,11 @@ func measureFileIO(ctx context.Context, d *harness.Daemon, ref, stage1 string, p
 				return nil, err
 			}
 		}
+		took, err := timeSh(ctx, rt, bp.ctrID, spawnScript)
+		if err != nil {
+			return nil, fmt.Errorf("run %d, spawn: %w", run, err)
+		}
+		res.spawn = append(res.spawn, took/spawnProcs)
 	}
 	return res, nil
 }
@@ -145,6 +160,7 @@ func reportFileIO(w io.Writer, n int, what string, r *fileIOResult) {
 		fmt.Fprintf(w, " %18s\n", ratio(median(r.took[fileIOPlaces[0].name][ph.name]), median(r.took[base][ph.name])))
 	}
 	fmt.Fprintln(w, strings.Repeat("-", 24+19*(len(fileIOPlaces)+1)))
+	fmt.Fprintf(w, "process start in the container (its shell forks and execs true %d times), per process: %s\n", spawnProcs, ms(median(r.spawn)))
 }
 
 // ratio is a/b as "2.31x", or "-" when b is zero.
