@@ -463,7 +463,7 @@ func TestDefaultPolicyHostNamespaces(t *testing.T) {
 	real := map[string]caps.Capabilities{
 		"fly":    {Isolation: caps.IsolationHost, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
 		"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true, Privileged: "pod", UserNamespaces: true},
-		"kvm":    {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
+		"kvm":    {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", UserNamespaces: true},
 	}
 	p := Default()
 	if err := p.Validate(real); err != nil {
@@ -486,8 +486,7 @@ func TestDefaultPolicyHostNamespaces(t *testing.T) {
 		{name: "userns pod", pod: Pod{Namespace: "default", UserNS: true}, stage1: "nspawn"},
 		{name: "userns with the fly handler", pod: Pod{Namespace: "kube-system", Handler: "fly", UserNS: true},
 			class: errdefs.ErrInvalidArgument, msg: []string{`runtime handler "fly" asks for stage1 "fly", which declares no user namespace of its own`}},
-		{name: "userns with the kvm handler", pod: Pod{Namespace: "default", Handler: "kvm", UserNS: true},
-			class: errdefs.ErrInvalidArgument, msg: []string{"declares no user namespace of its own"}},
+		{name: "userns with the kvm handler", pod: Pod{Namespace: "default", Handler: "kvm", UserNS: true}, stage1: "kvm"},
 		// Asking for a stage1 that cannot share the namespace refuses,
 		// never moves the pod elsewhere.
 		{name: "hostPID with the kvm handler", pod: Pod{Namespace: "default", Handler: "kvm", HostPID: true},

@@ -76,6 +76,20 @@ type IDMapping struct {
 	Size   uint32
 }
 
+// MinUserNSSize is the fewest IDs a pod's user namespace maps: a
+// container's files and users may use any 16-bit ID (65534 is nobody).
+const MinUserNSSize = 65536
+
+// Check refuses a mapping a backend cannot make: fewer than
+// MinUserNSSize IDs, from host ID 0 (the host's root), or past 32 bits.
+// InvalidArgument names the backend.
+func (m IDMapping) Check(backend string) error {
+	if m.HostID == 0 || m.Size < MinUserNSSize || uint64(m.HostID)+uint64(m.Size) > 1<<32-1 {
+		return errdefs.InvalidArgument("%s: user namespace mapping of %d IDs from host ID %d: want at least %d IDs from a host ID above 0, within 32 bits", backend, m.Size, m.HostID, MinUserNSSize)
+	}
+	return nil
+}
+
 // PodResources are a pod's total limits.
 type PodResources struct {
 	MemoryLimit int64 // bytes

@@ -75,6 +75,11 @@ type Config struct {
 	MTU    int
 	// LogLevel of the agent (stagelet.loglevel).
 	LogLevel slog.Level
+	// UserNS: the pod's containers run in a user namespace of their own
+	// whose IDs 0..UserNSSize-1 are the guest's UserNSHost..
+	// (stagelet.userns=HOST:SIZE; hostUsers: false). The pod's agent then
+	// runs inside it, as in an nspawn pod.
+	UserNSHost, UserNSSize uint32
 }
 
 // Cmdline renders c as kernel command line parameters.
@@ -117,6 +122,9 @@ func (c *Config) Cmdline() []string {
 	}
 	if c.LogLevel != slog.LevelInfo {
 		add("loglevel", strings.ToLower(c.LogLevel.String()))
+	}
+	if c.UserNSSize > 0 {
+		add("userns", fmt.Sprintf("%d:%d", c.UserNSHost, c.UserNSSize))
 	}
 	return out
 }
@@ -171,10 +179,33 @@ func ParseCmdline(cmdline string) (*Config, error) {
 			c.MTU, err = strconv.Atoi(v)
 		case "loglevel":
 			err = c.LogLevel.UnmarshalText([]byte(v))
+		case "userns":
+			c.UserNSHost, c.UserNSSize, err = parseUserNS(v)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("kernel parameter %s: %v", w, err)
 		}
 	}
 	return c, nil
+}
+
+// parseUserNS reads HOST:SIZE, a user namespace mapping of SIZE IDs from
+// HOST, both within 32 bits, HOST above 0 and SIZE at least 1.
+func parseUserNS(v string) (host, size uint32, err error) {
+	h, sz, ok := strings.Cut(v, ":")
+	if !ok {
+		return 0, 0, fmt.Errorf("want HOST:SIZE")
+	}
+	hv, err := strconv.ParseUint(h, 10, 32)
+	if err != nil {
+		return 0, 0, err
+	}
+	sv, err := strconv.ParseUint(sz, 10, 32)
+	if err != nil {
+		return 0, 0, err
+	}
+	if hv == 0 || sv == 0 || hv+sv > 1<<32-1 {
+		return 0, 0, fmt.Errorf("want a mapping of at least one ID from a host ID above 0, within 32 bits")
+	}
+	return uint32(hv), uint32(sv), nil
 }

@@ -40,3 +40,18 @@ func joinWords(w []string) string {
 	}
 	return s
 }
+
+func TestCmdlineUserNS(t *testing.T) {
+	c, err := ParseCmdline(joinWords((&Config{UserNSHost: 65536, UserNSSize: 65536}).Cmdline()))
+	if err != nil || c.UserNSHost != 65536 || c.UserNSSize != 65536 {
+		t.Fatalf("round trip: %+v, %v", c, err)
+	}
+	if c, _ := ParseCmdline("stagelet.port=p"); c.UserNSSize != 0 {
+		t.Errorf("no userns parameter gives a mapping: %+v", c)
+	}
+	for _, bad := range []string{"stagelet.userns=65536", "stagelet.userns=0:65536", "stagelet.userns=1:0", "stagelet.userns=4294967295:2", "stagelet.userns=x:1"} {
+		if _, err := ParseCmdline(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

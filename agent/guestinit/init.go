@@ -89,9 +89,20 @@ func guestInit() error {
 		fmt.Fprintln(os.Stderr, guest.Ready)
 		return nil
 	}
+	// Streams go to this supervisor, or to the pod's agent in its user
+	// namespace once there is one (nest.go).
+	l := &routingListener{Listener: transport.NewSerialListener(port, log), log: log}
+	var a *supervisor.Agent
+	stop := func() { a.Close() }
 	var setup func(*api.Request) error
 	if cfg.Template {
-		setup = func(req *api.Request) error { return setupRestored(req, log) }
+		setup = func(req *api.Request) error {
+			pod, err := setupRestored(req, log)
+			if err != nil {
+				return err
+			}
+			return l.nest(pod, stop)
+		}
 	} else if err := personalize(cfg, log); err != nil {
 		return err
 	}
@@ -99,11 +110,15 @@ func guestInit() error {
 		log.Warn("cgroups: app limits and stats are off", "err", err)
 	}
 
-	a, err := supervisor.New(supervisor.Config{StateDir: stateDir, Logger: log, Setup: setup})
+	a, err = supervisor.New(supervisor.Config{StateDir: stateDir, Logger: log, Setup: setup})
 	if err != nil {
 		return err
 	}
-	l := transport.NewSerialListener(port, log)
+	if !cfg.Template {
+		if err := l.nest(cfg, stop); err != nil {
+			return err
+		}
+	}
 	// The host waits for this line (on the console) only in probes; it
 	// tells a reader of the console log where boot ended.
 	fmt.Fprintf(os.Stderr, "%s %s\n", guest.Ready, time.Since(start).Round(time.Millisecond))
@@ -159,29 +174,29 @@ const (
 // restored from one template starts with its clock and its random number
 // generator's state, so the clock is set from the host's and the host's
 // seed is mixed in (credited, then the generator reseeded) before the
-// pod's identity is applied.
-func setupRestored(req *api.Request, log *slog.Logger) error {
+// pod's identity is applied. It returns the pod's configuration.
+func setupRestored(req *api.Request, log *slog.Logger) (*guest.Config, error) {
 	cfg, err := guest.ParseCmdline(req.Guest)
 	if err != nil {
-		return errdefs.InvalidArgument("setup: %w", err)
+		return nil, errdefs.InvalidArgument("setup: %w", err)
 	}
 	if req.Time > 0 {
 		ts := unix.NsecToTimespec(req.Time)
 		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
-			return fmt.Errorf("setup: set the clock: %w", err)
+			return nil, fmt.Errorf("setup: set the clock: %w", err)
 		}
 	}
 	if len(req.Seed) > 0 {
 		if err := seedRandom(req.Seed); err != nil {
-			return fmt.Errorf("setup: seed the random number generator: %w", err)
+			return nil, fmt.Errorf("setup: seed the random number generator: %w", err)
 		}
 	}
 	if cfg.MAC != nil {
 		if err := adoptMAC(cfg.MAC); err != nil {
-			return fmt.Errorf("setup: network: %w", err)
+			return nil, fmt.Errorf("setup: network: %w", err)
 		}
 	}
-	return personalize(cfg, log)
+	return cfg, personalize(cfg, log)
 }
 
 // seedRandom mixes seed into the kernel's entropy pool, credited as

@@ -161,10 +161,13 @@ func listenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// ensureProc mounts /proc when the agent is PID 1 of a bare system (a VM)
-// and nothing mounted it: starting apps re-executes /proc/self/exe.
+// ensureProc mounts /proc when the agent is PID 1 and the /proc it has is
+// not its PID namespace's: nothing mounted one (a bare system), or it is
+// the parent namespace's (a kvm pod's agent in the pod's user namespace,
+// started by the VM's init). Starting apps re-executes /proc/self/exe,
+// and the agent finds its apps by the PIDs it sees.
 func ensureProc() error {
-	if _, err := os.Stat("/proc/self/exe"); err == nil {
+	if self, err := os.Readlink("/proc/self"); err == nil && self == "1" {
 		return nil
 	}
 	if err := os.MkdirAll("/proc", 0o555); err != nil {

@@ -428,12 +428,32 @@ func (d SharedDir) UnbindSources(id string) error {
 // alike), for idmapped mounts: any namespace with the same mapping maps
 // files the same way. It is made by a short-lived child (sleep) that is
 // gone when UserNSFile returns; the namespace lives as long as the file.
-func UserNSFile(m stage1.IDMapping) (*os.File, error) {
+func UserNSFile(m stage1.IDMapping) (*os.File, error) { return userNSFile(m, false) }
+
+// ServedUserNSFile is UserNSFile for the idmapped mounts a host process
+// running as root serves to a pod: qemu's 9p server creates each file
+// and directory a kvm pod makes as root, then gives it the owner the
+// guest asked for. An idmapped mount lets only an ID it maps create
+// files, so the namespace also maps the host's root, to UnownedID on
+// disk: a file keeps that owner only if the second step failed, and
+// shows as the guest's root (outside the pod's range) in the VM.
+func ServedUserNSFile(m stage1.IDMapping) (*os.File, error) { return userNSFile(m, true) }
+
+// UnownedID is the user and group ID that files created through a
+// ServedUserNSFile mount by the host's root get on disk: the highest
+// valid ID, which no user holds.
+const UnownedID = 1<<32 - 2
+
+func userNSFile(m stage1.IDMapping, served bool) (*os.File, error) {
+	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}}
+	if served {
+		ids = append(ids, syscall.SysProcIDMap{ContainerID: UnownedID, HostID: 0, Size: 1})
+	}
 	cmd := exec.Command("sleep", "60")
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}},
+		UidMappings: ids,
+		GidMappings: ids,
 		Pdeathsig:   syscall.SIGKILL,
 	}
 	if err := cmd.Start(); err != nil {

@@ -278,6 +278,9 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		// Containers write into a layer in the guest's memory (vfio.go).
 		LocalLayers:  true,
 		NoCheckpoint: noCheckpoint,
+		// The pod's agent runs in the pod's user namespace inside the
+		// guest (agent/guestinit/nest.go); its files reach it idmapped.
+		UserNamespaces: true,
 	}
 }
 
@@ -292,6 +295,8 @@ type state struct {
 	Version int `json:"version"`
 	// VM is what the VM was started with, for Details.
 	VM vmInfo `json:"vm"`
+	// UserNS is the pod's user namespace mapping; nil: the guest's.
+	UserNS *stage1.IDMapping `json:"userNS,omitempty"`
 	host.Ledger
 }
 
@@ -388,6 +393,11 @@ func validate(spec *stage1.PodSpec) error {
 	if strings.ContainsAny(spec.RunDir, ",=") {
 		return errdefs.InvalidArgument("kvm: run dir %q: ',' and '=' separate qemu's options", spec.RunDir)
 	}
+	if u := spec.UserNS; u != nil {
+		if err := u.Check("kvm"); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -429,6 +439,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
 	st.VM = vm
+	st.UserNS = spec.UserNS
 	undo, err := host.Starting(ctx, log, Name, save, func(ctx context.Context) error { return b.release(ctx, st) })
 	if err != nil {
 		return nil, err
@@ -443,6 +454,9 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Hostname: spec.Hostname,
 		FSTag:    fsTag,
 		FSType:   guest.FSVirtio9P,
+	}
+	if u := spec.UserNS; u != nil {
+		gcfg.UserNSHost, gcfg.UserNSSize = u.HostID, u.Size
 	}
 	tap, tapMode, err := attachTap(spec, st, save, unitLaunch, gcfg)
 	if err != nil {

@@ -474,7 +474,7 @@ func TestReconnect(t *testing.T) {
 
 func TestCapabilities(t *testing.T) {
 	c := New(nil, Config{}).Capabilities()
-	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, NoCheckpoint: noCheckpoint}
+	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, NoCheckpoint: noCheckpoint, UserNamespaces: true}
 	if c != want {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
 	}
@@ -484,6 +484,11 @@ func TestValidate(t *testing.T) {
 	ok := stage1.PodSpec{ID: "p", RunDir: "/run/p"}
 	if err := validate(&ok); err != nil {
 		t.Errorf("valid spec refused: %v", err)
+	}
+	userns := ok
+	userns.UserNS = &stage1.IDMapping{HostID: 1 << 30, Size: 65536}
+	if err := validate(&userns); err != nil {
+		t.Errorf("a pod with a user namespace refused: %v", err)
 	}
 	// qemu gets its sockets' names relative to the VM directory, so a run
 	// directory longer than a socket address fits.
@@ -508,12 +513,15 @@ func TestValidate(t *testing.T) {
 		t.Error("a pod id too long for a socket name accepted")
 	}
 	for name, mut := range map[string]func(*stage1.PodSpec){
-		"hostNetwork": func(s *stage1.PodSpec) { s.HostNetwork = true },
-		"hostPID":     func(s *stage1.PodSpec) { s.HostPID = true },
-		"hostIPC":     func(s *stage1.PodSpec) { s.HostIPC = true },
-		"relative":    func(s *stage1.PodSpec) { s.RunDir = "run/p" },
-		"comma":       func(s *stage1.PodSpec) { s.RunDir = "/run/a,b" },
-		"no id":       func(s *stage1.PodSpec) { s.ID = "" },
+		"hostNetwork":           func(s *stage1.PodSpec) { s.HostNetwork = true },
+		"hostPID":               func(s *stage1.PodSpec) { s.HostPID = true },
+		"hostIPC":               func(s *stage1.PodSpec) { s.HostIPC = true },
+		"relative":              func(s *stage1.PodSpec) { s.RunDir = "run/p" },
+		"comma":                 func(s *stage1.PodSpec) { s.RunDir = "/run/a,b" },
+		"no id":                 func(s *stage1.PodSpec) { s.ID = "" },
+		"userns from host ID 0": func(s *stage1.PodSpec) { s.UserNS = &stage1.IDMapping{HostID: 0, Size: 65536} },
+		"userns too small":      func(s *stage1.PodSpec) { s.UserNS = &stage1.IDMapping{HostID: 65536, Size: 1000} },
+		"userns past 32 bits":   func(s *stage1.PodSpec) { s.UserNS = &stage1.IDMapping{HostID: 1<<32 - 1000, Size: 65536} },
 	} {
 		s := ok
 		mut(&s)

@@ -1,13 +1,22 @@
 package kvm
 
 import (
+	"os"
+
 	"github.com/stagelet/stagelet/agent/guest"
 	"github.com/stagelet/stagelet/stage1/host"
 )
 
 // shared is the pod's propagating directory: <RunDir>/mounts on the host,
 // exported by qemu over virtio-9p and mounted in the guest at
-// guest.Mounts.
+// guest.Mounts. In a pod with a user namespace of its own a container's
+// rootfs, log directory and volumes are bound there idmapped, so that the
+// guest sees their files owned by the IDs that map to theirs.
 func (st *state) shared() host.SharedDir {
-	return host.SharedDir{Host: st.mounts(), InPod: guest.Mounts}
+	d := host.SharedDir{Host: st.mounts(), InPod: guest.Mounts}
+	if m := st.UserNS; m != nil {
+		// qemu's 9p server, the host's root, makes the pod's files.
+		d.UserNS = func() (*os.File, error) { return host.ServedUserNSFile(*m) }
+	}
+	return d
 }

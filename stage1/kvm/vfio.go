@@ -59,8 +59,13 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 	}
 	// The container writes into a layer in the guest's memory: over 9p
 	// each file's creation, lookup and removal is a round trip to qemu
-	// (the host's rootfs, beneath, stays as the image left it).
-	out.LocalUpper = true
+	// (the host's rootfs, beneath, stays as the image left it). Not in a
+	// pod with a user namespace of its own: its agent, inside it, could
+	// mount that overlay only without the trusted extended attributes
+	// that keep its whiteouts and opaque directories, and the guest's
+	// tmpfs has no user ones before Linux 6.6; it writes into the host's
+	// layer, over 9p.
+	out.LocalUpper = v.SharedDir.UserNS == nil
 	return out, nil
 }
 

@@ -98,10 +98,6 @@ var migrations = map[int]stage1.Migration{
 	)),
 }
 
-// minUserNSSize is the fewest IDs a pod's user namespace maps: a
-// container's files and users may use any 16-bit ID (65534 is nobody).
-const minUserNSSize = 65536
-
 // Paths inside the pod.
 const (
 	// podAgent is where the agent binary is bound (read-only).
@@ -302,8 +298,10 @@ func validate(spec *stage1.PodSpec) error {
 	if !filepath.IsAbs(spec.RunDir) || !filepath.IsAbs(spec.AgentBinary) {
 		return errdefs.InvalidArgument("nspawn: run dir and agent binary must be absolute paths")
 	}
-	if u := spec.UserNS; u != nil && (u.HostID == 0 || u.Size < minUserNSSize || uint64(u.HostID)+uint64(u.Size) > 1<<32-1) {
-		return errdefs.InvalidArgument("nspawn: user namespace mapping of %d IDs from host ID %d: want at least %d IDs from a host ID above 0, within 32 bits", u.Size, u.HostID, minUserNSSize)
+	if u := spec.UserNS; u != nil {
+		if err := u.Check("nspawn"); err != nil {
+			return err
+		}
 	}
 	return nil
 }

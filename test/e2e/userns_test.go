@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -92,5 +93,70 @@ func TestUserNamespacePod(t *testing.T) {
 	requireCode(t, err, codes.InvalidArgument, "a hostUsers: false pod on fly")
 	if !strings.Contains(err.Error(), "user namespace") {
 		t.Errorf("fly's refusal does not say why: %v", err)
+	}
+}
+
+// TestKVMUserNamespacePod: a hostUsers: false pod on kvm. Status offers
+// user namespaces on kvm; the container runs as the pod's root, which
+// inside maps to the kubelet's range; the image's files show as the pod
+// root's (bound idmapped into the VM's share); it writes its rootfs, binds
+// a port below 1024, and its log reaches the host; an exec is in the same
+// user namespace; a second container shares it.
+func TestKVMUserNamespacePod(t *testing.T) {
+	e := newKVMEnv(t)
+	st, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered := false
+	for _, h := range st.GetRuntimeHandlers() {
+		if h.GetName() == "kvm" {
+			offered = h.GetFeatures().GetUserNamespaces()
+		}
+	}
+	if !offered {
+		t.Error("handler kvm does not offer user namespaces")
+	}
+
+	const base, size = 1 << 30, 65536
+	ids := []*runtimeapi.IDMapping{{HostId: base, ContainerId: 0, Length: size}}
+	userns := &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: ids, Gids: ids}
+	cfg := e.netPodConfig("userns-vm", kvmStage1)
+	cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	podID := e.runStage1Pod(cfg, kvmStage1)
+	ctr := e.netContainer(kvmStage1, "c", "sh", "-c", "echo started; exec sleep 1000")
+	ctr.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	id := e.createAndStart(podID, cfg, ctr)
+
+	want := []string{"0", strconv.Itoa(base), strconv.Itoa(size)}
+	for _, f := range []string{"/proc/self/uid_map", "/proc/self/gid_map", "/proc/1/uid_map"} {
+		if got := strings.Fields(e.execOK(id, "cat", f)); !slices.Equal(got, want) {
+			t.Errorf("%s inside = %v, want %v", f, got, want)
+		}
+	}
+	if got := strings.TrimSpace(e.execOK(id, "id", "-u")); got != "0" {
+		t.Errorf("id -u inside = %s, want 0", got)
+	}
+	// The image's files are root's inside: the guest sees them owned by
+	// the range's first ID, which maps to 0.
+	if got := strings.TrimSpace(e.execOK(id, "stat", "-c", "%u:%g", "/bin/busybox")); got != "0:0" {
+		t.Errorf("/bin/busybox is owned by %s inside, want 0:0", got)
+	}
+	e.execOK(id, "sh", "-c", "echo x > /made-inside && test -O /made-inside && rm /made-inside")
+	// The pod's root is not the guest's: it cannot change what the guest
+	// owns, such as the VM's hostname (its UTS namespace is the guest's).
+	if r := e.execSync(id, "hostname", "other"); r.ExitCode == 0 {
+		t.Error("the pod's root set the VM's hostname")
+	}
+	e.execOK(id, "httpd", "-p", "80", "-h", "/")
+	if logs := e.logText(logPath(cfg, ctr)); !strings.Contains(logs, " stdout F started\n") {
+		t.Errorf("container log: %q", logs)
+	}
+
+	other := e.netContainer(kvmStage1, "d", "sleep", "1000")
+	other.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	id2 := e.createAndStart(podID, cfg, other)
+	if got := strings.Fields(e.execOK(id2, "cat", "/proc/self/uid_map")); !slices.Equal(got, want) {
+		t.Errorf("second container: uid_map %v, want %v", got, want)
 	}
 }
