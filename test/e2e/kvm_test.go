@@ -30,11 +30,17 @@ var kvmStage1 = podStage1{"kvm", runtimeapi.NamespaceMode_POD, runtimeapi.Namesp
 // STAGELET_GUEST_ASSETS).
 func newKVMEnv(t *testing.T) *env {
 	t.Helper()
+	return newKVMEnvOpts(t, harness.Options{Policy: allStage1sPolicy})
+}
+
+// newKVMEnvOpts is newKVMEnv with the daemon's options.
+func newKVMEnvOpts(t *testing.T, opts harness.Options) *env {
+	t.Helper()
 	requireRoot(t)
 	if os.Getenv("STAGELET_GUEST_ASSETS") == "" {
 		t.Skip("no kvm guest assets: run through `make test` or `make e2e`, or set STAGELET_GUEST_ASSETS (make guest)")
 	}
-	e := newEnvOpts(t, harness.Options{Policy: allStage1sPolicy}, true)
+	e := newEnvOpts(t, opts, true)
 	resp, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{Verbose: true})
 	if err != nil {
 		t.Fatal(err)

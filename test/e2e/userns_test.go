@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,14 +97,24 @@ func TestUserNamespacePod(t *testing.T) {
 	}
 }
 
-// TestKVMUserNamespacePod: a hostUsers: false pod on kvm. Status offers
-// user namespaces on kvm; the container runs as the pod's root, which
-// inside maps to the kubelet's range; the image's files show as the pod
-// root's (bound idmapped into the VM's share); it writes its rootfs, binds
-// a port below 1024, and its log reaches the host; an exec is in the same
-// user namespace; a second container shares it.
+// TestKVMUserNamespacePod: a hostUsers: false pod on kvm, in a VM
+// restored from a template (the pod's agent starts at setup) and in one
+// that boots its kernel (it starts at boot). Status offers user
+// namespaces on kvm; the container runs as the pod's root, which inside
+// maps to the kubelet's range; the image's files show as the pod root's
+// (bound idmapped into the VM's share); it writes its rootfs, binds a port
+// below 1024, and its log reaches the host; an exec is in the same user
+// namespace; a second container shares it; after the daemon is killed and
+// restarted the pod's agent answers again.
 func TestKVMUserNamespacePod(t *testing.T) {
-	e := newKVMEnv(t)
+	for _, boot := range []bool{false, true} {
+		t.Run(map[bool]string{false: "template", true: "boot"}[boot], func(t *testing.T) {
+			kvmUserNamespacePod(t, newKVMEnvOpts(t, harness.Options{Policy: allStage1sPolicy, KVMNoTemplate: boot}))
+		})
+	}
+}
+
+func kvmUserNamespacePod(t *testing.T, e *env) {
 	st, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -158,5 +169,17 @@ func TestKVMUserNamespacePod(t *testing.T) {
 	id2 := e.createAndStart(podID, cfg, other)
 	if got := strings.Fields(e.execOK(id2, "cat", "/proc/self/uid_map")); !slices.Equal(got, want) {
 		t.Errorf("second container: uid_map %v, want %v", got, want)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
+	defer cancel()
+	if err := e.d.Kill9(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.Restart(ctx); err != nil {
+		t.Fatalf("restart the daemon: %v", err)
+	}
+	if got := strings.TrimSpace(e.execOK(id, "id", "-u")); got != "0" {
+		t.Errorf("after a daemon restart: id -u = %s, want 0", got)
 	}
 }
