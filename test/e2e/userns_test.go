@@ -16,6 +16,17 @@ import (
 	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
+// usernsBase and usernsSize are the user namespace range the tests' pods
+// get, as the kubelet gives one: 65536 IDs from a multiple of 65536.
+const usernsBase, usernsSize = 1 << 30, 65536
+
+// podUserNS is the user namespace of a hostUsers: false pod (and of its
+// containers), mapping usernsBase.. from 0.
+func podUserNS() *runtimeapi.UserNamespace {
+	ids := []*runtimeapi.IDMapping{{HostId: usernsBase, ContainerId: 0, Length: usernsSize}}
+	return &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: ids, Gids: ids}
+}
+
 // TestUserNamespacePod: a hostUsers: false pod through the CRI. Status
 // offers user namespaces on nspawn only; an nspawn pod with its own
 // network runs its container as the pod's root, which inside maps to the
@@ -34,9 +45,7 @@ func TestUserNamespacePod(t *testing.T) {
 		}
 	}
 
-	const base, size = 1 << 30, 65536
-	ids := []*runtimeapi.IDMapping{{HostId: base, ContainerId: 0, Length: size}}
-	userns := &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: ids, Gids: ids}
+	userns := podUserNS()
 	cfg := e.netPodConfig("userns", nspawnStage1)
 	cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
 	podID := e.runStage1Pod(cfg, nspawnStage1)
@@ -45,8 +54,8 @@ func TestUserNamespacePod(t *testing.T) {
 	ctr.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
 	id := e.createAndStart(podID, cfg, ctr)
 
-	if got := strings.Fields(e.execOK(id, "cat", "/proc/self/uid_map")); len(got) != 3 || got[0] != "0" || got[1] != strconv.Itoa(base) || got[2] != strconv.Itoa(size) {
-		t.Errorf("uid_map inside = %v, want 0 %d %d", got, base, size)
+	if got := strings.Fields(e.execOK(id, "cat", "/proc/self/uid_map")); len(got) != 3 || got[0] != "0" || got[1] != strconv.Itoa(usernsBase) || got[2] != strconv.Itoa(usernsSize) {
+		t.Errorf("uid_map inside = %v, want 0 %d %d", got, usernsBase, usernsSize)
 	}
 	if got := strings.TrimSpace(e.execOK(id, "id", "-u")); got != "0" {
 		t.Errorf("id -u inside = %s, want 0", got)
@@ -69,8 +78,8 @@ func TestUserNamespacePod(t *testing.T) {
 		for _, line := range strings.Split(string(status), "\n") {
 			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
 				found = true
-				if f[1] != strconv.Itoa(base) {
-					t.Errorf("the host sees the container's root as uid %s, want %d", f[1], base)
+				if f[1] != strconv.Itoa(usernsBase) {
+					t.Errorf("the host sees the container's root as uid %s, want %d", f[1], usernsBase)
 				}
 			}
 		}
@@ -129,9 +138,7 @@ func kvmUserNamespacePod(t *testing.T, e *env) {
 		t.Error("handler kvm does not offer user namespaces")
 	}
 
-	const base, size = 1 << 30, 65536
-	ids := []*runtimeapi.IDMapping{{HostId: base, ContainerId: 0, Length: size}}
-	userns := &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: ids, Gids: ids}
+	userns := podUserNS()
 	cfg := e.netPodConfig("userns-vm", kvmStage1)
 	cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
 	podID := e.runStage1Pod(cfg, kvmStage1)
@@ -139,7 +146,7 @@ func kvmUserNamespacePod(t *testing.T, e *env) {
 	ctr.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
 	id := e.createAndStart(podID, cfg, ctr)
 
-	want := []string{"0", strconv.Itoa(base), strconv.Itoa(size)}
+	want := []string{"0", strconv.Itoa(usernsBase), strconv.Itoa(usernsSize)}
 	for _, f := range []string{"/proc/self/uid_map", "/proc/self/gid_map", "/proc/1/uid_map"} {
 		if got := strings.Fields(e.execOK(id, "cat", f)); !slices.Equal(got, want) {
 			t.Errorf("%s inside = %v, want %v", f, got, want)
