@@ -221,6 +221,7 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		HostPID:      c.HostPID,
 		HostIPC:      c.HostIPC,
 		Options:      rec.Options,
+		NetSysctls:   sysctlsOf(&c, network.SysctlNet),
 		Resources:    podResources(c.Resources),
 		UserNS:       c.UserNS,
 		AgentBinary:  b.opts.AgentBinary,

@@ -68,6 +68,26 @@ func ApplySysctls(netnsPath string, sysctls map[string]string) error {
 	if len(sysctls) == 0 {
 		return nil
 	}
+	names, paths, err := checkSysctls(sysctls)
+	if err != nil {
+		return err
+	}
+	return inNetNS(netnsPath, func() error { return writeSysctls(names, paths, sysctls) })
+}
+
+// SetSysctls is ApplySysctls in the caller's own network namespace: a kvm
+// pod's guest, whose network stack is the pod's.
+func SetSysctls(sysctls map[string]string) error {
+	names, paths, err := checkSysctls(sysctls)
+	if err != nil {
+		return err
+	}
+	return writeSysctls(names, paths, sysctls)
+}
+
+// checkSysctls checks every name and value of sysctls, and returns the
+// names sorted and their /proc/sys files.
+func checkSysctls(sysctls map[string]string) ([]string, map[string]string, error) {
 	names := make([]string, 0, len(sysctls))
 	for k := range sysctls {
 		names = append(names, k)
@@ -78,33 +98,37 @@ func ApplySysctls(netnsPath string, sysctls map[string]string) error {
 		switch SysctlNamespace(k) {
 		case SysctlNet:
 		case SysctlIPC:
-			return fmt.Errorf("sysctl %q: %w", k, ErrNotNetSysctl)
+			return nil, nil, fmt.Errorf("sysctl %q: %w", k, ErrNotNetSysctl)
 		default:
-			return errdefs.InvalidArgument("sysctl %q is not namespaced: it would change the host", k)
+			return nil, nil, errdefs.InvalidArgument("sysctl %q is not namespaced: it would change the host", k)
 		}
 		p, err := sysctlPath(k)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if strings.ContainsAny(sysctls[k], "\x00") {
-			return errdefs.InvalidArgument("sysctl %q: value contains a NUL byte", k)
+			return nil, nil, errdefs.InvalidArgument("sysctl %q: value contains a NUL byte", k)
 		}
 		paths[k] = p
 	}
-	return inNetNS(netnsPath, func() error {
-		for _, k := range names {
-			if err := writeSysctl(paths[k], sysctls[k]); err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return errdefs.InvalidArgument("sysctl %q does not exist in the pod's network namespace (it is host-wide or unknown)", k)
-				}
-				if errors.Is(err, fs.ErrPermission) {
-					return errdefs.New(errdefs.ErrPermissionDenied, "sysctl %q: %w", k, err)
-				}
-				return errdefs.InvalidArgument("sysctl %q=%q: %w", k, sysctls[k], err)
+	return names, paths, nil
+}
+
+// writeSysctls writes each of names (in order) to its file in paths, on
+// the calling thread.
+func writeSysctls(names []string, paths, sysctls map[string]string) error {
+	for _, k := range names {
+		if err := writeSysctl(paths[k], sysctls[k]); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return errdefs.InvalidArgument("sysctl %q does not exist in the pod's network namespace (it is host-wide or unknown)", k)
 			}
+			if errors.Is(err, fs.ErrPermission) {
+				return errdefs.New(errdefs.ErrPermissionDenied, "sysctl %q: %w", k, err)
+			}
+			return errdefs.InvalidArgument("sysctl %q=%q: %w", k, sysctls[k], err)
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // writeSysctl writes value to the /proc/sys file at path, which must be

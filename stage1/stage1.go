@@ -53,6 +53,10 @@ type PodSpec struct {
 	HostIPC     bool
 	// Options are backend options from the policy decision (e.g. VM memory).
 	Options map[string]string
+	// NetSysctls are the pod's network sysctls (net.*). The broker sets
+	// them in NetNSPath; a backend whose pod has a network stack of its
+	// own (a VM's kernel) sets them there too.
+	NetSysctls map[string]string
 	// UserNS puts the pod in a user namespace of its own with this ID
 	// mapping (the kubelet's hostUsers: false); nil: the host's. Only for
 	// a backend whose Capabilities say UserNamespaces.

@@ -7,8 +7,11 @@ package guest
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -80,6 +83,10 @@ type Config struct {
 	// (stagelet.userns=HOST:SIZE; hostUsers: false). The pod's agent then
 	// runs inside it, as in an nspawn pod.
 	UserNSHost, UserNSSize uint32
+	// Sysctls are the pod's network sysctls, set in the guest's network
+	// namespace, the pod's (stagelet.sysctl=NAME=VALUE, repeated, VALUE
+	// query-escaped: values such as a port range hold spaces).
+	Sysctls map[string]string
 }
 
 // Cmdline renders c as kernel command line parameters.
@@ -125,6 +132,9 @@ func (c *Config) Cmdline() []string {
 	}
 	if c.UserNSSize > 0 {
 		add("userns", fmt.Sprintf("%d:%d", c.UserNSHost, c.UserNSSize))
+	}
+	for _, k := range slices.Sorted(maps.Keys(c.Sysctls)) {
+		add("sysctl", k+"="+url.QueryEscape(c.Sysctls[k]))
 	}
 	return out
 }
@@ -181,12 +191,32 @@ func ParseCmdline(cmdline string) (*Config, error) {
 			err = c.LogLevel.UnmarshalText([]byte(v))
 		case "userns":
 			c.UserNSHost, c.UserNSSize, err = parseUserNS(v)
+		case "sysctl":
+			err = c.addSysctl(v)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("kernel parameter %s: %v", w, err)
 		}
 	}
 	return c, nil
+}
+
+// addSysctl adds NAME=VALUE (VALUE query-escaped) to c.Sysctls: a
+// network sysctl (net.* or net/*; the guest checks the rest of the name).
+func (c *Config) addSysctl(v string) error {
+	name, val, ok := strings.Cut(v, "=")
+	if !ok || !(strings.HasPrefix(name, "net.") || strings.HasPrefix(name, "net/")) {
+		return fmt.Errorf("want net.NAME=VALUE")
+	}
+	val, err := url.QueryUnescape(val)
+	if err != nil {
+		return err
+	}
+	if c.Sysctls == nil {
+		c.Sysctls = map[string]string{}
+	}
+	c.Sysctls[name] = val
+	return nil
 }
 
 // parseUserNS reads HOST:SIZE, a user namespace mapping of SIZE IDs from

@@ -1,6 +1,10 @@
 package guest
 
-import "testing"
+import (
+	"maps"
+	"strings"
+	"testing"
+)
 
 func TestCmdline(t *testing.T) {
 	in := "console=ttyS0 stagelet.port=p0 stagelet.fs=fs stagelet.hostname=h stagelet.mac=02:00:00:00:00:01 " +
@@ -50,6 +54,25 @@ func TestCmdlineUserNS(t *testing.T) {
 		t.Errorf("no userns parameter gives a mapping: %+v", c)
 	}
 	for _, bad := range []string{"stagelet.userns=65536", "stagelet.userns=0:65536", "stagelet.userns=1:0", "stagelet.userns=4294967295:2", "stagelet.userns=x:1"} {
+		if _, err := ParseCmdline(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+func TestCmdlineSysctls(t *testing.T) {
+	in := map[string]string{"net.ipv4.ip_local_port_range": "20000 21000", "net.core.somaxconn": "1024"}
+	words := (&Config{Sysctls: in}).Cmdline()
+	for _, w := range words {
+		if strings.ContainsAny(w, " \t") {
+			t.Errorf("parameter %q holds a space", w)
+		}
+	}
+	c, err := ParseCmdline(joinWords(words))
+	if err != nil || !maps.Equal(c.Sysctls, in) {
+		t.Fatalf("round trip: %v, %v; want %v", c.Sysctls, err, in)
+	}
+	for _, bad := range []string{"stagelet.sysctl=kernel.shmmax=1", "stagelet.sysctl=net.x", "stagelet.sysctl=netx=1", "stagelet.sysctl=net.x=%zz"} {
 		if _, err := ParseCmdline(bad); err == nil {
 			t.Errorf("%s accepted", bad)
 		}

@@ -30,6 +30,7 @@ import (
 	"github.com/stagelet/stagelet/agent/supervisor"
 	"github.com/stagelet/stagelet/agent/transport"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/network"
 )
 
 // stateDir holds the apps' records (a tmpfs: they live as long as the VM).
@@ -141,6 +142,12 @@ func personalize(cfg *guest.Config, log *slog.Logger) error {
 	}
 	if err := configureNetwork(cfg); err != nil {
 		return fmt.Errorf("network: %w", err)
+	}
+	// The guest's network stack is the pod's: its sysctls are set here
+	// (the host sets them in the tap's namespace too, which the pod's
+	// traffic only crosses).
+	if err := network.SetSysctls(cfg.Sysctls); err != nil {
+		return fmt.Errorf("config.linux.sysctls: %w", err)
 	}
 	if cfg.FSTag == "" {
 		return nil

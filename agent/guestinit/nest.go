@@ -19,6 +19,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/guest"
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/network"
 )
 
 // A pod with a user namespace of its own (hostUsers: false) has its agent
@@ -37,6 +38,10 @@ import (
 // nestDir holds the pod agent's socket and state: the guest's tmpfs,
 // owned by the pod's root.
 const nestDir = "/run/stagelet-pod"
+
+// unprivilegedPortStart is the sysctl of the lowest port a process
+// without CAP_NET_BIND_SERVICE in the network namespace's owner may bind.
+const unprivilegedPortStart = "net.ipv4.ip_unprivileged_port_start"
 
 // nestCgroup is the pod agent's cgroup beneath the VM's init's, in every
 // hierarchy, delegated to the pod's root.
@@ -88,9 +93,12 @@ func startNested(cfg *guest.Config, log *slog.Logger) (*nested, error) {
 	}
 	// The pod's root is not the guest's, and the network namespace is
 	// the guest's: without this it could not bind a port below 1024, as a
-	// pod's root can (the broker sets the same on an nspawn pod's).
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0"), 0); err != nil {
-		return nil, fmt.Errorf("unprivileged ports: %w", err)
+	// pod's root can (the broker sets the same on an nspawn pod's),
+	// unless the pod set it.
+	if _, set := cfg.Sysctls[unprivilegedPortStart]; !set {
+		if err := network.SetSysctls(map[string]string{unprivilegedPortStart: "0"}); err != nil {
+			return nil, fmt.Errorf("unprivileged ports: %w", err)
+		}
 	}
 	self, err := cgroups.Self()
 	if err != nil {

@@ -458,6 +458,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if u := spec.UserNS; u != nil {
 		gcfg.UserNSHost, gcfg.UserNSSize = u.HostID, u.Size
 	}
+	gcfg.Sysctls = spec.NetSysctls
 	tap, tapMode, err := attachTap(spec, st, save, unitLaunch, gcfg)
 	if err != nil {
 		return nil, err

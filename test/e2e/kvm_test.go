@@ -157,15 +157,18 @@ func checkGuestWritableLayer(t *testing.T, e *env, ctr string) {
 }
 
 // TestKVMPodsReachEachOther: two VM pods get addresses from CNI and talk over
-// the bridge, as pods of any other stage1 do.
+// the bridge, as pods of any other stage1 do; a pod's network sysctls are
+// its VM's.
 func TestKVMPodsReachEachOther(t *testing.T) {
 	e := newKVMEnv(t)
 	aCfg := e.netPodConfig("vm-a", kvmStage1)
 	a := e.runStage1Pod(aCfg, kvmStage1)
 	e.createAndStart(a, aCfg, e.netContainer(kvmStage1, "web", httpServer("served-from-vm-a")...))
 	bCfg := e.netPodConfig("vm-b", kvmStage1)
+	bCfg.Linux.Sysctls = guestSysctls
 	b := e.runStage1Pod(bCfg, kvmStage1)
 	bCtr := e.createAndStart(b, bCfg, e.netContainer(kvmStage1, "client", "sleep", "1000"))
+	checkGuestSysctls(t, e, bCtr)
 
 	ipA, ipB := e.podIP(a), e.podIP(b)
 	if ipA == ipB {
@@ -181,6 +184,22 @@ func TestKVMPodsReachEachOther(t *testing.T) {
 	})
 	// And the host reaches the VM's server on the bridge.
 	e.waitHTTP(url, "served-from-vm-a\n")
+}
+
+// guestSysctls are network sysctls a kvm pod asks for, one with a space
+// in its value.
+var guestSysctls = map[string]string{"net.ipv4.ip_local_port_range": "20000 21000", "net.core.somaxconn": "1000"}
+
+// checkGuestSysctls: the pod's network sysctls are set in its VM, whose
+// network stack is the pod's, as its container sees them.
+func checkGuestSysctls(t *testing.T, e *env, ctr string) {
+	t.Helper()
+	for k, want := range guestSysctls {
+		got := strings.Join(strings.Fields(e.execOK(ctr, "cat", "/proc/sys/"+strings.ReplaceAll(k, ".", "/"))), " ")
+		if got != want {
+			t.Errorf("sysctl %s in the VM = %q, want %q", k, got, want)
+		}
+	}
 }
 
 // guestKernel is the kernel version in the guest assets' manifest.

@@ -141,6 +141,7 @@ func kvmUserNamespacePod(t *testing.T, e *env) {
 	userns := podUserNS()
 	cfg := e.netPodConfig("userns-vm", kvmStage1)
 	cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	cfg.Linux.Sysctls = guestSysctls
 	podID := e.runStage1Pod(cfg, kvmStage1)
 	ctr := e.netContainer(kvmStage1, "c", "sh", "-c", "echo started; exec sleep 1000")
 	ctr.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
@@ -167,6 +168,7 @@ func kvmUserNamespacePod(t *testing.T, e *env) {
 		t.Error("the pod's root set the VM's hostname")
 	}
 	e.execOK(id, "httpd", "-p", "80", "-h", "/")
+	checkGuestSysctls(t, e, id)
 	if logs := e.logText(logPath(cfg, ctr)); !strings.Contains(logs, " stdout F started\n") {
 		t.Errorf("container log: %q", logs)
 	}
