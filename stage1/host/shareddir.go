@@ -440,8 +440,9 @@ func UserNSFile(m stage1.IDMapping) (*os.File, error) { return userNSFile(m, fal
 func ServedUserNSFile(m stage1.IDMapping) (*os.File, error) { return userNSFile(m, true) }
 
 // UnownedID is the user and group ID that files created through a
-// ServedUserNSFile mount by the host's root get on disk: the highest
-// valid ID, which no user holds.
+// ServedUserNSFile mount by the host's root get on disk until they are
+// given their owner: (uid_t)-2, the highest valid ID, which no ordinary
+// user holds (old NFS set-ups named it nfsnobody).
 const UnownedID = 1<<32 - 2
 
 func userNSFile(m stage1.IDMapping, served bool) (*os.File, error) {
