@@ -77,10 +77,6 @@ func checkSysctls(c *PodConfig) error {
 	return nil
 }
 
-// unprivilegedPortStart is the lowest port a process without
-// CAP_NET_BIND_SERVICE towards the network namespace may bind.
-const unprivilegedPortStart = "net.ipv4.ip_unprivileged_port_start"
-
 // sysctlsOf are the pod's sysctls the namespace ns (network.SysctlNet,
 // network.SysctlIPC) isolates.
 func sysctlsOf(c *PodConfig, ns string) map[string]string {
@@ -121,11 +117,11 @@ func (b *Broker) prepareNetwork(rec *PodRecord) error {
 		return fmt.Errorf("pod netns: %w", err)
 	}
 	net := sysctlsOf(&rec.Config, network.SysctlNet)
-	if _, set := net[unprivilegedPortStart]; rec.Config.UserNS != nil && !set {
+	if _, set := net[network.UnprivilegedPortStart]; rec.Config.UserNS != nil && !set {
 		// The pod's root is not the host's, and the network namespace is
 		// the host's: without this it could not bind a port below 1024,
 		// as a pod's root can (containerd sets it for every pod).
-		net[unprivilegedPortStart] = "0"
+		net[network.UnprivilegedPortStart] = "0"
 	}
 	if len(net) > 0 {
 		if err := network.ApplySysctls(rec.NetNS, net); err != nil {

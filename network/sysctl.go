@@ -17,6 +17,12 @@ import (
 // apply it where that namespace is made. It is of class ErrInvalidArgument.
 var ErrNotNetSysctl = errdefs.New(errdefs.ErrInvalidArgument, "sysctl belongs to the IPC namespace, not the network namespace")
 
+// UnprivilegedPortStart is the sysctl of the lowest port a process
+// without CAP_NET_BIND_SERVICE over the network namespace may bind: a pod
+// whose root is not the namespace owner's gets 0, as a pod's root can
+// bind any port (containerd sets it for every pod).
+const UnprivilegedPortStart = "net.ipv4.ip_unprivileged_port_start"
+
 // Sysctl namespaces, as SysctlNamespace names them.
 const (
 	SysctlNet = "net"

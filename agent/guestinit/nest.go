@@ -39,10 +39,6 @@ import (
 // owned by the pod's root.
 const nestDir = "/run/stagelet-pod"
 
-// unprivilegedPortStart is the sysctl of the lowest port a process
-// without CAP_NET_BIND_SERVICE in the network namespace's owner may bind.
-const unprivilegedPortStart = "net.ipv4.ip_unprivileged_port_start"
-
 // nestCgroup is the pod agent's cgroup beneath the VM's init's, in every
 // hierarchy, delegated to the pod's root.
 const nestCgroup = "userns"
@@ -95,8 +91,8 @@ func startNested(cfg *guest.Config, log *slog.Logger) (*nested, error) {
 	// the guest's: without this it could not bind a port below 1024, as a
 	// pod's root can (the broker sets the same on an nspawn pod's),
 	// unless the pod set it.
-	if _, set := cfg.Sysctls[unprivilegedPortStart]; !set {
-		if err := network.SetSysctls(map[string]string{unprivilegedPortStart: "0"}); err != nil {
+	if _, set := cfg.Sysctls[network.UnprivilegedPortStart]; !set {
+		if err := network.SetSysctls(map[string]string{network.UnprivilegedPortStart: "0"}); err != nil {
 			return nil, fmt.Errorf("unprivileged ports: %w", err)
 		}
 	}
@@ -195,7 +191,6 @@ func (n *nested) proxy(c net.Conn, log *slog.Logger) {
 	done := make(chan struct{}, 2)
 	go func() {
 		io.Copy(a, c)
-		a.(*net.UnixConn).CloseWrite()
 		done <- struct{}{}
 	}()
 	go func() {
