@@ -25,7 +25,16 @@ import (
 //
 // Install refuses on a machine that is not x86_64: the program judges
 // x86_64 system call numbers.
-func Install(f *Filter) error {
+func Install(f *Filter) error { return install(f, flagTSync) }
+
+// InstallThread loads the filter into the calling thread only, not into
+// the process's other threads: the processes the thread forks inherit it.
+// It is for a thread that forks a command and is then retired (locked to
+// a goroutine that exits), never for one that goes back to the Go
+// runtime.
+func InstallThread(f *Filter) error { return install(f, 0) }
+
+func install(f *Filter, extra uint) error {
 	if runtime.GOARCH != "amd64" {
 		return fmt.Errorf("seccomp: filters are compiled for x86_64, this machine is %s", runtime.GOARCH)
 	}
@@ -37,7 +46,7 @@ func Install(f *Filter) error {
 		prog[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-	flags := f.Flags | flagTSync
+	flags := f.Flags | extra
 	r1, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, uintptr(flags), uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	switch {

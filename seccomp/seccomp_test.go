@@ -360,3 +360,34 @@ func TestInstall(t *testing.T) {
 		}
 	}
 }
+
+// TestLets: a call is let through only when the filter allows it whatever
+// its free arguments.
+func TestLets(t *testing.T) {
+	f, err := Compile(RuntimeDefault())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vfork := map[int]uint64{0: unix.CLONE_VM | unix.CLONE_VFORK | uint64(unix.SIGCHLD)}
+	for _, c := range []struct {
+		name  string
+		fixed map[int]uint64
+		want  bool
+	}{
+		{"read", nil, true},
+		{"clone", vfork, true},
+		// All ones sets the namespace flags the profile refuses.
+		{"clone", nil, false},
+		{"clone", map[int]uint64{0: unix.CLONE_NEWNS}, false},
+		{"clone3", nil, false},
+		{"mount", nil, false},
+	} {
+		got, err := f.Lets(c.name, c.fixed)
+		if err != nil || got != c.want {
+			t.Errorf("Lets(%s, %v) = %v, %v; want %v", c.name, c.fixed, got, err, c.want)
+		}
+	}
+	if _, err := f.Lets("nosuchcall", nil); err == nil {
+		t.Errorf("Lets of an unknown call: no error")
+	}
+}
