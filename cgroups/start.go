@@ -84,26 +84,58 @@ func (c *Cgroup) startV1(cmd *exec.Cmd) error {
 	return <-done
 }
 
-func (c *Cgroup) forkFromThread(home *Cgroup, cmd *exec.Cmd) error {
-	runtime.LockOSThread()
+// ErrNoCloneInto says a v2 cgroup cannot take a process at clone time on
+// this kernel (before 5.7), so a thread cannot place its forks in it.
+var ErrNoCloneInto = errors.New("cgroups: the kernel cannot clone into a cgroup (CLONE_INTO_CGROUP, Linux 5.7)")
+
+// PlaceThread readies the calling thread so that the next process it forks
+// starts in c. The caller must have locked the goroutine to its thread and
+// must retire the thread afterwards (let the goroutine exit locked): in v1
+// mode the thread itself moves into c, and stays there. In v2 mode the
+// result is a directory descriptor to clone into (SysProcAttr.UseCgroupFD
+// and CgroupFD), which the caller closes; ErrNoCloneInto on kernels
+// without CLONE_INTO_CGROUP. In v1 mode it is -1.
+func (c *Cgroup) PlaceThread() (int, error) {
+	if p, ok := c.Paths[Unified]; ok {
+		if !cloneIntoCgroup() {
+			return -1, ErrNoCloneInto
+		}
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("cgroups: open %s: %w", p, err)
+		}
+		return fd, nil
+	}
+	if err := c.moveThread(c); err != nil {
+		return -1, fmt.Errorf("cgroups: move thread into %s: %w", c, err)
+	}
+	return -1, nil
+}
+
+// moveThread moves the calling thread into to's directories of the v1
+// hierarchies c uses.
+func (c *Cgroup) moveThread(to *Cgroup) error {
 	// "0" is the writing thread itself: the kernel then skips the
 	// global threadgroup lock a move by TID takes (a tenth of the time).
 	const tid = "0"
-	moveTo := func(to *Cgroup) error {
-		for _, k := range v1Controllers {
-			d, ok := to.Paths[k]
-			if !ok {
-				continue
-			}
-			if _, ok := c.Paths[k]; !ok {
-				continue // a hierarchy c does not use: the thread never left
-			}
-			if err := writeFile(d, "tasks", tid); err != nil {
-				return err
-			}
+	for _, k := range v1Controllers {
+		d, ok := to.Paths[k]
+		if !ok {
+			continue
 		}
-		return nil
+		if _, ok := c.Paths[k]; !ok {
+			continue // a hierarchy c does not use: the thread never left
+		}
+		if err := writeFile(d, "tasks", tid); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+func (c *Cgroup) forkFromThread(home *Cgroup, cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	moveTo := c.moveThread
 	moveErr := moveTo(c)
 	var startErr error
 	if moveErr == nil {
@@ -136,6 +168,10 @@ var cloneIntoCgroup = sync.OnceValue(func() bool {
 	}
 	return kernelAtLeast(unix.ByteSliceToString(u.Release[:]), 5, 7)
 })
+
+// CloneIntoCgroup reports whether the kernel places a new process into a
+// cgroup at clone time (CLONE_INTO_CGROUP, Linux 5.7).
+func CloneIntoCgroup() bool { return cloneIntoCgroup() }
 
 // kernelAtLeast compares a kernel release ("5.4.0-150-generic") with
 // major.minor.
