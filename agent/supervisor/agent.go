@@ -39,6 +39,10 @@ type Config struct {
 	// a memory cgroup outside the pod's limit (the nspawn stage1 binds
 	// it into the pod). Empty: the agent's own.
 	MemoryCgroup string
+	// ExecInit, for the Linux System, starts every exec'd command through
+	// `agent exec-init`, never straight from the agent
+	// (execdirect_linux.go).
+	ExecInit bool
 	// Setup answers OpSetup (at most once); nil: the agent refuses it.
 	Setup func(*api.Request) error
 }
@@ -90,7 +94,7 @@ func New(cfg Config) (*Agent, error) {
 	log = slog.New(logctx.NewHandler(log.Handler()))
 	sys := cfg.System
 	if sys == nil {
-		sys = newLinux(cfg.Exe, log, cfg.MemoryCgroup)
+		sys = newLinux(cfg.Exe, log, cfg.MemoryCgroup, cfg.ExecInit)
 	}
 	a := &Agent{
 		log:     log,

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moby/sys/capability"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/agent/client"
@@ -76,6 +79,10 @@ const trampolineEnv = "STAGELET_TEST_TRAMPOLINE"
 // PID namespace.
 const pid1Env = "STAGELET_TEST_PID1"
 
+// inheritableEnv makes the trampoline start the agent with its
+// capabilities in its inheritable set too.
+const inheritableEnv = "STAGELET_TEST_INHERITABLE"
+
 func TestMain(m *testing.M) {
 	if bin := os.Getenv(trampolineEnv); bin != "" {
 		trampoline(bin)
@@ -103,15 +110,43 @@ func trampoline(bin string) {
 			os.Exit(1)
 		}
 	}
+	if os.Getenv(inheritableEnv) != "" {
+		// The agent starts with every capability it holds also in its
+		// inheritable set, as systemd-nspawn starts it: the thread that
+		// executes the agent carries the set through execve.
+		runtime.LockOSThread()
+		if err := inheritAll(); err != nil {
+			fmt.Fprintln(os.Stderr, "trampoline:", err)
+			os.Exit(1)
+		}
+	}
 	env := []string{}
 	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, trampolineEnv+"=") && !strings.HasPrefix(e, pid1Env+"=") {
+		if !strings.HasPrefix(e, trampolineEnv+"=") && !strings.HasPrefix(e, pid1Env+"=") && !strings.HasPrefix(e, inheritableEnv+"=") {
 			env = append(env, e)
 		}
 	}
 	err := syscall.Exec(bin, append([]string{"stagelet"}, os.Args[1:]...), env)
 	fmt.Fprintln(os.Stderr, "trampoline: exec:", err)
 	os.Exit(1)
+}
+
+// inheritAll puts the calling thread's permitted capabilities into its
+// inheritable set.
+func inheritAll() error {
+	c, err := capability.NewPid2(0)
+	if err == nil {
+		err = c.Load()
+	}
+	if err != nil {
+		return err
+	}
+	for _, cp := range capability.ListKnown() {
+		if c.Get(capability.PERMITTED, cp) {
+			c.Set(capability.INHERITABLE, cp)
+		}
+	}
+	return c.Apply(capability.CAPS)
 }
 
 func testMain(m *testing.M) int {
@@ -1296,8 +1331,14 @@ func TestOOMScoreAboveAgent(t *testing.T) {
 			t.Errorf("app %s asking %d scores %d, want %d (the agent: %d)", c.id, c.asked, got, c.want, agent)
 		}
 	}
-	if out := strings.TrimSpace(string(ta.exec("asked", "cat", "/proc/self/oom_score_adj").Stdout)); out != "500" {
-		t.Errorf("an exec in app asked scores %q, want 500", out)
+	// A command started straight from the agent gets its score just after
+	// it started (execdirect_linux.go): it reads its score once its stdin,
+	// which the agent pumps once the start returned, brings a line.
+	var out syncBuffer
+	code, err := ta.c.ExecStream(ctx(t), "asked", sh("read x; cat /proc/self/oom_score_adj"),
+		client.StreamIO{Stdin: strings.NewReader("go\n"), Stdout: &out})
+	if err != nil || code != 0 || strings.TrimSpace(out.String()) != "500" {
+		t.Errorf("an exec in app asked scores %q (code %d, err %v), want 500", out.String(), code, err)
 	}
 }
 

@@ -22,8 +22,9 @@ import (
 	"github.com/stagelet/stagelet/seccomp"
 )
 
-// The agent starts an app or an exec'd command through a re-executed copy
-// of itself (`stagelet agent init` / `stagelet agent exec-init`). The
+// The agent starts an app, and an exec'd command where it cannot start
+// one from its own thread (execdirect_linux.go), through a re-executed
+// copy of itself (`stagelet agent init` / `stagelet agent exec-init`). The
 // agent keeps one end of a socket pair, the child gets the other as fd 3:
 //
 //	agent                                  child
@@ -126,6 +127,9 @@ func childMain(cmd string) int {
 	return 1
 }
 
+// ownOOMScoreAdj is the calling process's OOM score adjustment.
+const ownOOMScoreAdj = "/proc/self/oom_score_adj"
+
 // setOOMScoreAdj gives the process the oom_score_adj its app asked for (0:
 // none), but always above the agent's own, which the process inherited:
 // every app of the pod needs the agent, so the OOM killer must take an app
@@ -135,8 +139,11 @@ func childMain(cmd string) int {
 // score and may not lower one (no CAP_SYS_RESOURCE), an app asking less
 // than the agent's gets the agent's + 1, with a warning. Raising a score
 // needs no privilege.
-func setOOMScoreAdj(asked int, warn func(string, ...any)) {
-	b, err := os.ReadFile("/proc/self/oom_score_adj")
+//
+// The score is written to target: the caller's own (/proc/self) or a
+// process it started (/proc/PID), whose score is still the agent's.
+func setOOMScoreAdj(asked int, target string, warn func(string, ...any)) {
+	b, err := os.ReadFile(ownOOMScoreAdj)
 	if err != nil {
 		warn("oom_score_adj: %v", err)
 		return
@@ -153,7 +160,9 @@ func setOOMScoreAdj(asked int, warn func(string, ...any)) {
 	if adj == agentAdj {
 		return
 	}
-	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(adj)), 0); err != nil {
+	if err := os.WriteFile(target, []byte(strconv.Itoa(adj)), 0); errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
+		return // a started process that is already gone
+	} else if err != nil {
 		warn("oom_score_adj %d refused (%v); keeping %d", adj, err, agentAdj)
 	}
 }
@@ -173,7 +182,7 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 				return fmt.Errorf("sethostname: %w", err)
 			}
 		}
-		setOOMScoreAdj(app.Resources.OOMScoreAdj, warn)
+		setOOMScoreAdj(app.Resources.OOMScoreAdj, ownOOMScoreAdj, warn)
 	case cmdExecInit:
 		if spec.JoinUTS {
 			if err := unix.Setns(utsFD, unix.CLONE_NEWUTS); err != nil {
@@ -186,19 +195,16 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 		}
 		unix.Close(mntFD)
 		// An exec'd command scores as its app does, as runc's exec does.
-		setOOMScoreAdj(app.Resources.OOMScoreAdj, warn)
+		setOOMScoreAdj(app.Resources.OOMScoreAdj, ownOOMScoreAdj, warn)
 	default:
 		return fmt.Errorf("unknown child command %q", cmd)
 	}
-	env := app.Env
 	if spec.TTY {
 		if err := takeTerminal(app.UID, spec.Size, sendPTY); err != nil {
 			return err
 		}
-		if _, ok := envValue(env, "TERM"); !ok {
-			env = append(slices.Clip(env), "TERM=xterm")
-		}
 	}
+	env := execEnv(app.Env, spec.TTY)
 
 	cwd := app.Cwd
 	if cwd == "" {
@@ -238,9 +244,6 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return fmt.Errorf("no_new_privs: %w", err)
 		}
-	}
-	if _, ok := envValue(env, "PATH"); !ok {
-		env = append(slices.Clip(env), "PATH="+defaultPath)
 	}
 	path, err := lookPath(spec.Args[0], env)
 	if err != nil {
@@ -378,21 +381,8 @@ func applyCreds(app *api.AppSpec, warn func(string, ...any)) error {
 	if err != nil {
 		return fmt.Errorf("capabilities: %w", err)
 	}
-	keep := map[capability.Cap]bool{}
-	for _, c := range caps {
-		keep[c] = true
-	}
-	supported, err := capability.ListSupported()
-	if err != nil {
-		return fmt.Errorf("capabilities: %w", err)
-	}
-	for _, c := range supported {
-		if keep[c] {
-			continue
-		}
-		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("drop bounding capability %s: %w", capName(c), err)
-		}
+	if err := dropBounding(caps); err != nil {
+		return err
 	}
 	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("keepcaps: %w", err)
@@ -428,6 +418,25 @@ func applyCreds(app *api.AppSpec, warn func(string, ...any)) error {
 	c.Set(capability.EFFECTIVE|capability.PERMITTED, caps...)
 	if err := c.Apply(capability.CAPS | capability.AMBS); err != nil {
 		return fmt.Errorf("set capabilities: %w", err)
+	}
+	return nil
+}
+
+// dropBounding drops every capability but caps from the calling thread's
+// bounding set, which its children inherit and which bounds what a
+// program they execute may gain.
+func dropBounding(caps []capability.Cap) error {
+	supported, err := capability.ListSupported()
+	if err != nil {
+		return fmt.Errorf("capabilities: %w", err)
+	}
+	for _, c := range supported {
+		if slices.Contains(caps, c) {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("drop bounding capability %s: %w", capName(c), err)
+		}
 	}
 	return nil
 }

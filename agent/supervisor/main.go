@@ -22,7 +22,7 @@ import (
 
 // Main runs `stagelet agent ARGS` and returns the process exit code:
 //
-//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D] [--netns PATH] [--private-ipc] [--hostname NAME] [--memory-cgroup DIR]
+//	stagelet agent --socket PATH --state-dir DIR [--log-level L] [--shutdown-timeout D] [--netns PATH] [--private-ipc] [--hostname NAME] [--memory-cgroup DIR] [--exec-init]
 //
 // With --netns the agent first re-executes itself inside that network
 // namespace, with --private-ipc inside a new IPC namespace, so that it and
@@ -53,6 +53,7 @@ func Main(args []string) int {
 	netns := fset.String("netns", "", "network namespace to run in (a bind-mounted netns file); the agent re-executes itself inside it")
 	hostname := fset.String("hostname", "", "hostname to set in the agent's UTS namespace, which must be the pod's own (nspawn's)")
 	memoryCgroup := fset.String("memory-cgroup", "", "cgroup v1: the pod's memory cgroup directory, beneath which the apps' memory cgroups go when the agent itself is charged to another")
+	execInit := fset.Bool("exec-init", false, "start every exec'd command through `stagelet agent exec-init`, never straight from the agent (to tell the two apart when debugging)")
 	privateIPC := fset.Bool("private-ipc", false, "run in a new IPC namespace (the agent re-executes itself in it): for a pod that does not share the host's")
 	if err := fset.Parse(args); err != nil {
 		return 2
@@ -98,7 +99,7 @@ func Main(args []string) int {
 		log.Warn("cannot become child subreaper: orphans of apps are not reaped by the agent", "err", err)
 	}
 
-	a, err := New(Config{StateDir: *stateDir, Logger: log, MemoryCgroup: *memoryCgroup})
+	a, err := New(Config{StateDir: *stateDir, Logger: log, MemoryCgroup: *memoryCgroup, ExecInit: *execInit})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

@@ -35,6 +35,8 @@ type linuxSystem struct {
 	// cg is the agent's own cgroup, the parent of every app's; nil when
 	// cgroups are not available (limits are then not applied).
 	cg *cgroups.Cgroup
+	// execInit: every exec goes through `agent exec-init`.
+	execInit bool
 }
 
 // Linux returns the real System: exe is the stagelet binary re-executed
@@ -42,18 +44,19 @@ type linuxSystem struct {
 // of the process from then on, and, on a pure cgroup v2 host, moves the
 // process into a leaf of its cgroup (so that the cgroup may hand
 // controllers to the apps'); a process makes one.
-func Linux(exe string, log *slog.Logger) System { return newLinux(exe, log, "") }
+func Linux(exe string, log *slog.Logger) System { return newLinux(exe, log, "", false) }
 
 // newLinux is Linux whose apps' memory cgroups go beneath memoryCgroup,
-// when set on a cgroup v1 host (see Config.MemoryCgroup).
-func newLinux(exe string, log *slog.Logger, memoryCgroup string) System {
+// when set on a cgroup v1 host (see Config.MemoryCgroup), and whose execs
+// all go through `agent exec-init` with execInit.
+func newLinux(exe string, log *slog.Logger, memoryCgroup string, execInit bool) System {
 	if log == nil {
 		log = slog.Default()
 	}
 	if exe == "" {
 		exe = "/proc/self/exe"
 	}
-	l := &linuxSystem{log: log, exe: exe}
+	l := &linuxSystem{log: log, exe: exe, execInit: execInit}
 	if cg, err := cgroups.EnterLeaf(cgroups.LeafName); err != nil {
 		log.Warn("cgroups unavailable: app limits and stats are off", "err", err)
 	} else {
@@ -141,6 +144,9 @@ func (l *linuxSystem) start(s *startSpec) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.sync == nil {
+		return c, nil // started directly (execdirect_linux.go)
+	}
 	if !s.deadline.IsZero() {
 		c.sync.SetDeadline(s.deadline)
 	}
@@ -196,9 +202,10 @@ func (l *linuxSystem) spawnApp(s *startSpec) (*child, error) {
 	return c, err
 }
 
-// spawnExec spawns `agent exec-init` in the mount, UTS and PID namespaces
-// of the running app whose process is s.pid: FailedPrecondition when that
-// process is gone.
+// spawnExec starts an exec's command in the mount, UTS and PID namespaces
+// of the running app whose process is s.pid, directly from a thread of the
+// agent where it can (execdirect_linux.go), else through `agent
+// exec-init`: FailedPrecondition when that process is gone.
 func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 	id, pid, spec := s.app.ID, s.pid, s.app
 	// Hold the app's mount (and UTS) namespace open, then check the
@@ -220,17 +227,37 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 	if err := s.appProc.Signal(syscall.Signal(0)); err != nil {
 		return nil, errdefs.FailedPrecondition("app %s is not running", id)
 	}
+	var pidns *os.File
+	if spec.PIDNamespace == api.PIDNamespaceContainer || spec.PIDNamespace == api.PIDNamespaceTarget {
+		pidns, err = os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+		if err != nil {
+			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+		}
+		defer pidns.Close()
+	}
+	// A thread can place its fork in a cgroup of the cgroups package.
+	if cg, ok := s.cg.(*cgroups.Cgroup); ok || s.cg == nil {
+		d, err := l.planDirect(s, cg)
+		if err != nil {
+			return nil, err
+		}
+		if d != nil {
+			d.mnt, d.pidns = mnt, pidns
+			if spec.OwnUTS() {
+				d.uts = extra[1]
+			}
+			if !s.deadline.IsZero() && time.Now().After(s.deadline) {
+				return nil, fmt.Errorf("app %s: %w", id, errdefs.ErrDeadlineExceeded)
+			}
+			return l.startDirect(d, s.cio)
+		}
+	}
 	spawn := func() (*child, error) {
 		return l.spawn(cmdExecInit, &syscall.SysProcAttr{Setsid: true}, s.cio, extra...)
 	}
-	if spec.PIDNamespace != api.PIDNamespaceContainer && spec.PIDNamespace != api.PIDNamespaceTarget {
+	if pidns == nil {
 		return spawn()
 	}
-	pidns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
-	if err != nil {
-		return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
-	}
-	defer pidns.Close()
 	var c *child
 	err = forkInPIDNamespace(pidns, func() error {
 		var err error
@@ -243,8 +270,10 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 // spawn starts `agent <cmd>` with the sync socket as fd 3, extra files
 // after it, and stdio as cio says.
 func (l *linuxSystem) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, extra ...*os.File) (*child, error) {
-	var theirs []*os.File // the child's ends, closed once it started
-	c := &child{}
+	c, stdio, theirs, err := openStdio(cio)
+	if err != nil {
+		return nil, err
+	}
 	fail := func(err error) (*child, error) {
 		for _, f := range theirs {
 			f.Close()
@@ -257,10 +286,41 @@ func (l *linuxSystem) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, e
 	}
 	parent, childSock, err := socketPair()
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	c.sync = parent
 	theirs = append(theirs, childSock)
+	attr := &os.ProcAttr{
+		Dir:   "/",
+		Env:   []string{},
+		Files: append(append(stdio, childSock), extra...),
+		Sys:   sys,
+	}
+	p, wait, err := l.reaper.start(l.exe, []string{"stagelet", "agent", cmd}, attr)
+	if err != nil {
+		return fail(errdefs.FailedPrecondition("start %s: %w", cmd, err))
+	}
+	for _, f := range theirs {
+		f.Close()
+	}
+	c.proc, c.pid, c.wait = p, p.Pid, wait
+	return c, nil
+}
+
+// openStdio returns a child holding the agent's ends of the stdio cio
+// asks for, the child's stdio (/dev/null where cio asks for none; all of
+// it with a terminal, which the child opens) and the files to close once
+// the child started.
+func openStdio(cio childIO) (*child, []*os.File, []*os.File, error) {
+	c := &child{}
+	var theirs []*os.File
+	fail := func(err error) (*child, []*os.File, []*os.File, error) {
+		for _, f := range theirs {
+			f.Close()
+		}
+		c.closeStdio()
+		return nil, nil, nil, err
+	}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return fail(err)
@@ -285,21 +345,7 @@ func (l *linuxSystem) spawn(cmd string, sys *syscall.SysProcAttr, cio childIO, e
 			theirs = append(theirs, w)
 		}
 	}
-	attr := &os.ProcAttr{
-		Dir:   "/",
-		Env:   []string{},
-		Files: append(append(stdio, childSock), extra...),
-		Sys:   sys,
-	}
-	p, wait, err := l.reaper.start(l.exe, []string{"stagelet", "agent", cmd}, attr)
-	if err != nil {
-		return fail(errdefs.FailedPrecondition("start %s: %w", cmd, err))
-	}
-	for _, f := range theirs {
-		f.Close()
-	}
-	c.proc, c.pid, c.wait = p, p.Pid, wait
-	return c, nil
+	return c, stdio, theirs, nil
 }
 
 // handshake moves the child into cg, sends it spec and reads its messages
