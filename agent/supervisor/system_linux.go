@@ -239,7 +239,7 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 	if cg, ok := s.cg.(*cgroups.Cgroup); ok || s.cg == nil {
 		d, err := l.planDirect(s, cg)
 		if err != nil {
-			return nil, err
+			return nil, classify(err)
 		}
 		if d != nil {
 			d.mnt, d.pidns = mnt, pidns
