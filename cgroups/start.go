@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -58,21 +59,7 @@ func startV2(dir string, cmd *exec.Cmd) error {
 }
 
 func (c *Cgroup) startV1(cmd *exec.Cmd) error {
-	e, err := loadEnv()
-	if err != nil {
-		return err
-	}
-	tc, err := os.Open("/proc/thread-self/cgroup")
-	if err != nil {
-		return fmt.Errorf("cgroups: start: %w", err)
-	}
-	procs, err := parseProcCgroup(tc)
-	tc.Close()
-	if err != nil {
-		return err
-	}
-	e.procs = procs
-	home, err := e.self() // this thread's own cgroups
+	home, err := threadHome()
 	if err != nil {
 		return err
 	}
@@ -88,28 +75,103 @@ func (c *Cgroup) startV1(cmd *exec.Cmd) error {
 // this kernel (before 5.7), so a thread cannot place its forks in it.
 var ErrNoCloneInto = errors.New("cgroups: the kernel cannot clone into a cgroup (CLONE_INTO_CGROUP, Linux 5.7)")
 
+// ThreadPlacement is a thread readied by PlaceThread.
+type ThreadPlacement struct {
+	// CgroupFD, in v2 mode, is the cgroup's directory to clone into
+	// (SysProcAttr.UseCgroupFD and CgroupFD); -1 in v1 mode.
+	CgroupFD int
+	// home: v1 mode, the "tasks" files of the thread's own cgroups.
+	home []*os.File
+}
+
 // PlaceThread readies the calling thread so that the next process it forks
-// starts in c. The caller must have locked the goroutine to its thread and
-// must retire the thread afterwards (let the goroutine exit locked): in v1
-// mode the thread itself moves into c, and stays there. In v2 mode the
-// result is a directory descriptor to clone into (SysProcAttr.UseCgroupFD
-// and CgroupFD), which the caller closes; ErrNoCloneInto on kernels
-// without CLONE_INTO_CGROUP. In v1 mode it is -1.
-func (c *Cgroup) PlaceThread() (int, error) {
+// starts in c. The caller must have locked the goroutine to its thread
+// and call Release once it forked. In v1 mode the thread itself moves into
+// c, and Release moves it back; in v2 mode the placement holds c's
+// directory to clone into (ErrNoCloneInto on kernels without
+// CLONE_INTO_CGROUP). On failure in v1 mode the thread may be in c in
+// some hierarchies: it must be retired (left locked to a goroutine that
+// exits).
+func (c *Cgroup) PlaceThread() (*ThreadPlacement, error) {
 	if p, ok := c.Paths[Unified]; ok {
 		if !cloneIntoCgroup() {
-			return -1, ErrNoCloneInto
+			return nil, ErrNoCloneInto
 		}
 		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return -1, fmt.Errorf("cgroups: open %s: %w", p, err)
+			return nil, fmt.Errorf("cgroups: open %s: %w", p, err)
 		}
-		return fd, nil
+		return &ThreadPlacement{CgroupFD: fd}, nil
+	}
+	home, err := threadHome()
+	if err != nil {
+		return nil, err
+	}
+	tp := &ThreadPlacement{CgroupFD: -1}
+	for _, k := range v1Controllers {
+		d, ok := home.Paths[k]
+		if _, used := c.Paths[k]; !ok || !used {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(d, "tasks"), os.O_WRONLY, 0)
+		if err != nil {
+			tp.close()
+			return nil, fmt.Errorf("cgroups: %w", err)
+		}
+		tp.home = append(tp.home, f)
 	}
 	if err := c.moveThread(c); err != nil {
-		return -1, fmt.Errorf("cgroups: move thread into %s: %w", c, err)
+		tp.close()
+		return nil, fmt.Errorf("cgroups: move thread into %s: %w", c, err)
 	}
-	return -1, nil
+	return tp, nil
+}
+
+// Release moves the thread back to the cgroups it had before PlaceThread
+// (v1 mode) and closes what the placement holds. It only writes to files
+// PlaceThread opened, so it works after the thread changed its root or
+// mount namespace. The placement is unusable afterwards.
+func (tp *ThreadPlacement) Release() error {
+	var errs []error
+	for _, f := range tp.home {
+		// "0" is the writing thread itself.
+		if _, err := f.Write([]byte("0")); err != nil {
+			errs = append(errs, fmt.Errorf("cgroups: move thread back to %s: %w", filepath.Dir(f.Name()), err))
+		}
+	}
+	tp.close()
+	return errors.Join(errs...)
+}
+
+func (tp *ThreadPlacement) close() {
+	for _, f := range tp.home {
+		f.Close()
+	}
+	tp.home = nil
+	if tp.CgroupFD >= 0 {
+		unix.Close(tp.CgroupFD)
+		tp.CgroupFD = -1
+	}
+}
+
+// threadHome is the calling thread's own cgroups (v1 mode: a thread may
+// be in other cgroups than its process).
+func threadHome() (*Cgroup, error) {
+	e, err := loadEnv()
+	if err != nil {
+		return nil, err
+	}
+	tc, err := os.Open("/proc/thread-self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	procs, err := parseProcCgroup(tc)
+	tc.Close()
+	if err != nil {
+		return nil, err
+	}
+	e.procs = procs
+	return e.self()
 }
 
 // moveThread moves the calling thread into to's directories of the v1

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/internal/osthread"
 	"github.com/stagelet/stagelet/seccomp"
 )
 
@@ -26,7 +26,8 @@ import (
 // directory, capability bounding set, no_new_privs and system call filter;
 // it then forks the command (syscall.ForkExec, which in the child makes a
 // session, switches to the app's groups and user and executes) and is
-// retired with its goroutine, never going back to the Go runtime. No copy
+// retired with its goroutine, never going back to the Go runtime
+// (internal/osthread: never the main thread, which Go parks instead). No copy
 // of the agent starts, as `agent exec-init` does: starting a Go program is
 // most of an exec's time in a VM pod, where it runs emulated.
 //
@@ -34,8 +35,9 @@ import (
 // the namespaces a thread joined with setns (its own file system
 // attributes first, unshare CLONE_FS), its bounding set, no_new_privs, a
 // filter installed without TSYNC, its SELinux and AppArmor exec labels and,
-// on cgroup v1, the cgroups it was moved into. On cgroup v2 the command is
-// cloned into the app's cgroup (CLONE_INTO_CGROUP).
+// on cgroup v1, the cgroups it was moved into (it moves back once the
+// command is forked). On cgroup v2 the command is cloned into the app's
+// cgroup (CLONE_INTO_CGROUP).
 //
 // The command gets what `agent exec-init` gives it (TestExecPathsAgree):
 // the same capability sets after execve (the bounding set is the app's;
@@ -164,37 +166,33 @@ func (l *linuxSystem) startDirect(d *directExec, cio childIO) (*child, error) {
 		return nil, err
 	}
 	d.stdio = stdio
-	type result struct {
-		pid, master int
-		wait        <-chan syscall.WaitStatus
-		err         error
-	}
-	done := make(chan result, 1)
-	go func() {
-		// Never unlocked: the thread ends with the goroutine.
-		runtime.LockOSThread()
-		pid, master, wait, err := l.forkDirect(d)
-		done <- result{pid, master, wait, err}
-	}()
-	r := <-done
+	// The thread ends with forkDirect: what it took on reaches no other
+	// goroutine.
+	var pid, master int
+	var wait <-chan syscall.WaitStatus
+	err = osthread.Run(func() error {
+		var err error
+		pid, master, wait, err = l.forkDirect(d)
+		return err
+	})
 	for _, f := range theirs {
 		f.Close()
 	}
-	if r.err != nil {
+	if err != nil {
 		c.closeStdio()
-		return nil, classify(r.err)
+		return nil, classify(err)
 	}
-	if r.master >= 0 {
-		c.pty = newTerminal(os.NewFile(uintptr(r.master), "pty-master"))
+	if master >= 0 {
+		c.pty = newTerminal(os.NewFile(uintptr(master), "pty-master"))
 	}
-	p, err := os.FindProcess(r.pid) // never fails on Linux
+	p, err := os.FindProcess(pid) // never fails on Linux
 	if err != nil {
 		c.closeStdio()
 		return nil, err
 	}
-	c.proc, c.pid, c.wait = p, r.pid, r.wait
-	l.log.Debug("exec started from the agent's thread", "app", d.app.ID, "pid", r.pid)
-	setOOMScoreAdj(d.app.Resources.OOMScoreAdj, "/proc/"+strconv.Itoa(r.pid)+"/oom_score_adj", func(format string, args ...any) {
+	c.proc, c.pid, c.wait = p, pid, wait
+	l.log.Debug("exec started from the agent's thread", "app", d.app.ID, "pid", pid)
+	setOOMScoreAdj(d.app.Resources.OOMScoreAdj, "/proc/"+strconv.Itoa(pid)+"/oom_score_adj", func(format string, args ...any) {
 		l.log.Warn("exec", "app", d.app.ID, "warning", fmt.Sprintf(format, args...))
 	})
 	return c, nil
@@ -206,12 +204,20 @@ func (l *linuxSystem) startDirect(d *directExec, cio childIO) (*child, error) {
 // terminal's master (else -1).
 func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan syscall.WaitStatus, err error) {
 	app := d.app
-	cgroupFD, err := takeOnAgentSide(d)
-	if cgroupFD >= 0 {
-		defer unix.Close(cgroupFD)
-	}
+	placed, err := takeOnAgentSide(d)
 	if err != nil {
 		return 0, -1, nil, err
+	}
+	cgroupFD := -1
+	if placed != nil {
+		// Once the command is forked, the thread leaves the app's
+		// cgroups (v1), which must not hold an agent's thread.
+		defer func() {
+			if rerr := placed.Release(); rerr != nil {
+				l.log.Warn("exec", "app", app.ID, "warning", rerr.Error())
+			}
+		}()
+		cgroupFD = placed.CgroupFD
 	}
 	if err := enterApp(d); err != nil {
 		return 0, -1, nil, err
@@ -292,26 +298,32 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 // takeOnAgentSide gives the calling thread, while it is still in the
 // agent's mount namespace (its /proc and cgroup file systems), the app's
 // cgroup, security module exec labels and capability sets. It returns the
-// cgroup directory to clone into on cgroup v2 (else -1), to be closed.
-func takeOnAgentSide(d *directExec) (cgroupFD int, err error) {
+// thread's cgroup placement (nil without a cgroup), to be released after
+// the fork; on failure it has released it.
+func takeOnAgentSide(d *directExec) (placed *cgroups.ThreadPlacement, err error) {
 	app := d.app
-	cgroupFD = -1
 	if d.cg != nil {
-		if cgroupFD, err = d.cg.PlaceThread(); err != nil {
-			return -1, fmt.Errorf("app %s: join cgroup: %w", app.ID, err)
+		if placed, err = d.cg.PlaceThread(); err != nil {
+			return nil, fmt.Errorf("app %s: join cgroup: %w", app.ID, err)
 		}
+		defer func() {
+			if err != nil {
+				_ = placed.Release()
+				placed = nil
+			}
+		}()
 	}
 	if err := lsm.SetSELinuxExec(app.SELinuxProcessLabel); err != nil {
-		return cgroupFD, failedPrecondition(err)
+		return placed, failedPrecondition(err)
 	}
 	if err := lsm.SetAppArmorExec(app.AppArmorProfile); err != nil {
-		return cgroupFD, failedPrecondition(err)
+		return placed, failedPrecondition(err)
 	}
 	// The bounding set only bounds what execve grants: the thread keeps
 	// the rights it needs until the fork. The inheritable and ambient
 	// sets are emptied, as exec-init does.
 	if err := dropBounding(d.caps); err != nil {
-		return cgroupFD, err
+		return placed, err
 	}
 	own, err := capability.NewPid2(0)
 	if err == nil {
@@ -328,9 +340,9 @@ func takeOnAgentSide(d *directExec) (cgroupFD int, err error) {
 		err = own.Apply(capability.CAPS | capability.AMBS)
 	}
 	if err != nil {
-		return cgroupFD, fmt.Errorf("capabilities: %w", err)
+		return placed, fmt.Errorf("capabilities: %w", err)
 	}
-	return cgroupFD, nil
+	return placed, nil
 }
 
 // enterApp moves the calling thread into the app's PID namespace (for

@@ -2,11 +2,14 @@ package supervisor_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/seccomp"
 )
 
@@ -66,6 +69,20 @@ func TestExecPathsAgree(t *testing.T) {
 					t.Fatalf("agent %d: exec: %+v (stderr %s)", i, res, res.Stderr)
 				}
 				out[i] = string(res.Stdout)
+				// Only the app's process is left in its cgroup: the
+				// thread that forked the command moved out of it.
+				for k, dir := range ta.cg.Child("app-" + spec.ID).Paths {
+					if k == cgroups.Unified {
+						continue
+					}
+					b, err := os.ReadFile(filepath.Join(dir, "tasks"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if tasks := strings.Fields(string(b)); len(tasks) != 1 {
+						t.Errorf("agent %d: %s tasks after the exec: %v, want the app's alone", i, k, tasks)
+					}
+				}
 			}
 			if out[0] != out[1] {
 				t.Errorf("started directly:\n%s\nthrough exec-init:\n%s", out[0], out[1])
@@ -92,17 +109,19 @@ func TestExecPathsAgree(t *testing.T) {
 }
 
 // TestExecFilterGate: an app whose filter would stop a call of the direct
-// path (here by killing the process, which would be the agent) has its
-// execs started through exec-init, under the filter.
+// path (here the child's setuid, by killing the process: had the filter
+// been on one of the agent's threads, a call of the agent could as well
+// have been stopped) has its execs started through exec-init, which
+// installs it after the credentials (no_new_privs).
 func TestExecFilterGate(t *testing.T) {
 	ta := startAgent(t)
 	p, err := seccomp.Parse([]byte(`{"defaultAction": "SCMP_ACT_ALLOW",
-		"syscalls": [{"names": ["sigaltstack"], "action": "SCMP_ACT_KILL_PROCESS"},
+		"syscalls": [{"names": ["setuid"], "action": "SCMP_ACT_KILL_PROCESS"},
 			{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := api.AppSpec{ID: "gate", Rootfs: makeRootfs(t), Args: []string{"sleep", "1000"},
+	spec := api.AppSpec{ID: "gate", Rootfs: makeRootfs(t), Args: []string{"sleep", "1000"}, NoNewPrivs: true,
 		Capabilities: broker.DefaultCapabilities, Seccomp: p, SeccompProfile: "localhost/gate.json"}
 	ta.run(&spec)
 	res := ta.exec("gate", "mkdir", "/tmp/x")
@@ -113,6 +132,6 @@ func TestExecFilterGate(t *testing.T) {
 		t.Errorf("exec true: %+v", res)
 	}
 	if strings.Contains(ta.logs.String(), directLog) {
-		t.Errorf("an exec under a filter that kills on sigaltstack was started directly")
+		t.Errorf("an exec under a filter that kills on setuid was started directly")
 	}
 }
