@@ -87,12 +87,13 @@ type ThreadPlacement struct {
 // PlaceThread readies the calling thread so that the next process it forks
 // starts in c. The caller must have locked the goroutine to its thread
 // and call Release once it forked. In v1 mode the thread itself moves into
-// c, and Release moves it back; in v2 mode the placement holds c's
-// directory to clone into (ErrNoCloneInto on kernels without
-// CLONE_INTO_CGROUP). On failure in v1 mode the thread may be in c in
-// some hierarchies: it must be retired (left locked to a goroutine that
+// c, and Release moves it back to home, the cgroup the thread is in (nil:
+// read from /proc, which costs a parse of the mount table); in v2 mode the
+// placement holds c's directory to clone into (ErrNoCloneInto on kernels
+// without CLONE_INTO_CGROUP). On failure in v1 mode the thread may be in c
+// in some hierarchies: it must be retired (left locked to a goroutine that
 // exits).
-func (c *Cgroup) PlaceThread() (*ThreadPlacement, error) {
+func (c *Cgroup) PlaceThread(home *Cgroup) (*ThreadPlacement, error) {
 	if p, ok := c.Paths[Unified]; ok {
 		if !cloneIntoCgroup() {
 			return nil, ErrNoCloneInto
@@ -103,9 +104,11 @@ func (c *Cgroup) PlaceThread() (*ThreadPlacement, error) {
 		}
 		return &ThreadPlacement{CgroupFD: fd}, nil
 	}
-	home, err := threadHome()
-	if err != nil {
-		return nil, err
+	if home == nil {
+		var err error
+		if home, err = threadHome(); err != nil {
+			return nil, err
+		}
 	}
 	tp := &ThreadPlacement{CgroupFD: -1}
 	for _, k := range v1Controllers {

@@ -204,7 +204,7 @@ func (l *linuxSystem) startDirect(d *directExec, cio childIO) (*child, error) {
 // terminal's master (else -1).
 func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan syscall.WaitStatus, err error) {
 	app := d.app
-	placed, err := takeOnAgentSide(d)
+	placed, err := takeOnAgentSide(d, l.own)
 	if err != nil {
 		return 0, -1, nil, err
 	}
@@ -297,13 +297,13 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 
 // takeOnAgentSide gives the calling thread, while it is still in the
 // agent's mount namespace (its /proc and cgroup file systems), the app's
-// cgroup, security module exec labels and capability sets. It returns the
-// thread's cgroup placement (nil without a cgroup), to be released after
+// cgroup (moving back to home afterwards), security module exec labels and
+// capability sets. It returns the thread's cgroup placement (nil without a cgroup), to be released after
 // the fork; on failure it has released it.
-func takeOnAgentSide(d *directExec) (placed *cgroups.ThreadPlacement, err error) {
+func takeOnAgentSide(d *directExec, home *cgroups.Cgroup) (placed *cgroups.ThreadPlacement, err error) {
 	app := d.app
 	if d.cg != nil {
-		if placed, err = d.cg.PlaceThread(); err != nil {
+		if placed, err = d.cg.PlaceThread(home); err != nil {
 			return nil, fmt.Errorf("app %s: join cgroup: %w", app.ID, err)
 		}
 		defer func() {

@@ -35,6 +35,9 @@ type linuxSystem struct {
 	// cg is the agent's own cgroup, the parent of every app's; nil when
 	// cgroups are not available (limits are then not applied).
 	cg *cgroups.Cgroup
+	// own is the cgroup the agent's threads are in (cg but for the
+	// memory controller, see withMemory); nil with cg.
+	own *cgroups.Cgroup
 	// execInit: every exec goes through `agent exec-init`.
 	execInit bool
 }
@@ -60,7 +63,7 @@ func newLinux(exe string, log *slog.Logger, memoryCgroup string, execInit bool) 
 	if cg, err := cgroups.EnterLeaf(cgroups.LeafName); err != nil {
 		log.Warn("cgroups unavailable: app limits and stats are off", "err", err)
 	} else {
-		l.cg = withMemory(cg, memoryCgroup, log)
+		l.own, l.cg = cg, withMemory(cg, memoryCgroup, log)
 	}
 	l.reaper = newReaper(log)
 	return l
