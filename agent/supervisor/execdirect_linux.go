@@ -204,6 +204,10 @@ func (l *linuxSystem) startDirect(d *directExec, cio childIO) (*child, error) {
 // terminal's master (else -1).
 func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan syscall.WaitStatus, err error) {
 	app := d.app
+	// Only the descriptors in files reach the command; one the agent
+	// inherited without close-on-exec must not. (Marked while /proc is
+	// still the agent's, should the kernel lack close_range.)
+	cloexecFrom(3)
 	placed, err := takeOnAgentSide(d, l.own)
 	if err != nil {
 		return 0, -1, nil, err
@@ -261,9 +265,6 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 			return fail(fmt.Errorf("no_new_privs: %w", err))
 		}
 	}
-	// Only the descriptors in files reach the command; one the agent
-	// inherited without close-on-exec must not.
-	cloexecFrom(3)
 	if d.filter != nil {
 		if err := seccomp.InstallThread(d.filter); err != nil {
 			return fail(failedPrecondition(err))
@@ -297,9 +298,10 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 
 // takeOnAgentSide gives the calling thread, while it is still in the
 // agent's mount namespace (its /proc and cgroup file systems), the app's
-// cgroup (moving back to home afterwards), security module exec labels and
-// capability sets. It returns the thread's cgroup placement (nil without a cgroup), to be released after
-// the fork; on failure it has released it.
+// cgroup (home is where it goes back to), security module exec labels and
+// capability sets. It returns the thread's cgroup placement (nil without
+// a cgroup), to be released after the fork; on failure it has released
+// it.
 func takeOnAgentSide(d *directExec, home *cgroups.Cgroup) (placed *cgroups.ThreadPlacement, err error) {
 	app := d.app
 	if d.cg != nil {
