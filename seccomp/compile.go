@@ -371,14 +371,24 @@ func ruleCode(r rule) ([]bpf.Instruction, error) {
 // passes them; arch is the AUDIT_ARCH_* value. It is for tests and for
 // explaining a profile.
 func (f *Filter) Decide(arch, nr uint32, args [6]uint64) (uint32, error) {
-	insns, ok := bpf.Disassemble(f.Program)
-	if !ok {
-		return 0, errors.New("program does not disassemble")
-	}
-	vm, err := bpf.NewVM(insns)
+	vm, err := f.vm()
 	if err != nil {
 		return 0, err
 	}
+	return decide(vm, arch, nr, args)
+}
+
+// vm loads the program into a BPF interpreter, which can run it any
+// number of times.
+func (f *Filter) vm() (*bpf.VM, error) {
+	insns, ok := bpf.Disassemble(f.Program)
+	if !ok {
+		return nil, errors.New("program does not disassemble")
+	}
+	return bpf.NewVM(insns)
+}
+
+func decide(vm *bpf.VM, arch, nr uint32, args [6]uint64) (uint32, error) {
 	// The VM loads words big-endian; seccomp loads them in the machine's
 	// order. Store each 32-bit word big-endian at the offset the kernel
 	// reads it from.
@@ -399,31 +409,43 @@ func (f *Filter) Decide(arch, nr uint32, args [6]uint64) (uint32, error) {
 	return uint32(n), nil
 }
 
-// Lets tells whether the filter lets the named system call through
-// (allows or only logs it) whatever its arguments, except those in fixed
-// (argument index to value), which are known: each other argument is
-// tried as 0 and as all ones. It is conservative: a filter whose decision
-// on a call depends on its free arguments does not let it through. An
-// unknown name is an error.
-func (f *Filter) Lets(name string, fixed map[int]uint64) (bool, error) {
-	nr, ok := SyscallNumber(name)
-	if !ok {
-		return false, fmt.Errorf("seccomp: unknown system call %q", name)
+// Call is a system call by name, with the arguments known in advance
+// (argument index to value).
+type Call struct {
+	Name  string
+	Fixed map[int]uint64
+}
+
+// Lets tells whether the filter lets every one of calls through (allows or
+// only logs it) whatever its arguments, except the fixed ones: each other
+// argument is tried as 0 and as all ones. It is conservative: a filter
+// whose decision on a call depends on its free arguments does not let it
+// through. An unknown name is an error.
+func (f *Filter) Lets(calls ...Call) (bool, error) {
+	vm, err := f.vm()
+	if err != nil {
+		return false, err
 	}
-	for _, free := range []uint64{0, ^uint64(0)} {
-		var args [6]uint64
-		for i := range args {
-			args[i] = free
-			if v, ok := fixed[i]; ok {
-				args[i] = v
+	for _, c := range calls {
+		nr, ok := SyscallNumber(c.Name)
+		if !ok {
+			return false, fmt.Errorf("seccomp: unknown system call %q", c.Name)
+		}
+		for _, free := range []uint64{0, ^uint64(0)} {
+			var args [6]uint64
+			for i := range args {
+				args[i] = free
+				if v, ok := c.Fixed[i]; ok {
+					args[i] = v
+				}
 			}
-		}
-		ret, err := f.Decide(auditArchX86_64, nr, args)
-		if err != nil {
-			return false, err
-		}
-		if ret != retAllow && ret != retLog {
-			return false, nil
+			ret, err := decide(vm, auditArchX86_64, nr, args)
+			if err != nil {
+				return false, err
+			}
+			if ret != retAllow && ret != retLog {
+				return false, nil
+			}
 		}
 	}
 	return true, nil

@@ -382,12 +382,19 @@ func TestLets(t *testing.T) {
 		{"clone3", nil, false},
 		{"mount", nil, false},
 	} {
-		got, err := f.Lets(c.name, c.fixed)
+		got, err := f.Lets(Call{Name: c.name, Fixed: c.fixed})
 		if err != nil || got != c.want {
 			t.Errorf("Lets(%s, %v) = %v, %v; want %v", c.name, c.fixed, got, err, c.want)
 		}
 	}
-	if _, err := f.Lets("nosuchcall", nil); err == nil {
+	// Several calls: all must be let through.
+	if ok, err := f.Lets(Call{Name: "read"}, Call{Name: "mount"}); ok || err != nil {
+		t.Errorf("Lets(read, mount) = %v, %v; want false", ok, err)
+	}
+	if ok, err := f.Lets(Call{Name: "read"}, Call{Name: "write"}); !ok || err != nil {
+		t.Errorf("Lets(read, write) = %v, %v; want true", ok, err)
+	}
+	if _, err := f.Lets(Call{Name: "nosuchcall"}); err == nil {
 		t.Errorf("Lets of an unknown call: no error")
 	}
 }

@@ -72,13 +72,6 @@ type directExec struct {
 	size            *api.TerminalSize
 }
 
-// directCall is a system call of the direct path after the app's filter
-// is installed, with the arguments known in advance.
-type directCall struct {
-	name  string
-	fixed map[int]uint64
-}
-
 // directCalls are the system calls made between the installation of the
 // app's filter on the forking thread and the command's execve: by the
 // thread in syscall.forkExec (its status pipe, signal mask, the clone and
@@ -88,38 +81,26 @@ type directCall struct {
 // stdio, the controlling terminal, the file limit Go restores), and by the
 // Go runtime on the thread until it exits (locks, memory, signals, the
 // signal stack it removes, the thread's exit).
-func directCalls(clone3, tty bool) []directCall {
-	calls := []directCall{
-		{name: "pipe2"}, {name: "rt_sigprocmask"}, {name: "close"}, {name: "read"}, {name: "write"},
-		{name: "wait4"}, {name: "futex"}, {name: "sched_yield"}, {name: "nanosleep"},
-		{name: "mmap"}, {name: "munmap"}, {name: "madvise"}, {name: "rt_sigreturn"},
-		{name: "sigaltstack"}, {name: "getpid"}, {name: "gettid"}, {name: "tgkill"},
-		{name: "exit"}, {name: "exit_group"},
-		{name: "rt_sigaction"}, {name: "setsid"}, {name: "setgroups"}, {name: "setgid"},
-		{name: "setuid"}, {name: "chdir"}, {name: "dup3"}, {name: "fcntl"},
-		{name: "prlimit64"}, {name: "execve"},
+func directCalls(clone3, tty bool) []seccomp.Call {
+	var calls []seccomp.Call
+	for _, name := range []string{
+		"pipe2", "rt_sigprocmask", "close", "read", "write", "wait4", "futex", "sched_yield", "nanosleep",
+		"mmap", "munmap", "madvise", "rt_sigreturn", "sigaltstack", "getpid", "gettid", "tgkill",
+		"exit", "exit_group",
+		"rt_sigaction", "setsid", "setgroups", "setgid", "setuid", "chdir", "dup3", "fcntl",
+		"prlimit64", "execve",
+	} {
+		calls = append(calls, seccomp.Call{Name: name})
 	}
 	if clone3 {
-		calls = append(calls, directCall{name: "clone3"})
+		calls = append(calls, seccomp.Call{Name: "clone3"})
 	} else {
-		calls = append(calls, directCall{name: "clone", fixed: map[int]uint64{0: unix.CLONE_VM | unix.CLONE_VFORK | uint64(unix.SIGCHLD)}})
+		calls = append(calls, seccomp.Call{Name: "clone", Fixed: map[int]uint64{0: unix.CLONE_VM | unix.CLONE_VFORK | uint64(unix.SIGCHLD)}})
 	}
 	if tty {
-		calls = append(calls, directCall{name: "ioctl", fixed: map[int]uint64{0: 0, 1: unix.TIOCSCTTY, 2: 1}})
+		calls = append(calls, seccomp.Call{Name: "ioctl", Fixed: map[int]uint64{0: 0, 1: unix.TIOCSCTTY, 2: 1}})
 	}
 	return calls
-}
-
-// filterLetsDirect tells whether filter lets every call of the direct
-// path through.
-func filterLetsDirect(filter *seccomp.Filter, clone3, tty bool) (bool, error) {
-	for _, c := range directCalls(clone3, tty) {
-		ok, err := filter.Lets(c.name, c.fixed)
-		if err != nil || !ok {
-			return false, err
-		}
-	}
-	return true, nil
 }
 
 // planDirect returns how to start the exec s directly, or nil when it
@@ -144,7 +125,7 @@ func (l *linuxSystem) planDirect(s *startSpec, cg *cgroups.Cgroup) (*directExec,
 		return nil, err
 	}
 	if filter != nil {
-		ok, err := filterLetsDirect(filter, clone3, s.cio.tty)
+		ok, err := filter.Lets(directCalls(clone3, s.cio.tty)...)
 		if err != nil {
 			return nil, fmt.Errorf("app %s: seccomp: %w", app.ID, err)
 		}
