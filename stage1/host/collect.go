@@ -25,8 +25,9 @@ type OrphanCgroup struct {
 }
 
 // CollectPodCgroups releases the pod cgroups of the plain launcher
-// ("stagelet-pod-<id>" beneath the node's default cgroup parent, where
-// PodCgroup puts them) whose pod ID keep refuses: what a crash between
+// ("stagelet-pod-<id>" beneath parent: the node's default cgroup parent,
+// where PodCgroup puts them, or the kvm stage1's overhead cgroup) whose
+// pod ID keep refuses: what a crash between
 // taking a pod's resources and recording the pod, or a record lost since,
 // left behind. The processes in such a cgroup (an agent, an nspawn, a
 // qemu or virtiofsd of every stage1 alike) are killed and the cgroup is

@@ -44,6 +44,13 @@ type LaunchSpec struct {
 	// means the launcher's. Only a UnitLauncher offers it (systemd's
 	// NetworkNamespacePath); the plain launcher refuses it.
 	NetNS string
+	// MemoryMax caps the memory of the process's cgroup (bytes; 0: no
+	// cap of its own) and CPUShares weighs its CPU against its siblings'
+	// (cgroup v1 shares; 0: the default). The plain launcher sets them on
+	// Cgroup before the process starts, a UnitLauncher gives its unit
+	// MemoryMax= and CPUWeight=.
+	MemoryMax int64
+	CPUShares int64
 }
 
 // Launcher starts detached pod processes. Implementations: the plain
@@ -135,6 +142,14 @@ func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process, 
 	cmd.Stderr = logf
 	cmd.ExtraFiles = spec.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if spec.MemoryMax != 0 || spec.CPUShares != 0 {
+		if spec.Cgroup == nil {
+			return nil, errdefs.InvalidArgument("launch %s: limits without a cgroup to set them on", spec.Name)
+		}
+		if err := spec.Cgroup.Set(cgroups.Resources{MemoryLimit: spec.MemoryMax, CPUShares: spec.CPUShares}); err != nil {
+			return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
+		}
+	}
 	if spec.Cgroup != nil {
 		err = spec.Cgroup.Start(cmd)
 	} else {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,6 +40,9 @@ type UnitLauncher interface {
 	// Units lists the names (LaunchSpec.Name) of the units the manager
 	// has loaded whose name begins with prefix.
 	Units(ctx context.Context, prefix string) ([]string, error)
+	// LimitSlice caps the memory of everything in slice together (bytes;
+	// 0 lifts the cap): a slice the units of LaunchSpec.Slice go in.
+	LimitSlice(ctx context.Context, slice string, memoryMax int64) error
 }
 
 // ReleaseLaunched releases what l keeps of the process launched under name
@@ -232,7 +236,35 @@ func (l *SystemdLauncher) properties(spec LaunchSpec) []sddbus.Property {
 	if spec.NetNS != "" {
 		props = append(props, sddbus.Property{Name: "NetworkNamespacePath", Value: dbus.MakeVariant(spec.NetNS)})
 	}
+	if spec.MemoryMax > 0 {
+		props = append(props, sddbus.Property{Name: "MemoryMax", Value: dbus.MakeVariant(uint64(spec.MemoryMax))})
+	}
+	if spec.CPUShares > 0 {
+		props = append(props, sddbus.Property{Name: "CPUWeight", Value: dbus.MakeVariant(uint64(cgroups.SharesToWeight(spec.CPUShares)))})
+	}
 	return props
+}
+
+// LimitSlice caps the memory of every unit in slice together (bytes; 0
+// lifts a cap set before), as its MemoryMax= for as long as systemd runs
+// (a runtime property: no file is written). systemd loads the slice when
+// it is not yet, and makes its cgroup when a unit first runs in it.
+func (l *SystemdLauncher) LimitSlice(ctx context.Context, slice string, memoryMax int64) error {
+	if !ValidSlice(slice) {
+		return errdefs.InvalidArgument("limit slice %q: not a systemd slice name", slice)
+	}
+	c, err := l.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("limit slice %s: %w", slice, err)
+	}
+	v := uint64(math.MaxUint64) // infinity
+	if memoryMax > 0 {
+		v = uint64(memoryMax)
+	}
+	if err := c.SetUnitPropertiesContext(ctx, slice, true, sddbus.Property{Name: "MemoryMax", Value: dbus.MakeVariant(v)}); err != nil {
+		return fmt.Errorf("limit slice %s: %w", slice, classify(err))
+	}
+	return nil
 }
 
 // ValidSlice reports whether name is a slice unit name systemd accepts

@@ -324,3 +324,59 @@ func TestSystemdCollectUnits(t *testing.T) {
 		t.Errorf("plain launcher: %v, %v", got, err)
 	}
 }
+
+// TestSystemdLauncherLimits: a launch's memory cap and CPU weight are its
+// unit's MemoryMax and CPUWeight, in the slice it names; LimitSlice caps
+// a slice's units together, and lifts the cap again.
+func TestSystemdLauncherLimits(t *testing.T) {
+	bed := stage1test.BootSystemd(t)
+	ctx := context.Background()
+	c, err := bed.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := bed.Launcher(testLog(t))
+	defer l.Close()
+	const slice = "stagelet-limits.slice"
+	if err := l.LimitSlice(ctx, slice, 512<<20); err != nil {
+		t.Fatal(err)
+	}
+	const name = "stagelet-test-limits"
+	p, err := l.Launch(ctx, host.LaunchSpec{Name: name, Path: "/bin/sleep", Args: []string{"1000"}, LogPath: filepath.Join(bed.Shared, "limits.log"),
+		Slice: slice, MemoryMax: 256 << 20, CPUShares: 2048})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx, name)
+	props := unitProps(t, c, host.UnitName(name))
+	for k, want := range map[string]any{"Slice": slice, "MemoryMax": uint64(256 << 20), "CPUWeight": uint64(cgroups.SharesToWeight(2048))} {
+		if got := props[k]; got != want {
+			t.Errorf("%s = %v, want %v", k, got, want)
+		}
+	}
+	sliceMax := func() any {
+		t.Helper()
+		v, err := c.GetUnitTypePropertyContext(ctx, slice, "Slice", "MemoryMax")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Value.Value()
+	}
+	if got := sliceMax(); got != uint64(512<<20) {
+		t.Errorf("the slice's MemoryMax = %v, want %d", got, 512<<20)
+	}
+	if err := l.LimitSlice(ctx, slice, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := sliceMax(); got != uint64(1<<64-1) {
+		t.Errorf("the slice's MemoryMax after lifting it = %v, want infinity", got)
+	}
+	if err := l.LimitSlice(ctx, "not-a-slice", 1); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("LimitSlice of a unit that is no slice: %v", err)
+	}
+	if err := l.Release(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, p)
+}
