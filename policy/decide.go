@@ -40,6 +40,11 @@ type Decision struct {
 	Reasons []string `json:"reasons"`
 	// Rule is the name of the rule that chose the base stage1, "" if none.
 	Rule string `json:"rule,omitempty"`
+	// ChosenBy names what chose Stage1 in the end, for messages about
+	// the pod on it: `rule "x"`, `runtime handler "kvm"`,
+	// "default_stage1", `annotation stagelet.io/stage1="kvm"`,
+	// "conflicts.host_pid".
+	ChosenBy string `json:"chosenBy,omitempty"`
 	// PrivilegedWithoutHostDevices is the pod's runtime handler's switch.
 	PrivilegedWithoutHostDevices bool `json:"privilegedWithoutHostDevices,omitempty"`
 }
@@ -204,6 +209,7 @@ func (p *Policy) Decide(pod Pod, declared map[string]caps.Capabilities) (Decisio
 	if err := p.meetNeeds(d, pod, declared); err != nil {
 		return Decision{}, err
 	}
+	d.ChosenBy = d.chosen
 	return d.Decision, nil
 }
 

@@ -505,6 +505,20 @@ func TestDefaultPolicyHostNamespaces(t *testing.T) {
 			class: errdefs.ErrPermissionDenied, msg: []string{`not allowed in namespace "default"`}},
 	})
 
+	// kvm as the node's default (or a rule's stage1): a hostNetwork pod
+	// goes to nspawn, the most isolated stage1 that shares the host's
+	// network, unless it asked for kvm itself.
+	vms := mustPolicy(t, "vms.yaml", strings.Replace(string(DefaultYAML()), "default_stage1: nspawn", "default_stage1: kvm", 1))
+	runDecideCaps(t, vms, real, []decideCase{
+		{name: "ordinary pod in a VM", pod: Pod{Namespace: "default"}, stage1: "kvm"},
+		{name: "hostNetwork pod falls back to nspawn", pod: Pod{Namespace: "default", HostNetwork: true}, stage1: "nspawn",
+			reasons: []string{`default_stage1 is "kvm"`, `stage1 "kvm" declares no host network, which the pod needs; conflicts.host_network falls back to "nspawn"`}},
+		{name: "system host network", pod: Pod{Namespace: "kube-system", HostNetwork: true}, stage1: "fly", rule: "system-host-network"},
+		{name: "hostPID pod", pod: Pod{Namespace: "default", HostPID: true}, stage1: "fly"},
+		{name: "hostNetwork with the kvm handler", pod: Pod{Namespace: "default", Handler: "kvm", HostNetwork: true},
+			class: errdefs.ErrInvalidArgument, msg: []string{`runtime handler "kvm" asks for stage1 "kvm", which declares no host network`}},
+	})
+
 	// The operator can still refuse such pods with a rule of their own.
 	strict := mustPolicy(t, "strict.yaml", strings.Replace(string(DefaultYAML()), "\nrules:\n", `
 rules:
@@ -515,5 +529,39 @@ rules:
 	_, err := strict.Decide(Pod{Namespace: "default", HostPID: true}, real)
 	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "no-host-pid") {
 		t.Errorf("operator's refusal: %v", err)
+	}
+}
+
+// ChosenBy names what chose the stage1 a pod ends on: messages about a
+// pod its stage1 cannot run cite it.
+func TestDecisionChosenBy(t *testing.T) {
+	p := mustPolicy(t, "chosen.yaml", `
+version: 1
+default_stage1: nspawn
+handlers:
+  kvm: {stage1: kvm}
+rules:
+  - name: tenant-vms
+    match: {namespaces: [tenant-a]}
+    stage1: kvm
+annotations:
+  allow: [kvm]
+conflicts:
+  host_network: {fallback: nspawn}
+`)
+	for _, tt := range []struct {
+		pod  Pod
+		want string
+	}{
+		{Pod{Namespace: "default"}, "default_stage1"},
+		{Pod{Namespace: "tenant-a"}, `rule "tenant-vms"`},
+		{Pod{Namespace: "default", Handler: "kvm"}, `runtime handler "kvm"`},
+		{Pod{Namespace: "default", Annotations: ann(AnnotationStage1, "kvm")}, `annotation stagelet.io/stage1="kvm"`},
+		{Pod{Namespace: "tenant-a", HostNetwork: true}, "conflicts.host_network"},
+	} {
+		d, err := p.Decide(tt.pod, stage1Caps)
+		if err != nil || d.ChosenBy != tt.want {
+			t.Errorf("%+v: chosen by %q (%v), want %q", tt.pod, d.ChosenBy, err, tt.want)
+		}
 	}
 }
