@@ -21,6 +21,7 @@ import (
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"gopkg.in/yaml.v3"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
@@ -61,6 +62,33 @@ type KVM struct {
 	// (kept in <run_dir>/kvm-templates) instead of booting their kernel.
 	// Absent means true.
 	Template *bool `yaml:"template"`
+	// Placement is where a pod's qemu runs, and whose memory its VM is
+	// charged to: "auto" (the default: the pod's cgroup when the limit
+	// the kubelet gives it holds the VM and qemu, else the overhead
+	// cgroup), "pod" (always the pod's cgroup: a pod it cannot hold is
+	// refused) or "overhead" (always the overhead cgroup).
+	Placement string `yaml:"placement"`
+	// OverheadCgroup is the overhead cgroup: with cgroup_driver cgroupfs
+	// a cgroup path, absolute or relative to the daemon's own cgroup
+	// (empty: "stagelet-vmm"); with systemd a slice (empty:
+	// "stagelet-vmm.slice").
+	OverheadCgroup string `yaml:"overhead_cgroup"`
+	// OverheadMemoryMax caps the overhead cgroup, all VMs in it together,
+	// as a Kubernetes quantity ("8Gi"); empty: no cap but each VM's own.
+	OverheadMemoryMax string `yaml:"overhead_memory_max"`
+}
+
+// OverheadMemoryMaxBytes is OverheadMemoryMax in bytes, 0 when empty
+// (Validate has checked it).
+func (k KVM) OverheadMemoryMaxBytes() int64 {
+	if k.OverheadMemoryMax == "" {
+		return 0
+	}
+	q, err := resource.ParseQuantity(k.OverheadMemoryMax)
+	if err != nil {
+		return 0
+	}
+	return q.Value()
 }
 
 // Templates reports whether kvm pods' VMs are restored from templates.
@@ -217,6 +245,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("kvm.machine: %q: want microvm or q35", c.KVM.Machine))
 	}
+	errs = append(errs, c.validateKVMPlacement()...)
 	if c.Policy != nil && c.PolicyFile != "" {
 		errs = append(errs, fmt.Errorf("policy and policy_file: give one of them, not both"))
 	}
@@ -257,6 +286,42 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// minOverheadMemoryMax is the least overhead_memory_max: one VM of the
+// smallest size and its qemu.
+const minOverheadMemoryMax = 256 << 20
+
+// validateKVMPlacement checks the kvm stage1's placement keys.
+func (c *Config) validateKVMPlacement() []error {
+	var errs []error
+	switch c.KVM.Placement {
+	case "", "auto", "pod", "overhead":
+	default:
+		errs = append(errs, fmt.Errorf("kvm.placement: %q: want auto, pod or overhead", c.KVM.Placement))
+	}
+	if oc := c.KVM.OverheadCgroup; oc != "" {
+		switch c.CgroupDriver {
+		case CgroupDriverSystemd:
+			if !host.ValidSlice(oc) {
+				errs = append(errs, fmt.Errorf("kvm.overhead_cgroup: %q: with cgroup_driver systemd it must be a slice such as stagelet-vmm.slice", oc))
+			}
+		default:
+			if path.Clean(oc) != strings.TrimSuffix(oc, "/") || strings.Contains(oc, "..") || host.SliceOf(oc) != "" {
+				errs = append(errs, fmt.Errorf("kvm.overhead_cgroup: %q: with cgroup_driver cgroupfs it must be a clean cgroup path without \"..\", not a slice", oc))
+			}
+		}
+	}
+	if m := c.KVM.OverheadMemoryMax; m != "" {
+		q, err := resource.ParseQuantity(m)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("kvm.overhead_memory_max: %q: want a size such as 8Gi: %v", m, err))
+		case q.Value() < minOverheadMemoryMax:
+			errs = append(errs, fmt.Errorf("kvm.overhead_memory_max: %q: want at least 256Mi (one VM and its qemu), or empty for no cap", m))
+		}
+	}
+	return errs
 }
 
 // StreamingAddr is the host:port the streaming server listens on.

@@ -111,9 +111,11 @@ func TestKernelVersion(t *testing.T) {
 // from the backend blocks kvm; no backend blocks kvm with the fix.
 func TestKVMCheck(t *testing.T) {
 	tcg := KVM(func(context.Context) map[string]string {
-		return map[string]string{"accelerator": "tcg", "acceleratorReason": "a guest does not boot under KVM: KVM internal error. Suberror: 1"}
+		return map[string]string{"accelerator": "tcg", "acceleratorReason": "a guest does not boot under KVM: KVM internal error. Suberror: 1",
+			"placement": "auto", "overheadCgroup": "stagelet-vmm", "overheadMemoryMax": "none"}
 	})(t.Context())
-	if tcg.Status != Warn || !strings.Contains(tcg.Detail, "KVM internal error") || !strings.Contains(tcg.Detail, "TCG") {
+	if tcg.Status != Warn || !strings.Contains(tcg.Detail, "KVM internal error") || !strings.Contains(tcg.Detail, "TCG") ||
+		!strings.Contains(tcg.Detail, "qemu placement auto (overhead cgroup stagelet-vmm, its cap none)") {
 		t.Errorf("tcg: %+v", tcg)
 	}
 	bad := KVM(func(context.Context) map[string]string { return map[string]string{"error": "qemu is not installed"} })(t.Context())

@@ -140,7 +140,8 @@ type KVMInfo func(ctx context.Context) map[string]string
 
 // KVM reports the kvm stage1's accelerator and why it was chosen: KVM
 // when a guest boots under it, else software emulation (TCG) with the
-// probe's reason. Missing guest assets or qemu block the stage1.
+// probe's reason; and where pods' qemu runs (the placement, the overhead
+// cgroup and its cap). Missing guest assets or qemu block the stage1.
 func KVM(info KVMInfo) Prober {
 	return func(ctx context.Context) Check {
 		c := Check{Name: "kvm"}
@@ -154,8 +155,9 @@ func KVM(info KVMInfo) Prober {
 			c.Status, c.Blocks, c.Detail = Fail, []string{"kvm"}, e
 			return c
 		}
-		detail := fmt.Sprintf("accelerator %s (%s); qemu %s; guest kernel %s; assets %s",
-			in["accelerator"], in["acceleratorReason"], in["qemu"], orUnknown(in["guestKernel"]), in["assetsDir"])
+		detail := fmt.Sprintf("accelerator %s (%s); qemu %s; guest kernel %s; assets %s; qemu placement %s (overhead cgroup %s, its cap %s)",
+			in["accelerator"], in["acceleratorReason"], in["qemu"], orUnknown(in["guestKernel"]), in["assetsDir"],
+			orUnknown(in["placement"]), orUnknown(in["overheadCgroup"]), orUnknown(in["overheadMemoryMax"]))
 		c.Status, c.Detail = OK, detail
 		if in["accelerator"] != "kvm" {
 			c.Status = Warn

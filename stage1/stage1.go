@@ -65,6 +65,11 @@ type PodSpec struct {
 	// (the sum of its containers'); zero means unknown. A backend that
 	// sizes the pod (a VM) uses them when Options give no size.
 	Resources PodResources
+	// CgroupMemoryLimit, when set, is the memory limit (bytes, 0: none)
+	// of the cgroup the pod would run under, for a pod that has none yet
+	// to read it from (stagelet policy explain); nil: read it from
+	// CgroupParent's.
+	CgroupMemoryLimit *uint64
 	// AgentBinary is the stagelet binary to run as the pod's agent.
 	AgentBinary string
 	// FailedLogDir is where a backend keeps what explains a pod that
@@ -94,11 +99,18 @@ func (m IDMapping) Check(backend string) error {
 	return nil
 }
 
-// PodResources are a pod's total limits.
+// PodResources are a pod's total limits, as the kubelet sends them: the
+// sum of its containers' limits (or its pod-level limits), and apart from
+// them the RuntimeClass overhead (overhead.podFixed) it adds to the pod's
+// cgroup.
 type PodResources struct {
 	MemoryLimit int64 // bytes
 	CPUQuota    int64 // microseconds per CPUPeriod
 	CPUPeriod   int64 // microseconds
+	// CPUShares are the pod's CPU requests as cgroup v1 shares.
+	CPUShares int64
+	// OverheadMemory is the RuntimeClass overhead's memory (bytes).
+	OverheadMemory int64
 }
 
 // ContainerSpec is an app to create in a pod. Rootfs, mount sources and
@@ -262,6 +274,18 @@ type ContainerPaths interface {
 // the pod's figures are HostStats, with the process count from the agent.
 type HostStatser interface {
 	HostStats() (*api.Stats, error)
+}
+
+// PodPlanner is an optional interface of a Backend that decides how it
+// would run a pod from the pod's spec alone, before anything is taken:
+// PlanPod returns that decision in words for people (stagelet policy
+// explain, logs), or the error StartPod would refuse the pod with (its
+// class and its message). StartPod makes the same decision. PlanPod
+// takes no host resource; it may read the limits of the cgroup the pod
+// would run under (spec.CgroupParent, unless spec.CgroupMemoryLimit says
+// them).
+type PodPlanner interface {
+	PlanPod(spec *PodSpec) (string, error)
 }
 
 // PodResizer is an optional interface of a Pod whose backend sizes the

@@ -29,7 +29,11 @@ func builtinBackends(log *slog.Logger, cfg *config.Config, l host.Launcher, anyA
 	}
 	assets := kvmAssetsDir(cfg)
 	if anyAssets || kvm.HasAssets(assets) {
-		kc := kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Machine: cfg.KVM.Machine, Launcher: l}
+		kc := kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Machine: cfg.KVM.Machine, Launcher: l,
+			Placement: kvm.Placement(cfg.KVM.Placement), OverheadCgroup: cfg.KVM.OverheadCgroup, OverheadMemoryMax: cfg.KVM.OverheadMemoryMaxBytes()}
+		if kc.OverheadCgroup == "" && cfg.CgroupDriver == config.CgroupDriverSystemd {
+			kc.OverheadCgroup = kvm.DefaultOverheadSlice
+		}
 		if cfg.KVM.Templates() && runDir != "" {
 			kc.TemplateDir = filepath.Join(runDir, "kvm-templates")
 		}

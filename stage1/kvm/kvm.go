@@ -51,11 +51,13 @@ package kvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,7 +86,10 @@ const stateVersion = 2
 // takes them. Pods of earlier versions also have a virtiofsd, its unit
 // and (under systemd) its cgroup.
 const (
-	rolePodCgroup       = "pod cgroup"
+	rolePodCgroup = "pod cgroup"
+	// roleVMMCgroup is qemu's cgroup in the overhead cgroup, which a pod
+	// has instead of a pod cgroup when its qemu runs there (Placement).
+	roleVMMCgroup       = "VMM cgroup"
 	roleVirtiofsdCgroup = "virtiofsd cgroup"
 	roleDir             = "VM directory"
 	roleMounts          = "shared mounts"
@@ -184,9 +189,23 @@ type Config struct {
 	ProbeTimeout time.Duration
 	// Launcher starts qemu; nil means the plain launcher (the cgroupfs
 	// driver). Under a host.UnitLauncher (the systemd driver) qemu runs
-	// as a transient unit in the pod's slice, in the pod's network
-	// namespace, opening the tap by name.
+	// as a transient unit in the pod's slice (or the overhead slice), in
+	// the pod's network namespace, opening the tap by name.
 	Launcher host.Launcher
+	// Placement is where pods' qemu runs and is charged; "" means
+	// PlacementAuto.
+	Placement Placement
+	// OverheadCgroup is where qemu runs when it is not in the pod's
+	// cgroup (Placement): under the plain launcher a cgroup path,
+	// absolute or relative to the daemon's own cgroup (default
+	// DefaultOverheadCgroup), under a UnitLauncher a slice (default
+	// DefaultOverheadSlice). Each VM there has a cgroup of its own,
+	// "stagelet-pod-<id>" (a unit of that name in the slice), capped at
+	// the VM's memory and qemu's own.
+	OverheadCgroup string
+	// OverheadMemoryMax caps the overhead cgroup itself, every VM in it
+	// together (bytes); 0: no cap but each VM's own.
+	OverheadMemoryMax int64
 }
 
 // Backend is the kvm stage1. Everything about a pod is in the state it
@@ -213,6 +232,11 @@ type Backend struct {
 	// templateGC is the assets fingerprint stale templates were last
 	// removed for.
 	templateGC string
+	// overhead is the overhead cgroup under the plain launcher, once made
+	// and capped; sliceLimited says the overhead slice was capped under a
+	// UnitLauncher.
+	overhead     *cgroups.Cgroup
+	sliceLimited bool
 }
 
 var _ stage1.Backend = (*Backend)(nil)
@@ -241,8 +265,18 @@ func New(log *slog.Logger, cfg Config) *Backend {
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = 10 * time.Second
 	}
+	if cfg.Placement == "" {
+		cfg.Placement = PlacementAuto
+	}
+	base := host.NewBase(log, cfg.Launcher)
+	if cfg.OverheadCgroup == "" {
+		cfg.OverheadCgroup = DefaultOverheadCgroup
+		if base.UnitLaunch() {
+			cfg.OverheadCgroup = DefaultOverheadSlice
+		}
+	}
 	return &Backend{
-		Base:    host.NewBase(log, cfg.Launcher),
+		Base:    base,
 		cfg:     cfg,
 		dialers: map[string]*transport.SerialDialer{},
 		builds:  map[string]*templateBuild{},
@@ -250,10 +284,28 @@ func New(log *slog.Logger, cfg Config) *Backend {
 }
 
 // Collect implements stage1.Collector: under the systemd driver, the
-// units of pods no record names (host.CollectUnits); their pod cgroups
-// are the broker's to collect otherwise.
+// units of pods no record names (host.CollectUnits), in the pods' slices
+// and the overhead slice alike; under the plain launcher, their cgroups
+// in the overhead cgroup (host.CollectPodCgroups), with the qemu in
+// each. Their pod cgroups are the broker's to collect.
 func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
-	return host.CollectUnits(ctx, b.Launcher, keep)
+	if b.UnitLaunch() {
+		return host.CollectUnits(ctx, b.Launcher, keep)
+	}
+	found, err := host.CollectPodCgroups(b.cfg.OverheadCgroup, keep)
+	if err != nil {
+		return nil, fmt.Errorf("kvm: %w", err)
+	}
+	var ids []string
+	var errs []error
+	for _, o := range found {
+		if o.Err != nil {
+			errs = append(errs, fmt.Errorf("kvm: the VMM cgroup of pod %s (%d processes) is left: %w", o.PodID, o.Procs, o.Err))
+			continue
+		}
+		ids = append(ids, o.PodID)
+	}
+	return ids, errors.Join(errs...)
 }
 
 // Name implements stage1.Backend.
@@ -302,12 +354,27 @@ type state struct {
 
 // The VM directory holds the sockets and logs of the VM (<RunDir>/vm);
 // the shared mounts directory is exported to the guest, and every mount
-// beneath it is the backend's. The pod cgroup holds qemu under the plain
-// launcher; under a UnitLauncher it is qemu's unit's.
-func (s *state) dir() string             { return s.Path(roleDir) }
-func (s *state) mounts() string          { return s.Path(roleMounts) }
-func (s *state) cgroup() *cgroups.Cgroup { return s.Cgroup(rolePodCgroup) }
-func (s *state) qemu() *host.Process     { return s.Process(roleQemu) }
+// beneath it is the backend's. qemu's cgroup is the pod cgroup, or its
+// cgroup in the overhead cgroup (Placement); under a UnitLauncher it is
+// qemu's unit's.
+func (s *state) dir() string         { return s.Path(roleDir) }
+func (s *state) mounts() string      { return s.Path(roleMounts) }
+func (s *state) qemu() *host.Process { return s.Process(roleQemu) }
+
+func (s *state) cgroup() *cgroups.Cgroup {
+	if cg := s.Cgroup(roleVMMCgroup); cg != nil {
+		return cg
+	}
+	return s.Cgroup(rolePodCgroup)
+}
+
+// cgroupRole is the role of qemu's cgroup in the ledger.
+func cgroupRole(overhead bool) string {
+	if overhead {
+		return roleVMMCgroup
+	}
+	return rolePodCgroup
+}
 
 // tap is the tap device's name and network namespace; empty without a
 // pod network.
@@ -329,6 +396,10 @@ type vmInfo struct {
 	// Template is the directory of the template the VM was restored from;
 	// empty for a VM that booted its kernel.
 	Template string `json:"template,omitempty"`
+	// Overhead: qemu runs in the overhead cgroup, capped at CapMiB,
+	// instead of the pod's cgroup (Placement).
+	Overhead bool `json:"overhead,omitempty"`
+	CapMiB   int  `json:"capMiB,omitempty"`
 }
 
 func (s *state) marshal() []byte { return stage1.MarshalState(s) }
@@ -363,12 +434,13 @@ func parseState(b []byte) (*state, error) {
 	return &s, nil
 }
 
-// layout is a pod's state with what follows from spec: its cgroup (under
-// the plain launcher) and directories, recorded in the order StartPod
+// layout is a pod's state with what follows from spec: its directories,
+// after its pod cgroup when podCgroup (qemu's under the plain launcher,
+// unless it runs in the overhead cgroup), recorded in the order StartPod
 // takes them.
-func layout(spec *stage1.PodSpec, unitLaunch bool) *state {
+func layout(spec *stage1.PodSpec, podCgroup bool) *state {
 	st := &state{Version: stateVersion}
-	if cg, err := host.PodCgroup(spec); err == nil && !unitLaunch {
+	if cg, err := host.PodCgroup(spec); err == nil && podCgroup {
 		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
 	st.Record(host.Resource{Kind: host.KindDir, Role: roleDir, Path: filepath.Join(spec.RunDir, "vm")})
@@ -421,22 +493,23 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
-	vm, err := b.podVM(ctx, log, spec, res)
+	plan, err := b.podPlan(ctx, log, spec, res)
 	if err != nil {
 		return nil, err
 	}
-	cg, err := host.PodCgroup(spec)
+	vm := plan.vm
+	unitLaunch := b.UnitLaunch()
+	cg, err := b.vmmCgroup(spec, plan.overhead && !unitLaunch)
 	if err != nil {
-		return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
+		return nil, err
 	}
 
-	unitLaunch := b.UnitLaunch()
-	// Under a UnitLauncher the pod cgroup is the unit's, recorded once
+	// Under a UnitLauncher qemu's cgroup is the unit's, recorded once
 	// qemu runs.
-	st := layout(spec, unitLaunch)
+	st := layout(spec, false)
 	save := func() error { return persist(st.marshal()) }
 	if !unitLaunch {
-		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: cgroupRole(plan.overhead), Cgroup: cg})
 	}
 	st.VM = vm
 	st.UserNS = spec.UserNS
@@ -479,6 +552,11 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
 	launch := qemuLaunch(spec, st, res, vs, cg, tap, unitLaunch)
+	if plan.overhead {
+		if err := b.placeInOverhead(ctx, &launch, spec, plan); err != nil {
+			return nil, err
+		}
+	}
 	launched := time.Now()
 	qemu, err := b.launchQEMU(ctx, st, launch, unitLaunch, save)
 	if err != nil {
@@ -492,6 +570,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
 	log.InfoContext(ctx, "kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
 		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", tpl != nil,
+		"qemuCgroup", qemu.Cgroup.String(), "overheadCapMiB", vm.CapMiB,
 		"network", pod.Details()["network"], "launch+restore", ms(restored.Sub(launched)),
 		"agent", ms(ready.Sub(restored)), "setup", ms(time.Since(ready)))
 	return pod, nil
@@ -563,34 +642,43 @@ func qemuLaunch(spec *stage1.PodSpec, st *state, res *tools, vs vmSpec, cg *cgro
 	return launch
 }
 
-// podVM is the VM a pod gets (vmConfig), on this node's accelerator,
-// kept within the memory limit of the pod's cgroup (fitVM).
-func (b *Backend) podVM(ctx context.Context, log *slog.Logger, spec *stage1.PodSpec, res *tools) (vmInfo, error) {
-	vm, err := b.vmConfig(spec.Options, spec.Resources)
+// podPlan is the plan a pod starts with (planVM) on this node's
+// accelerator, which the first pod probes.
+func (b *Backend) podPlan(ctx context.Context, log *slog.Logger, spec *stage1.PodSpec, res *tools) (vmPlan, error) {
+	budget, err := podBudget(spec)
 	if err != nil {
-		return vm, err
+		return vmPlan{}, err
 	}
-	vm.Accelerator = b.accelerator(ctx, res)
-	vm.Kernel = res.kernelVersion
-	if vm.Accelerator != "kvm" {
-		vm.TBSizeMiB = b.cfg.TBSizeMiB
-	}
-	budget, err := host.PodBudget(spec)
+	accel := b.accelerator(ctx, res)
+	plan, err := b.planVM(spec, accel, budget)
 	if err != nil {
-		return vm, fmt.Errorf("kvm: pod cgroup: %w", err)
+		return plan, err
 	}
-	limit, err := budget.MemoryLimit()
-	if err != nil {
-		return vm, fmt.Errorf("kvm: %w", err)
+	plan.vm.Kernel = res.kernelVersion
+	if plan.overhead {
+		plan.vm.Overhead, plan.vm.CapMiB = true, plan.capMiB()
 	}
-	sized := vm.MemoryMiB
-	if err := fitVM(&vm, limit, spec.Options[OptionMemory] != "", spec.Resources); err != nil {
-		return vm, err
+	if sized, err := b.vmConfig(spec.Options, spec.Resources); err == nil && plan.vm.MemoryMiB != sized.MemoryMiB {
+		log.InfoContext(ctx, "kvm: VM memory lowered to fit the pod's cgroup", "memoryMiB", plan.vm.MemoryMiB, "wanted", sized.MemoryMiB, "cgroupLimitMiB", budget>>20)
 	}
-	if vm.MemoryMiB != sized {
-		log.InfoContext(ctx, "kvm: VM memory lowered to fit the pod's cgroup", "memoryMiB", vm.MemoryMiB, "wanted", sized, "cgroupLimitMiB", limit>>20)
+	log.DebugContext(ctx, "kvm: pod's VM planned", "plan", plan.describe(b))
+	return plan, nil
+}
+
+// placeInOverhead puts a launch in the overhead cgroup: capped at the
+// plan's VM memory and qemu's own, its CPU weighed by the pod's CPU
+// requests. Under a UnitLauncher it runs in the overhead slice (capped
+// first, once); under the plain launcher its cgroup is already there.
+func (b *Backend) placeInOverhead(ctx context.Context, launch *host.LaunchSpec, spec *stage1.PodSpec, plan vmPlan) error {
+	launch.MemoryMax = int64(plan.capMiB()) << 20
+	launch.CPUShares = spec.Resources.CPUShares
+	if ul, ok := b.Launcher.(host.UnitLauncher); ok {
+		if err := b.limitOverheadSlice(ctx, ul); err != nil {
+			return err
+		}
+		launch.Slice = b.cfg.OverheadCgroup
 	}
-	return vm, nil
+	return nil
 }
 
 // attachTap wires a tap device to the pod's network namespace (recorded
@@ -626,7 +714,7 @@ func (b *Backend) launchQEMU(ctx context.Context, st *state, launch host.LaunchS
 	}
 	st.Record(host.Resource{Kind: host.KindProcess, Role: roleQemu, Process: qemu})
 	if unitLaunch {
-		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: qemu.Cgroup})
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: cgroupRole(st.VM.Overhead), Cgroup: qemu.Cgroup})
 	}
 	if err := save(); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
@@ -687,8 +775,8 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 		if spec.ID == "" || spec.RunDir == "" {
 			return
 		}
-		unitLaunch := b.UnitLaunch()
-		for _, r := range layout(spec, unitLaunch).Resources {
+		_, overhead := st.Get(roleVMMCgroup)
+		for _, r := range layout(spec, !b.UnitLaunch() && !overhead).Resources {
 			st.Default(r)
 		}
 		st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})
@@ -837,10 +925,15 @@ func (b *Backend) VMStats() stage1.VMStats {
 }
 
 // NodeInfo implements stage1.NodeInformer: the accelerator pods get (the
-// first call runs the probe), the guest kernel, and where VM templates are
-// kept (or that there are none).
+// first call runs the probe), the guest kernel, where VM templates are
+// kept (or that there are none), and where qemu runs: the placement, the
+// overhead cgroup (or slice) and its cap ("none" or a size).
 func (b *Backend) NodeInfo(ctx context.Context) map[string]string {
-	info := map[string]string{"assetsDir": b.cfg.AssetsDir, "templates": "off (VMs boot their kernel)"}
+	info := map[string]string{"assetsDir": b.cfg.AssetsDir, "templates": "off (VMs boot their kernel)",
+		"placement": string(b.cfg.Placement), "overheadCgroup": b.cfg.OverheadCgroup, "overheadMemoryMax": "none"}
+	if m := b.cfg.OverheadMemoryMax; m > 0 {
+		info["overheadMemoryMax"] = strconv.FormatInt(m>>20, 10) + " MiB"
+	}
 	if b.cfg.TemplateDir != "" {
 		info["templates"] = b.cfg.TemplateDir
 	}

@@ -76,7 +76,10 @@ func (p *Pod) UpdatePodResources(ctx context.Context, r stage1.PodResources) err
 }
 
 // Details implements stage1.Pod: the VM's accelerator ("kvm" or "tcg"),
-// machine type, memory, vCPUs and guest kernel, and its network.
+// machine type, memory, vCPUs and guest kernel, its network, and where
+// its qemu runs: "placement" is "pod" (the pod's cgroup) or "overhead"
+// (the overhead cgroup, capped at "qemuMemoryCapMiB"), "qemuCgroup" the
+// cgroup.
 func (p *Pod) Details() map[string]string {
 	d := map[string]string{
 		"stage1":      Name,
@@ -98,6 +101,14 @@ func (p *Pod) Details() map[string]string {
 	}
 	if p.st.qemu() != nil {
 		d["qemuPID"] = strconv.Itoa(p.st.qemu().PID)
+	}
+	d["placement"] = string(PlacementPod)
+	if p.st.VM.Overhead {
+		d["placement"] = string(PlacementOverhead)
+		d["qemuMemoryCapMiB"] = strconv.Itoa(p.st.VM.CapMiB)
+	}
+	if cg := p.st.cgroup(); cg != nil {
+		d["qemuCgroup"] = cg.String()
 	}
 	return d
 }
@@ -150,10 +161,10 @@ func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.S
 }
 
 // HostStats implements stage1.HostStatser: the VM's cost on the host,
-// CPU and memory of the host pod cgroup, which holds qemu (guest memory
-// the guest touched, its vCPU threads, its own overhead; an earlier
-// version's pods also virtiofsd). Containers' figures come from their
-// cgroups inside the guest, through the agent.
+// CPU and memory of qemu's cgroup, the pod cgroup or its cgroup in the
+// overhead cgroup (guest memory the guest touched, its vCPU threads, its
+// own overhead; an earlier version's pods also virtiofsd). Containers'
+// figures come from their cgroups inside the guest, through the agent.
 func (p *Pod) HostStats() (*api.Stats, error) {
 	if p.st.cgroup() == nil {
 		return nil, errdefs.FailedPrecondition("kvm: the pod has no host cgroup")

@@ -75,8 +75,8 @@ func fitVM(vm *vmInfo, limit uint64, explicit bool, res stage1.PodResources) err
 	}
 	if room < minMemoryMiB {
 		containers := int((res.MemoryLimit + (1 << 20) - 1) >> 20)
-		return errdefs.FailedPrecondition("kvm: the pod's cgroup allows %d MiB (its containers' limits, %d MiB, plus the RuntimeClass overhead), and a VM needs at least %d MiB of memory besides %d MiB for qemu: give the pod's RuntimeClass overhead.podFixed.memory of at least %dMi",
-			limit>>20, containers, minMemoryMiB, own, GuestBaseMiB+own)
+		return errdefs.FailedPrecondition("kvm: the pod's cgroup allows %d MiB (its containers' limits, %d MiB, plus its RuntimeClass overhead, %d MiB), and a VM needs at least %d MiB of memory besides %d MiB for qemu: give the pod's RuntimeClass overhead.podFixed.memory of at least %dMi",
+			limit>>20, containers, res.OverheadMemory>>20, minMemoryMiB, own, GuestBaseMiB+own)
 	}
 	vm.MemoryMiB = room
 	return nil
