@@ -153,6 +153,7 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 			ConfigHash: hash,
 			Stage1:     dec.Stage1,
 			Rule:       dec.Rule,
+			ChosenBy:   dec.ChosenBy,
 			Options:    dec.Options,
 			Reasons:    dec.Reasons,
 			RunDir:     filepath.Join(b.podsRunDir(), id),
@@ -222,7 +223,7 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		HostIPC:      c.HostIPC,
 		Options:      rec.Options,
 		NetSysctls:   sysctlsOf(&c, network.SysctlNet),
-		Resources:    podResources(c.Resources),
+		Resources:    podResourcesOf(&c),
 		UserNS:       c.UserNS,
 		AgentBinary:  b.opts.AgentBinary,
 		FailedLogDir: b.failedLogDir(),
@@ -268,6 +269,10 @@ func networkReady(n Network) bool {
 // and releases them all on failure. Called with p.op held.
 func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err error) {
 	rec := p.rec
+	spec := b.podSpec(rec)
+	if err := b.plan(ctx, rec, spec, be); err != nil {
+		return err // nothing taken yet
+	}
 	if !rec.Config.HostNetwork && b.opts.Network != nil && networkReady(b.opts.Network) {
 		// The pod's network namespace goes in its first record, before
 		// prepareNetwork makes it: one record write less on the way. (A
@@ -280,7 +285,6 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	if err := b.rec.savePod(rec); err != nil {
 		return fmt.Errorf("persist pod record: %w", err)
 	}
-	spec := b.podSpec(rec)
 	defer func() {
 		if err == nil {
 			return
@@ -337,6 +341,31 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	return nil
 }
 
+// plan asks a stage1 that plans its pods (stage1.PodPlanner) whether it
+// can run the pod, before anything is taken for it: a pod the policy
+// sent to a stage1 that cannot run it is refused with the stage1's
+// reason and what chose the stage1.
+func (b *Broker) plan(ctx context.Context, rec *PodRecord, spec *stage1.PodSpec, be stage1.Backend) error {
+	pl, ok := be.(stage1.PodPlanner)
+	if !ok {
+		return nil
+	}
+	plan, err := pl.PlanPod(spec)
+	if err != nil {
+		return fmt.Errorf("stage1 %s (%s) cannot run the pod: %w", be.Name(), chosenBy(rec), err)
+	}
+	b.log.DebugContext(ctx, "stage1 plan", "pod", rec.ID, "stage1", be.Name(), "plan", plan)
+	return nil
+}
+
+// chosenBy says what chose a pod's stage1, for messages.
+func chosenBy(rec *PodRecord) string {
+	if rec.ChosenBy == "" {
+		return "chosen by the policy"
+	}
+	return "chosen by " + rec.ChosenBy
+}
+
 // startInNetwork makes the pod's network namespace and starts the pod in
 // it through be. CNI ADD runs while the pod starts, unless the stage1
 // reads the pod's network when it starts (NetworkBeforeStart): a pod's
@@ -359,7 +388,7 @@ func (b *Broker) startInNetwork(ctx context.Context, rec *PodRecord, spec *stage
 	start := func(ctx context.Context) (stage1.Pod, error) {
 		started, err := be.StartPod(ctx, spec, persist)
 		if err != nil {
-			return nil, fmt.Errorf("stage1 %s: start pod: %w", be.Name(), err)
+			return nil, fmt.Errorf("stage1 %s (%s): start pod: %w", be.Name(), chosenBy(rec), err)
 		}
 		return started, nil
 	}
@@ -758,5 +787,14 @@ func podResources(r *Resources) stage1.PodResources {
 	if r == nil {
 		return stage1.PodResources{}
 	}
-	return stage1.PodResources{MemoryLimit: r.MemoryLimit, CPUQuota: r.CPUQuota, CPUPeriod: r.CPUPeriod}
+	return stage1.PodResources{MemoryLimit: r.MemoryLimit, CPUQuota: r.CPUQuota, CPUPeriod: r.CPUPeriod, CPUShares: r.CPUShares}
+}
+
+// podResourcesOf is a pod's limits and its overhead's memory.
+func podResourcesOf(c *PodConfig) stage1.PodResources {
+	r := podResources(c.Resources)
+	if c.Overhead != nil {
+		r.OverheadMemory = c.Overhead.MemoryLimit
+	}
+	return r
 }

@@ -47,8 +47,11 @@ type PodConfig struct {
 	Privileged   bool              `json:"privileged,omitempty"`
 	Sysctls      map[string]string `json:"sysctls,omitempty"`
 	// Resources are the pod's total limits (CRI LinuxPodSandboxConfig
-	// resources), nil when the kubelet gives none.
+	// resources), nil when the kubelet gives none; Overhead is its
+	// RuntimeClass overhead (CRI overhead), which the kubelet adds to the
+	// pod's cgroup, nil when none.
 	Resources      *Resources `json:"resources,omitempty"`
+	Overhead       *Resources `json:"overhead,omitempty"`
 	RuntimeHandler string     `json:"runtimeHandler,omitempty"`
 	// UserNS puts the pod in a user namespace of its own with this
 	// mapping (hostUsers: false); nil: the host's.
@@ -230,9 +233,11 @@ type PodRecord struct {
 	Config     PodConfig `json:"config"`
 	ConfigHash string    `json:"configHash"`
 	Stage1     string    `json:"stage1"`
-	// Rule and Options come from the policy decision; Reasons say why.
-	Rule    string            `json:"rule,omitempty"`
-	Options map[string]string `json:"options,omitempty"`
+	// Rule and Options come from the policy decision; Reasons say why,
+	// and ChosenBy names what chose the stage1 in the end.
+	Rule     string            `json:"rule,omitempty"`
+	ChosenBy string            `json:"chosenBy,omitempty"`
+	Options  map[string]string `json:"options,omitempty"`
 	// PrivilegedWithoutHostDevices: the pod's privileged containers do
 	// not get the host's devices (its runtime handler says so).
 	PrivilegedWithoutHostDevices bool     `json:"privilegedWithoutHostDevices,omitempty"`

@@ -203,6 +203,9 @@ func checkPodInput(c *PodConfig) error {
 	if c.Resources != nil && (c.Resources.CpusetCpus != "" || c.Resources.CpusetMems != "") {
 		return errdefs.InvalidArgument("config.linux.resources.cpuset_cpus, cpuset_mems: a cpuset is a container's, not a pod's")
 	}
+	if o := c.Overhead; o != nil && (o.MemoryLimit < 0 || o.CPUQuota < -1 || o.CPUShares < 0) {
+		return errdefs.InvalidArgument("config.linux.overhead: %+v: negative", *o)
+	}
 	return checkResources("config.linux.resources", c.Resources)
 }
 

@@ -58,9 +58,9 @@ var criFields = map[string]fieldUse{
 	"LinuxPodSandboxConfig.cgroup_parent":    honoured,
 	"LinuxPodSandboxConfig.security_context": honoured,
 	"LinuxPodSandboxConfig.sysctls":          honoured,
-	// The kubelet adds the overhead to the pod cgroup it sizes itself,
-	// and to the resources it sends beside it.
-	"LinuxPodSandboxConfig.overhead":                informational,
+	// The kubelet adds the overhead to the pod cgroup it sizes itself; a
+	// VM stage1 reads it to say what the pod's cgroup holds.
+	"LinuxPodSandboxConfig.overhead":                honoured,
 	"LinuxPodSandboxConfig.resources":               honoured,
 	"LinuxSandboxSecurityContext.namespace_options": honoured,
 	"LinuxSandboxSecurityContext.privileged":        honoured,

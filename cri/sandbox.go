@@ -55,6 +55,13 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 			}
 			pc.Resources = &res
 		}
+		if o := l.GetOverhead(); o != nil {
+			res, err := podResources(o, "config.linux.overhead")
+			if err != nil {
+				return nil, err
+			}
+			pc.Overhead = &res
+		}
 		if sc := l.GetSecurityContext(); sc != nil {
 			pc.Privileged = sc.GetPrivileged()
 			if ns := sc.GetNamespaceOptions(); ns != nil {
