@@ -8,19 +8,24 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+	"k8s.io/apimachinery/pkg/api/resource"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/policy"
+	"github.com/stagelet/stagelet/stage1"
 )
 
 const policyUsage = `usage:
   stagelet policy check FILE...            validate policy files; exit 1 on problems
-  stagelet policy explain [--config NODECONFIG | --policy FILE] [--handler H] POD...
-                                           the stage1 each pod would get, and why;
+  stagelet policy explain [--config NODECONFIG | --policy FILE] [--handler H] [--overhead SIZE] POD...
+                                           the stage1 each pod would get, and why, and
+                                           how the stage1 would run it (a VM's size, where
+                                           its qemu runs) or why it cannot;
                                            POD is a Kubernetes Pod manifest (YAML or
                                            JSON) or a CRI PodSandboxConfig (JSON), or -
   stagelet policy default                  print the embedded default policy
@@ -109,8 +114,9 @@ func splitProblems(err error) (errs, warns []string) {
 func policyExplain(args []string, out io.Writer) int {
 	fs := flag.NewFlagSet("stagelet policy explain", flag.ContinueOnError)
 	file := fs.String("policy", "", "policy file (default: the embedded default)")
-	cfgFile := fs.String("config", "", "node config whose policy to use (its policy: or policy_file:)")
+	cfgFile := fs.String("config", "", "node config whose policy and stage1 settings to use (its policy: or policy_file:)")
 	handler := fs.String("handler", "", "RuntimeClass handler, for a CRI PodSandboxConfig")
+	overhead := fs.String("overhead", "", "the RuntimeClass overhead's memory (overhead.podFixed.memory, 192Mi) of a Pod manifest without spec.overhead")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -118,14 +124,25 @@ func policyExplain(args []string, out io.Writer) int {
 		fmt.Fprint(os.Stderr, policyUsage)
 		return 2
 	}
+	var over int64
+	if *overhead != "" {
+		q, err := resource.ParseQuantity(*overhead)
+		if err != nil || q.Value() < 0 {
+			fmt.Fprintf(os.Stderr, "stagelet policy explain: --overhead %q: want a size such as 192Mi\n", *overhead)
+			return 2
+		}
+		over = q.Value()
+	}
 	p := policy.Default()
 	p.Source = "embedded default"
 	if *file != "" && *cfgFile != "" {
 		fmt.Fprintln(os.Stderr, "stagelet policy explain: give --policy or --config, not both")
 		return 2
 	}
+	cfg := config.Default()
 	if *cfgFile != "" {
-		cfg, err := config.Load(*cfgFile)
+		var err error
+		cfg, err = config.Load(*cfgFile)
 		if err == nil {
 			p, err = cfg.LoadPolicy()
 		}
@@ -146,7 +163,8 @@ func policyExplain(args []string, out io.Writer) int {
 		}
 		p.Source = *file
 	}
-	caps := capabilitiesOf(builtinBackends(quietLog, config.Default(), nil, true, ""))
+	backends := builtinBackends(quietLog, cfg, nil, true, "")
+	caps := capabilitiesOf(backends)
 	rc := 0
 	for i, name := range fs.Args() {
 		var data []byte
@@ -160,7 +178,7 @@ func policyExplain(args []string, out io.Writer) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		pod, title, err := parsePodForPolicy(data, *handler)
+		pp, err := parsePodForPolicy(data, *handler, over)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 			return 1
@@ -168,12 +186,15 @@ func policyExplain(args []string, out io.Writer) int {
 		if i > 0 {
 			fmt.Fprintln(out)
 		}
-		fmt.Fprintf(out, "pod:     %s\n", title)
-		d, err := p.Decide(pod, caps)
+		fmt.Fprintf(out, "pod:     %s\n", pp.title)
+		d, err := p.Decide(pp.pod, caps)
 		var ref *policy.Refusal
 		switch {
 		case err == nil:
 			fmt.Fprint(out, p.Explain(d))
+			if !explainPlan(out, backends[d.Stage1], d, pp) {
+				rc = 1
+			}
 		case errors.As(err, &ref):
 			fmt.Fprint(out, ref.Explain())
 			rc = 1
@@ -185,7 +206,58 @@ func policyExplain(args []string, out io.Writer) int {
 	return rc
 }
 
-// k8sPod is the part of a Kubernetes Pod manifest the policy reads.
+// explainPlan says how the chosen stage1 would run the pod, for one that
+// plans its pods (stage1.PodPlanner): what the daemon asks it before it
+// takes anything. It reports whether the stage1 takes the pod.
+func explainPlan(out io.Writer, be stage1.Backend, d policy.Decision, pp explainedPod) bool {
+	pl, ok := be.(stage1.PodPlanner)
+	if !ok {
+		return true
+	}
+	id := strings.Repeat("0", 64)
+	spec := &stage1.PodSpec{
+		ID: id, Name: pp.title, Namespace: pp.pod.Namespace, RunDir: "/run/stagelet/pods/" + id,
+		HostNetwork: pp.pod.HostNetwork, HostPID: pp.pod.HostPID, HostIPC: pp.pod.HostIPC,
+		Options: d.Options, Resources: pp.res, CgroupMemoryLimit: &pp.cgroupLimit,
+	}
+	plan, err := pl.PlanPod(spec)
+	if err != nil {
+		fmt.Fprintf(out, "refused: stage1 %s (chosen by %s) cannot run the pod: %v\n", d.Stage1, d.ChosenBy, err)
+		return false
+	}
+	fmt.Fprintf(out, "plan:    %s\n", plan)
+	return true
+}
+
+// explainedPod is what explain reads of a pod: what the policy decides
+// on, and its limits as the kubelet would give them.
+type explainedPod struct {
+	pod   policy.Pod
+	title string
+	res   stage1.PodResources
+	// cgroupLimit is the memory limit the kubelet would set on the pod's
+	// cgroup (0: none).
+	cgroupLimit uint64
+}
+
+// k8sResources are a container's (or a pod's) resources in a manifest.
+type k8sResources struct {
+	Limits   map[string]string `yaml:"limits"`
+	Requests map[string]string `yaml:"requests"`
+}
+
+// k8sContainer is the part of a container of a Pod manifest explain
+// reads.
+type k8sContainer struct {
+	// RestartPolicy Always makes an init container a sidecar.
+	RestartPolicy   string       `yaml:"restartPolicy"`
+	Resources       k8sResources `yaml:"resources"`
+	SecurityContext struct {
+		Privileged bool `yaml:"privileged"`
+	} `yaml:"securityContext"`
+}
+
+// k8sPod is the part of a Kubernetes Pod manifest explain reads.
 type k8sPod struct {
 	Kind     string `yaml:"kind" json:"kind"`
 	Metadata struct {
@@ -195,35 +267,32 @@ type k8sPod struct {
 		Annotations map[string]string `yaml:"annotations"`
 	} `yaml:"metadata"`
 	Spec struct {
-		RuntimeClassName string `yaml:"runtimeClassName"`
-		HostNetwork      bool   `yaml:"hostNetwork"`
-		HostPID          bool   `yaml:"hostPID"`
-		HostIPC          bool   `yaml:"hostIPC"`
-		Containers       []struct {
-			SecurityContext struct {
-				Privileged bool `yaml:"privileged"`
-			} `yaml:"securityContext"`
-		} `yaml:"containers"`
-		InitContainers []struct {
-			SecurityContext struct {
-				Privileged bool `yaml:"privileged"`
-			} `yaml:"securityContext"`
-		} `yaml:"initContainers"`
+		RuntimeClassName string         `yaml:"runtimeClassName"`
+		HostNetwork      bool           `yaml:"hostNetwork"`
+		HostPID          bool           `yaml:"hostPID"`
+		HostIPC          bool           `yaml:"hostIPC"`
+		Containers       []k8sContainer `yaml:"containers"`
+		InitContainers   []k8sContainer `yaml:"initContainers"`
+		// Resources are pod-level resources; Overhead the RuntimeClass's,
+		// which admission sets.
+		Resources *k8sResources     `yaml:"resources"`
+		Overhead  map[string]string `yaml:"overhead"`
 	} `yaml:"spec"`
 }
 
 // parsePodForPolicy reads a Kubernetes Pod manifest or a CRI
 // PodSandboxConfig. A Pod's runtimeClassName stands for its handler (a
 // RuntimeClass object maps the name to a handler; stagelet's defaults use
-// the same word for both).
-func parsePodForPolicy(data []byte, handler string) (policy.Pod, string, error) {
+// the same word for both); overhead is the RuntimeClass overhead's
+// memory of a manifest that has no spec.overhead.
+func parsePodForPolicy(data []byte, handler string, overhead int64) (explainedPod, error) {
 	var k k8sPod
 	if err := yaml.Unmarshal(data, &k); err == nil && k.Kind == "Pod" {
 		ns := k.Metadata.Namespace
 		if ns == "" {
 			ns = "default"
 		}
-		pod := policy.Pod{
+		pp := explainedPod{title: ns + "/" + k.Metadata.Name, pod: policy.Pod{
 			Handler:     k.Spec.RuntimeClassName,
 			Namespace:   ns,
 			Labels:      k.Metadata.Labels,
@@ -231,32 +300,33 @@ func parsePodForPolicy(data []byte, handler string) (policy.Pod, string, error) 
 			HostNetwork: k.Spec.HostNetwork,
 			HostPID:     k.Spec.HostPID,
 			HostIPC:     k.Spec.HostIPC,
-		}
+		}}
 		if handler != "" {
-			pod.Handler = handler
+			pp.pod.Handler = handler
 		}
-		for _, c := range k.Spec.Containers {
-			pod.Privileged = pod.Privileged || c.SecurityContext.Privileged
+		for _, c := range append(slices.Clone(k.Spec.Containers), k.Spec.InitContainers...) {
+			pp.pod.Privileged = pp.pod.Privileged || c.SecurityContext.Privileged
 		}
-		for _, c := range k.Spec.InitContainers {
-			pod.Privileged = pod.Privileged || c.SecurityContext.Privileged
+		var err error
+		if pp.res, pp.cgroupLimit, err = k.limits(overhead); err != nil {
+			return explainedPod{}, err
 		}
-		return pod, ns + "/" + k.Metadata.Name, nil
+		return pp, nil
 	} else if err == nil && k.Kind != "" {
-		return policy.Pod{}, "", fmt.Errorf("kind %q: want a Pod manifest or a CRI PodSandboxConfig", k.Kind)
+		return explainedPod{}, fmt.Errorf("kind %q: want a Pod manifest or a CRI PodSandboxConfig", k.Kind)
 	}
 	var c runtimeapi.PodSandboxConfig
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return policy.Pod{}, "", fmt.Errorf("neither a Pod manifest nor a CRI PodSandboxConfig: %v", err)
+		return explainedPod{}, fmt.Errorf("neither a Pod manifest nor a CRI PodSandboxConfig: %v", err)
 	}
 	if c.GetMetadata().GetName() == "" {
-		return policy.Pod{}, "", fmt.Errorf("CRI PodSandboxConfig without metadata.name")
+		return explainedPod{}, fmt.Errorf("CRI PodSandboxConfig without metadata.name")
 	}
 	sc := c.GetLinux().GetSecurityContext()
 	ns := sc.GetNamespaceOptions()
-	pod := policy.Pod{
+	pp := explainedPod{pod: policy.Pod{
 		Handler:     handler,
 		Namespace:   c.GetMetadata().GetNamespace(),
 		Labels:      c.GetLabels(),
@@ -265,6 +335,117 @@ func parsePodForPolicy(data []byte, handler string) (policy.Pod, string, error) 
 		HostNetwork: ns.GetNetwork() == runtimeapi.NamespaceMode_NODE,
 		HostPID:     ns.GetPid() == runtimeapi.NamespaceMode_NODE,
 		HostIPC:     ns.GetIpc() == runtimeapi.NamespaceMode_NODE,
+	}}
+	pp.title = pp.pod.Namespace + "/" + c.GetMetadata().GetName()
+	// A CRI config's limits are the kubelet's; its cgroup, as the
+	// kubelet's, holds them and the overhead.
+	r, o := c.GetLinux().GetResources(), c.GetLinux().GetOverhead()
+	pp.res = stage1.PodResources{MemoryLimit: r.GetMemoryLimitInBytes(), CPUQuota: r.GetCpuQuota(), CPUPeriod: r.GetCpuPeriod(),
+		CPUShares: r.GetCpuShares(), OverheadMemory: o.GetMemoryLimitInBytes()}
+	if pp.res.MemoryLimit > 0 {
+		pp.cgroupLimit = uint64(pp.res.MemoryLimit + max(0, pp.res.OverheadMemory))
 	}
-	return pod, pod.Namespace + "/" + c.GetMetadata().GetName(), nil
+	return pp, nil
+}
+
+// cpuPeriod is the CFS period the kubelet gives limited pods (µs).
+const cpuPeriod = 100000
+
+// limits are the pod's totals as the kubelet sends them to its runtime,
+// and the memory limit it puts on the pod's cgroup (0: none): the
+// containers' limits summed (what a container without one adds is
+// nothing), at least any init container's with the sidecars started
+// before it; or the pod-level limits. The cgroup is limited (to that
+// total and the overhead) only when every container has a memory limit,
+// or the pod one of its own.
+func (k *k8sPod) limits(overhead int64) (stage1.PodResources, uint64, error) {
+	var res stage1.PodResources
+	memory, memoryDeclared, err := k.total("limits", "memory")
+	if err != nil {
+		return res, 0, err
+	}
+	cpu, _, err := k.total("limits", "cpu")
+	if err != nil {
+		return res, 0, err
+	}
+	requests, _, err := k.total("requests", "cpu")
+	if err != nil {
+		return res, 0, err
+	}
+	if k.Spec.Overhead != nil {
+		if overhead, err = quantity("spec.overhead.memory", k.Spec.Overhead["memory"], false); err != nil {
+			return res, 0, err
+		}
+	}
+	res.MemoryLimit, res.OverheadMemory = memory, overhead
+	if cpu > 0 {
+		res.CPUQuota, res.CPUPeriod = cpu*cpuPeriod/1000, cpuPeriod
+	}
+	if requests > 0 {
+		res.CPUShares = max(2, requests*1024/1000)
+	}
+	var limit uint64
+	if memoryDeclared && memory > 0 {
+		limit = uint64(memory + overhead)
+	}
+	return res, limit, nil
+}
+
+// total sums resource name (memory in bytes, cpu in millicores) of kind
+// (limits, requests) as the kubelet does, and reports whether every
+// container declares it (or the pod does, at pod level).
+func (k *k8sPod) total(kind, name string) (int64, bool, error) {
+	milli := name == "cpu"
+	if r := k.Spec.Resources; r != nil {
+		if v, ok := r.field(kind)[name]; ok {
+			n, err := quantity("spec.resources."+kind+"."+name, v, milli)
+			return n, true, err
+		}
+	}
+	var sum, sidecars, initMax int64
+	declared := len(k.Spec.Containers) > 0
+	for i, c := range k.Spec.Containers {
+		v, ok := c.Resources.field(kind)[name]
+		declared = declared && ok
+		n, err := quantity(fmt.Sprintf("spec.containers[%d].resources.%s.%s", i, kind, name), v, milli)
+		if err != nil {
+			return 0, false, err
+		}
+		sum += n
+	}
+	for i, c := range k.Spec.InitContainers {
+		n, err := quantity(fmt.Sprintf("spec.initContainers[%d].resources.%s.%s", i, kind, name), c.Resources.field(kind)[name], milli)
+		if err != nil {
+			return 0, false, err
+		}
+		if c.RestartPolicy == "Always" {
+			sidecars += n
+			continue
+		}
+		initMax = max(initMax, n+sidecars)
+	}
+	return max(sum+sidecars, initMax), declared, nil
+}
+
+func (r k8sResources) field(kind string) map[string]string {
+	if kind == "limits" {
+		return r.Limits
+	}
+	return r.Requests
+}
+
+// quantity reads a Kubernetes quantity of field: its value, in
+// thousandths when milli; "" is 0.
+func quantity(field, v string, milli bool) (int64, error) {
+	if v == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Sign() < 0 {
+		return 0, fmt.Errorf("%s: %q is not a size", field, v)
+	}
+	if milli {
+		return q.MilliValue(), nil
+	}
+	return q.Value(), nil
 }

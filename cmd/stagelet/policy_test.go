@@ -17,27 +17,29 @@ spec:
   initContainers: [{name: i, securityContext: {privileged: true}}]
   containers: [{name: c}]
 `)
-	pod, title, err := parsePodForPolicy(manifest, "")
+	pp, err := parsePodForPolicy(manifest, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	pod, title := pp.pod, pp.title
 	if title != "default/p" || pod.Namespace != "default" || pod.Handler != "nspawn" || !pod.HostNetwork || !pod.Privileged ||
 		pod.Labels["a"] != "b" || pod.Annotations["stagelet.io/stage1"] != "kvm" {
 		t.Fatalf("pod = %+v, title %q", pod, title)
 	}
 	cri := []byte(`{"metadata": {"name": "x", "namespace": "ci", "uid": "u"},
 		"linux": {"security_context": {"privileged": true, "namespace_options": {"network": 2}}}}`)
-	pod, title, err = parsePodForPolicy(cri, "kvm")
+	pp, err = parsePodForPolicy(cri, "kvm", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	pod, title = pp.pod, pp.title
 	if title != "ci/x" || pod.Handler != "kvm" || !pod.HostNetwork || pod.HostPID || !pod.Privileged {
 		t.Fatalf("pod = %+v", pod)
 	}
-	if _, _, err := parsePodForPolicy([]byte("kind: Deployment\n"), ""); err == nil || !strings.Contains(err.Error(), "Deployment") {
+	if _, err := parsePodForPolicy([]byte("kind: Deployment\n"), "", 0); err == nil || !strings.Contains(err.Error(), "Deployment") {
 		t.Fatalf("err = %v", err)
 	}
-	if _, _, err := parsePodForPolicy([]byte(`{"metadata": {}, "bogus": 1}`), ""); err == nil {
+	if _, err := parsePodForPolicy([]byte(`{"metadata": {}, "bogus": 1}`), "", 0); err == nil {
 		t.Fatal("a malformed CRI config was accepted")
 	}
 }
@@ -58,5 +60,102 @@ func TestPolicyCheck(t *testing.T) {
 	out.Reset()
 	if rc := policyCheck([]string{good}, &out); rc != 0 || !strings.Contains(out.String(), good+": ok") {
 		t.Fatalf("rc = %d:\n%s", rc, out.String())
+	}
+}
+
+// A manifest's limits as the kubelet sends them, and the limit it puts
+// on the pod's cgroup: only when every container has one.
+func TestManifestLimits(t *testing.T) {
+	const mi = 1 << 20
+	for _, tt := range []struct {
+		name, spec string
+		overhead   int64
+		memory     int64
+		cgroup     uint64
+		quota      int64
+		shares     int64
+	}{
+		{"every container limited", `
+  containers:
+  - {name: a, resources: {limits: {memory: 64Mi, cpu: 200m}, requests: {cpu: 100m}}}
+  - {name: b, resources: {limits: {memory: 32Mi}}}`, 0, 96 * mi, 96 * mi, 20000, 102},
+		{"one container without a limit", `
+  containers:
+  - {name: a, resources: {limits: {memory: 64Mi}}}
+  - {name: b}`, 0, 64 * mi, 0, 0, 0},
+		{"an init container larger than the rest, a sidecar", `
+  initContainers:
+  - {name: side, restartPolicy: Always, resources: {limits: {memory: 16Mi}}}
+  - {name: init, resources: {limits: {memory: 200Mi}}}
+  containers:
+  - {name: a, resources: {limits: {memory: 64Mi}}}`, 0, 216 * mi, 216 * mi, 0, 0},
+		{"pod-level limits", `
+  resources: {limits: {memory: 128Mi}}
+  containers:
+  - {name: a}`, 0, 128 * mi, 128 * mi, 0, 0},
+		{"the RuntimeClass overhead", `
+  overhead: {memory: 192Mi}
+  containers:
+  - {name: a, resources: {limits: {memory: 64Mi}}}`, 0, 64 * mi, 256 * mi, 0, 0},
+		{"--overhead", `
+  containers:
+  - {name: a, resources: {limits: {memory: 64Mi}}}`, 192 * mi, 64 * mi, 256 * mi, 0, 0},
+	} {
+		pp, err := parsePodForPolicy([]byte("kind: Pod\nmetadata: {name: p}\nspec:"+tt.spec+"\n"), "", tt.overhead)
+		if err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+			continue
+		}
+		if pp.res.MemoryLimit != tt.memory || pp.cgroupLimit != tt.cgroup || pp.res.CPUQuota != tt.quota || pp.res.CPUShares != tt.shares {
+			t.Errorf("%s: limits %+v, cgroup %d; want memory %d, cgroup %d, quota %d, shares %d", tt.name, pp.res, pp.cgroupLimit, tt.memory, tt.cgroup, tt.quota, tt.shares)
+		}
+	}
+	if _, err := parsePodForPolicy([]byte("kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, resources: {limits: {memory: lots}}}]}\n"), "", 0); err == nil ||
+		!strings.Contains(err.Error(), "spec.containers[0].resources.limits.memory") {
+		t.Errorf("a bad quantity: %v", err)
+	}
+}
+
+// explain says how the stage1 the policy chose would run the pod, and
+// when it cannot, refuses naming what chose it: the daemon's answer.
+func TestPolicyExplainPlan(t *testing.T) {
+	dir := t.TempDir()
+	pod := filepath.Join(dir, "pod.yaml")
+	os.WriteFile(pod, []byte(`kind: Pod
+metadata: {name: web, namespace: tenant-a}
+spec:
+  containers:
+  - {name: web, resources: {limits: {memory: 64Mi, cpu: 200m}}}
+`), 0o644)
+	node := func(placement string) string {
+		f := filepath.Join(dir, "node-"+placement+".yaml")
+		os.WriteFile(f, []byte(`version: 1
+kvm: {placement: `+placement+`, accelerator: tcg}
+policy:
+  version: 1
+  default_stage1: nspawn
+  rules:
+  - name: tenant-vms
+    match: {namespaces: [tenant-a]}
+    stage1: kvm
+`), 0o644)
+		return f
+	}
+	var out strings.Builder
+	if rc := policyExplain([]string{"--config", node("auto"), pod}, &out); rc != 0 ||
+		!strings.Contains(out.String(), "stage1:  kvm") ||
+		!strings.Contains(out.String(), "plan:    a VM of 192 MiB and 1 vCPU(s); qemu runs in the overhead cgroup stagelet-vmm, capped at 256 MiB") {
+		t.Errorf("auto placement: rc %d\n%s", rc, out.String())
+	}
+	out.Reset()
+	if rc := policyExplain([]string{"--config", node("pod"), pod}, &out); rc != 1 ||
+		!strings.Contains(out.String(), `refused: stage1 kvm (chosen by rule "tenant-vms") cannot run the pod: kvm: the pod's cgroup allows 64 MiB`) ||
+		!strings.Contains(out.String(), "overhead.podFixed.memory of at least 192Mi") {
+		t.Errorf("pod placement, no overhead: rc %d\n%s", rc, out.String())
+	}
+	out.Reset()
+	if rc := policyExplain([]string{"--config", node("pod"), "--overhead", "192Mi", pod}, &out); rc != 0 ||
+		!strings.Contains(out.String(), "qemu runs in the pod's cgroup (256 MiB holds the VM") {
+		t.Errorf("pod placement with the overhead: rc %d\n%s", rc, out.String())
 	}
 }
