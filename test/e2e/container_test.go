@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,14 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/agent/supervisor"
-	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
@@ -246,39 +242,11 @@ func TestPodMemoryLimitSparesAgent(t *testing.T) {
 }
 
 func podMemoryLimitSparesAgent(t *testing.T, e *env, s podStage1) {
-	self, err := cgroups.Self()
-	if err != nil {
-		t.Skipf("no cgroups: %v", err)
-	}
-	mem, ok := self.Paths["memory"]
-	if !ok {
-		t.Skip("no cgroup v1 memory hierarchy: on cgroup v2 the agent shares the pod's memory cgroup")
-	}
 	// The pod cgroup's parent, limited as the kubelet's pod<uid>.
-	parent := filepath.Join(e.d.CgroupParent, "oom-pod")
-	dir := filepath.Join(mem, parent)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte("15728640"), 0); err != nil {
-		t.Fatal(err)
-	}
+	parent, dir := kubeletPodCgroup(t, e, "oom-pod", 15<<20)
 	podCfg := e.netPodConfig("oom-pod", s)
 	podCfg.Linux.CgroupParent = parent
 	podID := e.runStage1Pod(podCfg, s)
-	t.Cleanup(func() {
-		// The pod first (the harness's teardown comes after), then
-		// the parent it lived in, which the daemon made in the other
-		// hierarchies.
-		ctx := context.Background()
-		_, _ = e.rt().StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID})
-		_, _ = e.rt().RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID})
-		for _, h := range self.Paths {
-			if err := unix.Rmdir(filepath.Join(h, parent)); err != nil && !errors.Is(err, unix.ENOENT) {
-				t.Errorf("rmdir %s: %v", filepath.Join(h, parent), err)
-			}
-		}
-	})
 	podMem := filepath.Join(dir, "stagelet-pod-"+podID)
 	if procs := readProcs(t, podMem); len(procs) != 0 {
 		t.Errorf("processes charged to the pod's memory cgroup %s itself (the pod's agent belongs elsewhere): %v", podMem, procs)

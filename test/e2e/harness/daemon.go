@@ -96,6 +96,9 @@ type Options struct {
 	// KVMNoTemplate: kvm pods' VMs boot their kernel instead of being
 	// restored from a template (kvm.template: false).
 	KVMNoTemplate bool
+	// KVMPlacement is kvm.placement (auto, pod, overhead); empty: the
+	// default.
+	KVMPlacement string
 	// MetricsAddress enables the metrics endpoint (metrics.address, such
 	// as "127.0.0.1:0"); empty: off. MetricsURL says where it listens.
 	MetricsAddress string
@@ -119,6 +122,9 @@ type Daemon struct {
 	ConfigPath   string
 	LogPath      string
 	CgroupParent string
+	// OverheadCgroup is where kvm pods' qemu runs when not in the pod's
+	// cgroup (kvm.overhead_cgroup), beside CgroupParent.
+	OverheadCgroup string
 	// CNIConfDir holds this daemon's own CNI configuration: a bridge named
 	// Bridge on Subnet, with host-local addresses kept under Root, so that
 	// tests never touch the host's networks.
@@ -180,13 +186,16 @@ func New(opts Options) (*Daemon, error) {
 		ConfigPath:   filepath.Join(root, "config.yaml"),
 		LogPath:      filepath.Join(root, "daemon.log"),
 		CgroupParent: "stagelet-e2e-" + hex.EncodeToString(suffix[:]),
-		CNIConfDir:   filepath.Join(root, "cni"),
-		CDIDir:       filepath.Join(root, "cdi"),
-		Bridge:       "se2e" + hex.EncodeToString(suffix[:]),
-		Subnet:       fmt.Sprintf("10.213.%d.0/24", suffix[0]),
-		opts:         opts,
-		log:          lg.With("daemon", filepath.Base(root)),
-		cgroupDirs:   map[string]bool{},
+		// The daemons of a test share its cgroup: each has an overhead
+		// cgroup of its own, torn down with it.
+		OverheadCgroup: "stagelet-e2e-" + hex.EncodeToString(suffix[:]) + "-vmm",
+		CNIConfDir:     filepath.Join(root, "cni"),
+		CDIDir:         filepath.Join(root, "cdi"),
+		Bridge:         "se2e" + hex.EncodeToString(suffix[:]),
+		Subnet:         fmt.Sprintf("10.213.%d.0/24", suffix[0]),
+		opts:           opts,
+		log:            lg.With("daemon", filepath.Base(root)),
+		cgroupDirs:     map[string]bool{},
 	}
 	for _, dir := range []string{d.StateDir, d.RunDir, d.LogsDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -230,7 +239,10 @@ func (d *Daemon) configYAML() string {
 	if guest == "" {
 		guest = filepath.Join(d.Root, "no-guest-assets")
 	}
-	fmt.Fprintf(&b, "kvm:\n  assets_dir: %q\n", guest)
+	fmt.Fprintf(&b, "kvm:\n  assets_dir: %q\n  overhead_cgroup: %q\n", guest, d.OverheadCgroup)
+	if d.opts.KVMPlacement != "" {
+		fmt.Fprintf(&b, "  placement: %s\n", d.opts.KVMPlacement)
+	}
 	if d.opts.KVMNoTemplate {
 		b.WriteString("  template: false\n")
 	}

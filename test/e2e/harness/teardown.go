@@ -296,14 +296,15 @@ func daemonCgroupDirs(procCgroup string, mounts []cgroupMount) []string {
 	return out
 }
 
-// podCgroupRoots are the directories of the configured cgroup parent in
-// every hierarchy.
+// podCgroupRoots are the directories of the configured cgroup parent and
+// of the kvm stage1's overhead cgroup in every hierarchy.
 func (d *Daemon) podCgroupRoots() map[string]bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string]bool{}
 	for dir := range d.cgroupDirs {
 		out[filepath.Join(dir, d.CgroupParent)] = true
+		out[filepath.Join(dir, d.OverheadCgroup)] = true
 	}
 	return out
 }
