@@ -14,6 +14,9 @@ import (
 	"testing"
 	"text/template"
 	"time"
+
+	"github.com/stagelet/stagelet/policy"
+	"github.com/stagelet/stagelet/stage1/caps"
 )
 
 // workloads are the test's own objects, in the default namespace.
@@ -132,6 +135,60 @@ spec:
       limits: {memory: 64Mi}
 `
 
+// vmWorkloads run in the namespace the nodes' policy sends to kvm, with
+// memory limits and no RuntimeClass, so no overhead: a Deployment spread
+// over the nodes behind a Service, and a pod whose second container
+// allocates past its limit, over and over.
+const vmWorkloads = `
+apiVersion: v1
+kind: Namespace
+metadata: {name: {{.NS}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vmweb, namespace: {{.NS}}}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: vmweb}}
+  template:
+    metadata: {labels: {app: vmweb}}
+    spec:
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: vmweb}}}
+      containers:
+      - name: web
+        image: {{.Agnhost}}
+        args: [netexec, --http-port=8080]
+        resources:
+          limits: {memory: 64Mi, cpu: 200m}
+        readinessProbe:
+          httpGet: {path: /healthz, port: 8080}
+          periodSeconds: 2
+---
+apiVersion: v1
+kind: Service
+metadata: {name: vmweb, namespace: {{.NS}}}
+spec:
+  selector: {app: vmweb}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hog, namespace: {{.NS}}}
+spec:
+  containers:
+  - name: web
+    image: {{.Agnhost}}
+    args: [netexec, --http-port=8080]
+    resources:
+      limits: {memory: 64Mi, cpu: 200m}
+  - name: hog
+    image: {{.Busybox}}
+    command: [sh, -c, "sleep 3; exec dd if=/dev/zero of=/dev/null bs=64M"]
+    resources:
+      limits: {memory: 32Mi}
+`
+
 func TestCluster(t *testing.T) {
 	e := loadEnv(t)
 	c := startCluster(t, e, "node1", "node2")
@@ -238,6 +295,12 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	})
+	t.Run("kvm by an operator's rule, with limits and no overhead", func(t *testing.T) {
+		if e.guest == "" {
+			t.Skip("no kvm guest (STAGELET_GUEST_ASSETS)")
+		}
+		c.testVMNamespace(t)
+	})
 	t.Run("device plugin", c.testDevicePlugin)
 	t.Run("drain moves pods to the other node", func(t *testing.T) {
 		drained, kept := c.nodes[1].name, c.nodes[0].name
@@ -303,15 +366,32 @@ type podObj struct {
 			Type   string `json:"type"`
 			Status string `json:"status"`
 		} `json:"conditions"`
-		ContainerStatuses []struct {
-			Name         string `json:"name"`
-			ContainerID  string `json:"containerID"`
-			RestartCount int    `json:"restartCount"`
-			State        struct {
-				Running *struct{} `json:"running"`
-			} `json:"state"`
-		} `json:"containerStatuses"`
+		ContainerStatuses []containerStatus `json:"containerStatuses"`
 	} `json:"status"`
+}
+
+type containerStatus struct {
+	Name         string `json:"name"`
+	ContainerID  string `json:"containerID"`
+	RestartCount int    `json:"restartCount"`
+	State        struct {
+		Running *struct{} `json:"running"`
+	} `json:"state"`
+	LastState struct {
+		Terminated struct {
+			Reason string `json:"reason"`
+		} `json:"terminated"`
+	} `json:"lastState"`
+}
+
+// container is the status of the pod's container name, nil without one.
+func (p *podObj) container(name string) *containerStatus {
+	for i := range p.Status.ContainerStatuses {
+		if c := &p.Status.ContainerStatuses[i]; c.Name == name {
+			return c
+		}
+	}
+	return nil
 }
 
 func (p *podObj) ready() bool {
@@ -323,8 +403,10 @@ func (p *podObj) ready() bool {
 	return false
 }
 
-func (c *cluster) pod(name string) (*podObj, error) {
-	out, err := c.kubectlErr("get", "pod", name, "-o", "json")
+func (c *cluster) pod(name string) (*podObj, error) { return c.podIn("default", name) }
+
+func (c *cluster) podIn(ns, name string) (*podObj, error) {
+	out, err := c.kubectlErr("-n", ns, "get", "pod", name, "-o", "json")
 	if err != nil {
 		return nil, err
 	}
@@ -334,10 +416,15 @@ func (c *cluster) pod(name string) (*podObj, error) {
 
 func (c *cluster) pods(t *testing.T, selector string) []podObj {
 	t.Helper()
+	return c.podsIn(t, "default", selector)
+}
+
+func (c *cluster) podsIn(t *testing.T, ns, selector string) []podObj {
+	t.Helper()
 	var l struct {
 		Items []podObj `json:"items"`
 	}
-	if err := json.Unmarshal([]byte(c.kubectl(t, "get", "pods", "-l", selector, "-o", "json")), &l); err != nil {
+	if err := json.Unmarshal([]byte(c.kubectl(t, "-n", ns, "get", "pods", "-l", selector, "-o", "json")), &l); err != nil {
 		t.Fatal(err)
 	}
 	return l.Items
@@ -497,4 +584,143 @@ func (c *cluster) nodeExec(t *testing.T, n *node, args ...string) string {
 		t.Fatalf("node %s: %s: %v\n%s", n.name, strings.Join(args, " "), err, out)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// testVMNamespace: pods the nodes' policy sends to kvm by an operator's
+// rule, with memory limits and no RuntimeClass overhead, run: their qemu
+// in stagelet's overhead cgroup. The Deployment's pods answer through
+// their Service from the other node; a container past its limit is
+// OOM-killed inside its VM and restarted, while the VM and the pod's
+// other container live on.
+func (c *cluster) testVMNamespace(t *testing.T) {
+	c.apply(t, vmWorkloads, "NS", vmsNamespace)
+	c.rollout(t, vmsNamespace, "deployment/vmweb")
+	c.expectStage1(t, "vmweb-", "kvm")
+	c.expectPlacement(t, "vmweb-", "overhead")
+	replicas := c.podsIn(t, vmsNamespace, "app=vmweb")
+	byNode := map[string][]string{}
+	for _, p := range replicas {
+		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], p.Metadata.Name)
+	}
+	if len(byNode) != len(c.nodes) {
+		t.Errorf("vmweb's pods run on %v, want every node", byNode)
+	}
+	// From the client pod on each node, the Service reaches the replicas
+	// on the other node.
+	for _, cl := range c.pods(t, "app=client") {
+		seen := map[string]bool{}
+		c.wait(t, 2*time.Minute, fmt.Sprintf("%s on %s reaching vmweb's pods on the other node", cl.Metadata.Name, cl.Spec.NodeName), func() (bool, error) {
+			for _, r := range c.dial(t, cl.Metadata.Name, "vmweb."+vmsNamespace+".svc.cluster.local", "80", 20) {
+				seen[r] = true
+			}
+			for node, names := range byNode {
+				if node == cl.Spec.NodeName {
+					continue
+				}
+				for _, n := range names {
+					if !seen[n] {
+						return false, fmt.Errorf("answered so far: %v", seen)
+					}
+				}
+			}
+			return true, nil
+		})
+	}
+
+	var oomed *podObj
+	c.wait(t, 5*time.Minute, "hog OOM-killed in its VM and restarted", func() (bool, error) {
+		p, err := c.podIn(vmsNamespace, "hog")
+		if err != nil {
+			return false, err
+		}
+		oomed = p
+		hog, web := p.container("hog"), p.container("web")
+		if hog == nil || web == nil {
+			return false, fmt.Errorf("containers %+v", p.Status.ContainerStatuses)
+		}
+		return hog.RestartCount >= 1 && hog.LastState.Terminated.Reason == "OOMKilled" && web.State.Running != nil, nil
+	})
+	c.expectPlacement(t, "hog_", "overhead")
+	// The VM and its other container lived on: the same sandbox (its
+	// address) and the same web container, never restarted, answering.
+	web := oomed.container("web")
+	if web.RestartCount != 0 {
+		t.Errorf("the hog's neighbour restarted %d times", web.RestartCount)
+	}
+	if got := c.dial(t, c.pods(t, "app=client")[0].Metadata.Name, oomed.Status.PodIP, "8080", 3); !slices.Contains(got, "hog") {
+		t.Errorf("the hog pod's web container at %s: %v, want its hostname", oomed.Status.PodIP, got)
+	}
+	after, err := c.podIn(vmsNamespace, "hog")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := after.container("web"); after.Status.PodIP != oomed.Status.PodIP || w == nil || w.ContainerID != web.ContainerID {
+		t.Errorf("the hog pod's VM or web container changed: %s %+v, was %s %+v", after.Status.PodIP, w, oomed.Status.PodIP, web)
+	}
+	// The hog restarts by design, and the drain and restart tests that
+	// follow count restarts and reschedule pods: the namespace goes, its
+	// VMs stopped and removed.
+	c.kubectl(t, "delete", "namespace", vmsNamespace, "--wait", "--timeout=3m")
+}
+
+// expectPlacement checks, in the stagelet logs of every node, that the kvm
+// pods whose sandbox name starts with prefix run their qemu where
+// placement says: "overhead" (stagelet's overhead cgroup, capped) or "pod"
+// (the kubelet's pod cgroup).
+func (c *cluster) expectPlacement(t *testing.T, prefix, placement string) {
+	t.Helper()
+	found := 0
+	for _, n := range c.nodes {
+		b, err := os.ReadFile(filepath.Join(n.root, "var/log/stagelet.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n")
+		for _, line := range lines {
+			if !strings.Contains(line, `msg="pod started"`) || !strings.Contains(line, " name="+prefix) {
+				continue
+			}
+			_, rest, _ := strings.Cut(line, " pod=")
+			id, _, _ := strings.Cut(rest, " ")
+			for _, l := range lines {
+				if !strings.Contains(l, `msg="kvm pod started"`) || !strings.Contains(l, " pod="+id+" ") {
+					continue
+				}
+				found++
+				if overhead := !strings.Contains(l, " overheadCapMiB=0 "); overhead != (placement == "overhead") {
+					t.Errorf("node %s: pod %s: qemu not in the %s cgroup: %s", n.name, id, placement, l)
+				}
+			}
+		}
+	}
+	if found == 0 {
+		t.Errorf("no kvm pod %s* started on any node", prefix)
+	}
+}
+
+// The nodes' policy is the embedded default and the operator's rule:
+// what the cluster test relies on, checked without a cluster.
+func TestNodePolicy(t *testing.T) {
+	p, err := policy.Parse("node policy", []byte(nodePolicy()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := map[string]caps.Capabilities{
+		"fly":    {Isolation: caps.IsolationHost, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true},
+		"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true},
+		"kvm":    {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true},
+	}
+	for _, tt := range []struct {
+		pod  policy.Pod
+		want string
+	}{
+		{policy.Pod{Namespace: vmsNamespace}, "kvm"},
+		{policy.Pod{Namespace: "default"}, "nspawn"},
+		{policy.Pod{Namespace: "kube-system", HostNetwork: true}, "fly"},
+		{policy.Pod{Namespace: "default", Handler: "kvm"}, "kvm"},
+	} {
+		if d, err := p.Decide(tt.pod, caps); err != nil || d.Stage1 != tt.want {
+			t.Errorf("%+v: %s, %v; want %s", tt.pod, d.Stage1, err, tt.want)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
@@ -124,13 +125,31 @@ serializeImagePulls: false
 `
 
 // stageletConfig is the node's stagelet configuration: the cgroupfs
-// driver the kubelet uses, the cluster's registry, and the kvm guest.
+// driver the kubelet uses, the cluster's registry, the kvm guest, and
+// the node's policy (nodePolicy) beside it.
 const stageletConfig = `version: 1
 cgroup_driver: cgroupfs
 registries:
   "%s": {insecure: true}
 kvm: {assets_dir: /usr/lib/stagelet/guest}
+policy_file: policy.yaml
 `
+
+// vmsNamespace is the namespace an operator's rule of the nodes' policy
+// runs in VMs.
+const vmsNamespace = "vms"
+
+// nodePolicy is the nodes' isolation policy: the embedded default, and an
+// operator's rule that sends every pod of vmsNamespace to kvm, RuntimeClass
+// or not.
+func nodePolicy() string {
+	return strings.Replace(string(policy.DefaultYAML()), "\nrules:\n", `
+rules:
+  - name: vms-namespace
+    match: {namespaces: [`+vmsNamespace+`]}
+    stage1: kvm
+`, 1)
+}
 
 // startNode boots a node and registers its teardown.
 func (c *cluster) startNode(name, ip string) (*node, error) {
@@ -245,6 +264,7 @@ func (c *cluster) writeNodeFiles(n *node) error {
 		{filepath.Join(n.root, "etc/systemd/system/stagelet.service.d/node.conf"), stageletDropIn, 0o644},
 		{filepath.Join(n.root, "etc/systemd/system/kubelet.service"), fmt.Sprintf(kubeletUnit, n.name, n.ip), 0o644},
 		{filepath.Join(n.root, "etc/stagelet/config.yaml"), fmt.Sprintf(stageletConfig, c.registry), 0o644},
+		{filepath.Join(n.root, "etc/stagelet/policy.yaml"), nodePolicy(), 0o644},
 		{filepath.Join(kl, "config.yaml"), fmt.Sprintf(kubeletConfig, dnsIP), 0o644},
 		{filepath.Join(kl, "kubeconfig"), kubeconfig(c.api, "/var/lib/kubelet/pki/ca.crt",
 			"/var/lib/kubelet/pki/kubelet-client.crt", "/var/lib/kubelet/pki/kubelet-client.key"), 0o600},
