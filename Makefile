@@ -76,11 +76,14 @@ conformance: deps build guest
 # spec fails that test/node-e2e/expected-failures.txt does not list; without
 # the kit it says so and passes. The kit's Kubernetes binaries are built
 # once (15-40 minutes cold) and cached in /var/cache. SERIAL=1 runs the
-# [Serial] specs instead. One run per host at a time (fixed ports).
+# [Serial] specs instead. POLICY=default runs each stage1 as the default
+# of the embedded default policy, instead of a policy that puts every pod
+# on it. One run per host at a time (fixed ports).
 STAGE1S ?= nspawn fly kvm
+POLICY ?=
 NODEE2E_KIT ?= ../shared/nodee2e
 node-e2e: deps build guest
-	KIT=$(NODEE2E_KIT) STAGE1S="$(STAGE1S)" GUEST=$(GUEST_DIR) ./scripts/node-e2e.sh $(BIN)
+	KIT=$(NODEE2E_KIT) STAGE1S="$(STAGE1S)" POLICY="$(POLICY)" GUEST=$(GUEST_DIR) ./scripts/node-e2e.sh $(BIN)
 
 # stagelet as one node of many: a Kubernetes cluster on this machine, the
 # control plane on the host and two nodes booted with systemd-nspawn from a
@@ -114,7 +117,9 @@ test-node: deps build
 # with containerd and runc beside it where they are installed
 # (scripts/bench-containerd.sh: apt-get install containerd runc), each
 # run's medians beside containerd's and the previous figures
-# (test/bench/), and saved in $(BENCH_OUT).
+# (test/bench/), and saved in $(BENCH_OUT). The last run starts kvm pods
+# with a 64 MiB limit in cgroups the kubelet's size, without RuntimeClass
+# overhead (their qemu in the overhead cgroup).
 BENCH_OUT ?= $(CURDIR)/bin/bench
 bench: deps build guest
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/supervisor/ ./network/ ./stage1/nspawn/
@@ -130,6 +135,7 @@ bench: deps build guest
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -save $(BENCH_OUT)/kvm-podnet.tsv \
 		-against nspawn=$(BENCH_OUT)/nspawn-podnet.tsv -against previous=test/bench/kvm-podnet.tsv
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -notemplate
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -memory-limit 64
 
 # The data race detector on the packages where goroutines meet: the
 # broker, the CRI server, policy, the stage1s and the agent. The race

@@ -11,7 +11,11 @@
 #
 # For each stage1 it starts `stagelet serve` on its own temporary
 # directories with a node config that makes that stage1 the default and
-# the RuntimeClass handler the suite uses (test-handler), a bridge network
+# the RuntimeClass handler the suite uses (test-handler): a policy that
+# puts every pod on it, or with POLICY=default the embedded default
+# policy with that stage1 as its default_stage1 (pods the stage1 cannot
+# run, hostNetwork ones on kvm, go where that policy sends them; the
+# run's expectations are those of STAGE1/default in the list), a bridge network
 # of its own (bridge stne2e0, 10.246.0.0/24, addresses kept in the run's
 # directory), and the kit's registry marked insecure. Every pod is removed
 # before the daemon stops, then everything the run made. The run fails
@@ -22,8 +26,9 @@
 # skipped, saying so), STAGE1S (default "nspawn fly kvm"), GUEST (the kvm
 # guest, default bin/guest), NODES (parallel ginkgo processes, default 6),
 # SERIAL=1 (the [Serial] specs of [NodeConformance] instead, one at a
-# time), FOCUS and SKIP (passed to the kit's run.sh), KEEP (a directory to
-# keep each run's logs in; without it a failed run prints what failed).
+# time), POLICY (default: see above), FOCUS and SKIP (passed to the
+# kit's run.sh), KEEP (a directory to keep each run's logs in; without it
+# a failed run prints what failed).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-bin/stagelet}
@@ -143,6 +148,12 @@ for s in $STAGE1S; do
 		;;
 	*) echo "node-e2e: unknown stage1 $s" >&2; rc=1; continue ;;
 	esac
+	run=$s
+	case ${POLICY:-} in
+	"") ;;
+	default) run=$s/default ;;
+	*) echo "node-e2e: POLICY=$POLICY: want default or nothing" >&2; exit 2 ;;
+	esac
 	T=$(mktemp -d /var/tmp/stagelet-ne2e.XXXXXX)
 	mkdir -p "$T/cni" "$T/out"
 	cat >"$T/cni/10-node-e2e.conflist" <<EOF
@@ -162,12 +173,23 @@ EOF
 		echo "  127.0.0.1:5059: {insecure: true}"
 		echo "cni: {conf_dir: \"$T/cni\"}"
 		[ "$s" = kvm ] && echo "kvm: {assets_dir: \"$(readlink -f "$GUEST")\"}"
-		# The stage1 under test for every pod: the default, and the
-		# handler the suite's RuntimeClass specs name. nspawn runs as the
-		# embedded default policy ships it (a hostPID or hostIPC pod falls
-		# back to fly); fly and kvm take every pod and refuse what they
-		# cannot give, so those specs fail by design.
-		cat <<EOF
+		if [ "$run" != "$s" ]; then
+			# The embedded default policy, the stage1 under test its
+			# default and the suite's handler.
+			"$BIN" policy default | sed -e "s/^default_stage1: nspawn\$/default_stage1: $s/" \
+				-e "s/^handlers:\$/handlers:\n  test-handler: {stage1: $s}/" >"$T/policy.yaml"
+			if ! grep -qx "default_stage1: $s" "$T/policy.yaml" || ! grep -qx "  test-handler: {stage1: $s}" "$T/policy.yaml"; then
+				echo "node-e2e $run: the embedded default policy has no default_stage1 or handlers to set" >&2
+				exit 2
+			fi
+			echo "policy_file: \"$T/policy.yaml\""
+		else
+			# The stage1 under test for every pod: the default, and the
+			# handler the suite's RuntimeClass specs name. nspawn runs as
+			# the embedded default policy ships it (a hostPID or hostIPC
+			# pod falls back to fly); fly and kvm take every pod and
+			# refuse what they cannot give, so those specs fail by design.
+			cat <<EOF
 policy:
   version: 1
   default_stage1: $s
@@ -178,12 +200,13 @@ policy:
     fly: {stage1: fly}
   conflicts:
 EOF
-		for need in host_network host_pid host_ipc user_namespace; do
-			case $s:$need in
-			nspawn:host_pid | nspawn:host_ipc) echo "    $need: {fallback: fly}" ;;
-			*) echo "    $need: {refuse: \"$s cannot give a pod $need\"}" ;;
-			esac
-		done
+			for need in host_network host_pid host_ipc user_namespace; do
+				case $s:$need in
+				nspawn:host_pid | nspawn:host_ipc) echo "    $need: {fallback: fly}" ;;
+				*) echo "    $need: {refuse: \"$s cannot give a pod $need\"}" ;;
+				esac
+			done
+		fi
 	} >"$T/config.yaml"
 	"$BIN" serve --socket "$T/run/stagelet.sock" --state-dir "$T/state" --run-dir "$T/run" \
 		--config "$T/config.yaml" >"$T/out/daemon.log" 2>&1 &
@@ -208,18 +231,18 @@ EOF
 	KPID=
 	took=$(($(date +%s) - start))
 	line=$(tail -n1 "$T/out/run.log")
-	echo "node-e2e $s: $line (${took}s)"
-	summary+=("$s: $line (${took}s)")
+	echo "node-e2e $run: $line (${took}s)"
+	summary+=("$run: $line (${took}s)")
 	if [ ! -s "$T/out/suite/report.json" ]; then
 		tail -20 "$T/out/run.log" >&2
 		rc=1
-	elif ! python3 scripts/expected-failures.py "$LIST" "$s" "$T/out/suite/report.json" "node-e2e $s"; then
+	elif ! python3 scripts/expected-failures.py "$LIST" "$run" "$T/out/suite/report.json" "node-e2e $run"; then
 		rc=1
 		grep -A3 '^- ' "$T/out/suite/summary.txt" | head -n 120
 	fi
 	if [ -n "${KEEP:-}" ]; then
-		dest=$KEEP/node-e2e-$s-$(date +%Y%m%d-%H%M%S)
-		mkdir -p "$dest" && cp -r "$T/out/." "$dest/" && echo "node-e2e $s: logs in $dest"
+		dest=$KEEP/node-e2e-${run//\//-}-$(date +%Y%m%d-%H%M%S)
+		mkdir -p "$dest" && cp -r "$T/out/." "$dest/" && echo "node-e2e $run: logs in $dest"
 	fi
 	stop_run
 done

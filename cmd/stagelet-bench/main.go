@@ -40,12 +40,21 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
 
 // scrape: print the daemon's stagelet_* metrics once the pods run.
 var scrape = flag.Bool("metrics", false, "enable the daemon's metrics endpoint and print its stagelet_* series once the measured pods run (before their teardown)")
+
+// memoryLimitMiB: the measured pods' container memory limit, each pod
+// in a cgroup limited to it (podLimit).
+var memoryLimitMiB = flag.Int("memory-limit", 0, "give each measured pod's container a memory limit of this many MiB, and run the pod under a cgroup limited to it, as the kubelet runs a pod with that limit and no RuntimeClass overhead (0: none)")
+
+// podLimit, in a run with -memory-limit, is each measured pod's cgroup
+// parent: made and limited as the kubelet's pod<uid>, for the pod named.
+var podLimit func(name string) (string, error)
 
 // fileIO: time file I/O in a container instead (measureFileIO).
 var fileIO = flag.Bool("fileio", false, fmt.Sprintf("instead: in one pod's container, time -n runs of creating, stat-ing, reading and removing %d small files and writing %d MiB + fsync, in its root file system and in a tmpfs in the pod (its /dev/shm), and print the medians and their ratio", fileIOFiles, fileIOWriteMiB))
@@ -85,6 +94,10 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *memoryLimitMiB != 0 && (*endpoint != "" || levels != nil || *fileIO) {
+		fmt.Fprintln(os.Stderr, "stagelet-bench: -memory-limit is for stagelet's timed pod starts: not with -endpoint, -scale or -fileio")
+		os.Exit(2)
+	}
 	if *endpoint != "" {
 		if *img == "" {
 			fmt.Fprintln(os.Stderr, "stagelet-bench: -endpoint needs -image")
@@ -192,6 +205,23 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	if err != nil {
 		return err
 	}
+	// The pods' kubelet-like cgroups (-memory-limit), removed once their
+	// pods are (the daemon's teardown removes what a failed run left).
+	var made []*cgroups.Cgroup
+	if *memoryLimitMiB > 0 {
+		podLimit = func(name string) (string, error) {
+			parent := filepath.Join(d.CgroupParent, "kubelet-"+name)
+			cg, err := cgroups.Resolve(parent)
+			if err != nil {
+				return "", err
+			}
+			made = append(made, cg)
+			if err := cg.Create(); err != nil {
+				return "", err
+			}
+			return parent, cg.Set(cgroups.Resources{MemoryLimit: int64(*memoryLimitMiB) << 20})
+		}
+	}
 	if _, err := d.Image().PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
 		return fmt.Errorf("pull %s: %w", ref, err)
 	}
@@ -199,6 +229,9 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	network := "host network"
 	if podNet {
 		network = "pod network (netns + CNI)"
+	}
+	if *memoryLimitMiB > 0 {
+		network += fmt.Sprintf(", %d MiB memory limit and no RuntimeClass overhead", *memoryLimitMiB)
 	}
 	if stage1 == "kvm" {
 		if noTemplate {
@@ -226,6 +259,11 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	res, err := measure(ctx, d, ref, n, stage1, podNet)
 	if err != nil {
 		return err
+	}
+	for _, cg := range made {
+		if err := cg.Delete(); err != nil {
+			return err
+		}
 	}
 	report(os.Stdout, n, stage1+", "+network, res)
 	return nil
@@ -450,6 +488,16 @@ func startPodOn(ctx context.Context, rt runtimeapi.RuntimeServiceClient, logsDir
 		},
 	}
 
+	if podLimit != nil {
+		parent, err := podLimit(name)
+		if err != nil {
+			return nil, fmt.Errorf("the pod's cgroup: %w", err)
+		}
+		limit := int64(*memoryLimitMiB) << 20
+		podCfg.Linux.CgroupParent = parent
+		podCfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: limit}
+		ctrCfg.Linux.Resources.MemoryLimitInBytes = limit
+	}
 	var took [3]time.Duration
 	began := time.Now()
 	pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: stage1})
