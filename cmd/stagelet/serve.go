@@ -20,6 +20,7 @@ import (
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/stage1/host"
+	"github.com/stagelet/stagelet/stage1/kvm"
 
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
@@ -337,7 +338,10 @@ func systemdServiceRoot() string {
 // answer). cgroupfs: the parent cgroup is created now, so that a layout
 // cgroup v2 forbids is reported at start, naming the cgroup and the rule;
 // a parent relative to the daemon's own cgroup first makes the daemon move
-// into its leaf (cgroups.EnterLeaf), as systemd's delegation asks.
+// into its leaf (cgroups.EnterLeaf), as systemd's delegation asks. The kvm
+// stage1's overhead cgroup (cfg.KVM.OverheadCgroup, set here to the path
+// it resolves) goes by the same rules as the parent; the stage1 makes it
+// when a VM first needs it.
 func placePods(log *slog.Logger, cfg *config.Config) (host.Launcher, string, error) {
 	parent := cfg.PodCgroupParent()
 	if cfg.CgroupDriver == config.CgroupDriverSystemd {
@@ -345,19 +349,28 @@ func placePods(log *slog.Logger, cfg *config.Config) (host.Launcher, string, err
 		return l, parent, err
 	}
 	l, _ := host.NewLauncher(log, false, "")
-	if svc := systemdServiceRoot(); svc != "" && !filepath.IsAbs(parent) {
+	overhead := cfg.KVM.OverheadCgroup
+	if overhead == "" {
+		overhead = kvm.DefaultOverheadCgroup
+	}
+	if svc := systemdServiceRoot(); svc != "" {
 		// Pods beside a supervisor leaf in this cgroup would need
 		// controllers enabled in it, and then systemd could not place
 		// the next daemon of a restart there: the service would fail
 		// with status 219/CGROUP and leave its pods without a daemon.
-		abs := "/" + parent
-		log.Info("the daemon runs in the root of its systemd service's cgroup (no DelegateSubgroup=supervisor, which needs systemd 254): pods go beneath the cgroup root, as the kubelet's cgroupfs driver puts them", "service", svc, "cgroup_parent", abs)
-		parent = abs
+		if !filepath.IsAbs(parent) {
+			parent = "/" + parent
+			log.Info("the daemon runs in the root of its systemd service's cgroup (no DelegateSubgroup=supervisor, which needs systemd 254): pods go beneath the cgroup root, as the kubelet's cgroupfs driver puts them", "service", svc, "cgroup_parent", parent)
+		}
+		if !filepath.IsAbs(overhead) {
+			overhead = "/" + overhead
+		}
 	}
-	if !filepath.IsAbs(parent) {
+	cfg.KVM.OverheadCgroup = overhead
+	if !filepath.IsAbs(parent) || !filepath.IsAbs(overhead) {
 		base, err := cgroups.EnterLeaf(cgroups.LeafName)
 		if err != nil {
-			return nil, "", fmt.Errorf("cgroup parent %q: %w", parent, err)
+			return nil, "", fmt.Errorf("cgroup parent %q, kvm.overhead_cgroup %q: %w", parent, overhead, err)
 		}
 		if self, err := cgroups.Self(); err == nil && self.String() != base.String() {
 			log.Info("moved the daemon into a leaf of its cgroup, so that its cgroup can delegate controllers to pods", "leaf", self.String(), "pods", base.Child(parent).String())
