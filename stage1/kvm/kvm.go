@@ -8,8 +8,11 @@
 // loads) are built by guest/build.sh into Config.AssetsDir: by default a
 // minimal kernel built from Debian's source (guest/kernel.config).
 //
-// One VM per pod, started detached in the pod cgroup by the plain stage1
-// launcher so that it outlives the daemon:
+// One VM per pod, started detached by the stage1 launcher so that it
+// outlives the daemon, in the pod cgroup or, when the pod's cgroup cannot
+// hold the VM and qemu (a pod with memory limits and no RuntimeClass
+// overhead), in a cgroup of its own in stagelet's overhead cgroup, capped
+// at the VM's size (placement.go):
 //
 //   - control: a virtio-serial port whose host side is a unix socket qemu
 //     serves (<RunDir>/vm/ctl.sock). It is one byte stream: the agent
@@ -933,6 +936,9 @@ func (b *Backend) NodeInfo(ctx context.Context) map[string]string {
 		"placement": string(b.cfg.Placement), "overheadCgroup": b.cfg.OverheadCgroup, "overheadMemoryMax": "none"}
 	if m := b.cfg.OverheadMemoryMax; m > 0 {
 		info["overheadMemoryMax"] = strconv.FormatInt(m>>20, 10) + " MiB"
+	}
+	if !b.UnitLaunch() && !filepath.IsAbs(b.cfg.OverheadCgroup) {
+		info["overheadCgroup"] += " (beneath the daemon's cgroup)"
 	}
 	if b.cfg.TemplateDir != "" {
 		info["templates"] = b.cfg.TemplateDir
