@@ -226,7 +226,7 @@ func (a *Agent) update(ctx context.Context, id string, r *api.Resources) (*api.A
 // cgroup v2's memory.oom.group would.
 func (a *Agent) applyLimits(ap *app, r api.Resources) error {
 	limits := cgroupLimits(r)
-	if c, ok := ap.cg.(*cgroups.Cgroup); ok && limits.OOMGroup && !c.IsV2() {
+	if c, ok := ap.cg.(oomWatcher); ok && limits.OOMGroup && !c.IsV2() {
 		limits.OOMGroup = false
 		if ap.stopOOMWatch == nil {
 			events, stop, err := c.WatchOOM()
@@ -237,7 +237,7 @@ func (a *Agent) applyLimits(ap *app, r api.Resources) error {
 			go func() {
 				for range events {
 					a.log.Info("OOM in an app with an OOM group: killing all of its processes", "app", ap.id)
-					if err := c.Kill(); err != nil {
+					if err := ap.cg.Kill(); err != nil {
 						a.log.Warn("kill the OOM group", "app", ap.id, "err", err)
 					}
 				}
@@ -245,6 +245,13 @@ func (a *Agent) applyLimits(ap *app, r api.Resources) error {
 		}
 	}
 	return ap.cg.Set(limits)
+}
+
+// oomWatcher is a cgroup whose OOM kills can be watched (a cgroup of the
+// cgroups package).
+type oomWatcher interface {
+	IsV2() bool
+	WatchOOM() (events <-chan struct{}, stop func(), err error)
 }
 
 // cgroupLimits are the cgroup limits of an app's resources (all but the

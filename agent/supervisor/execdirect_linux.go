@@ -65,11 +65,14 @@ type directExec struct {
 	// namespaces when the command joins them (nil otherwise).
 	mnt, uts, pidns *os.File
 	cg              *cgroups.Cgroup // nil: none
-	filter          *seccomp.Filter // nil: none
-	caps            []capability.Cap
-	stdio           []*os.File // unused with a terminal
-	tty             bool
-	size            *api.TerminalSize
+	// guard is cg's gate against a Kill while the thread is in it; nil
+	// without cg.
+	guard  *guardedCgroup
+	filter *seccomp.Filter // nil: none
+	caps   []capability.Cap
+	stdio  []*os.File // unused with a terminal
+	tty    bool
+	size   *api.TerminalSize
 }
 
 // directCalls are the system calls made between the installation of the
@@ -189,6 +192,12 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 	// inherited without close-on-exec must not. (Marked while /proc is
 	// still the agent's, should the kernel lack close_range.)
 	cloexecFrom(3)
+	if d.guard != nil {
+		// Released after the thread left the app's cgroups (deferred
+		// below, so run before this).
+		d.guard.gate.RLock()
+		defer d.guard.gate.RUnlock()
+	}
 	placed, err := takeOnAgentSide(d, l.own)
 	if err != nil {
 		return 0, -1, nil, err

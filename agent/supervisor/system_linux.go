@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,6 +41,10 @@ type linuxSystem struct {
 	own *cgroups.Cgroup
 	// execInit: every exec goes through `agent exec-init`.
 	execInit bool
+
+	mu sync.Mutex
+	// gates are the apps' cgroup gates (guardedCgroup), by app ID.
+	gates map[string]*sync.RWMutex
 }
 
 // Linux returns the real System: exe is the stagelet binary re-executed
@@ -100,7 +105,64 @@ func (l *linuxSystem) appCgroup(id string) cgroup {
 	if l.cg == nil {
 		return nil
 	}
-	return l.cg.Child(api.AppCgroup(id))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	gate, ok := l.gates[id]
+	if !ok {
+		if l.gates == nil {
+			l.gates = map[string]*sync.RWMutex{}
+		}
+		gate = &sync.RWMutex{}
+		l.gates[id] = gate
+	}
+	return &guardedCgroup{Cgroup: l.cg.Child(api.AppCgroup(id)), gate: gate, forget: func() {
+		l.mu.Lock()
+		delete(l.gates, id)
+		l.mu.Unlock()
+	}}
+}
+
+// guardedCgroup is an app's cgroup under the linux system. On cgroup v1 a
+// thread of the agent that starts a process in the app (an exec's command
+// from the agent's thread, a restorer) sits in the app's cgroups until it
+// forked (cgroups.PlaceThread, Cgroup.Start). A Kill of the app's cgroup
+// then (the app's process exited, its OOM group fired) would freeze that
+// thread, and a Go thread stopped in user space stalls the whole agent at
+// the runtime's next stop-the-world, for good; and its sweep would SIGKILL
+// the agent, whose PID the cgroup lists while one of its threads is in it.
+// So such a start holds the gate shared (place) and Kill holds it alone:
+// Kill waits for the thread to leave, and a start waits for a Kill under
+// way. All of an app's cgroups share one gate.
+type guardedCgroup struct {
+	*cgroups.Cgroup
+	gate *sync.RWMutex
+	// forget drops the gate once the cgroup is deleted.
+	forget func()
+}
+
+// Kill implements cgroup: the cgroup's Kill once no thread of the agent
+// is placed in it.
+func (c *guardedCgroup) Kill() error {
+	c.gate.Lock()
+	defer c.gate.Unlock()
+	return c.Cgroup.Kill()
+}
+
+// Delete implements cgroup.
+func (c *guardedCgroup) Delete() error {
+	if err := c.Cgroup.Delete(); err != nil {
+		return err
+	}
+	c.forget()
+	return nil
+}
+
+// place runs f, which puts a thread of the agent into the cgroup and takes
+// it out again, never while a Kill of it runs.
+func (c *guardedCgroup) place(f func() error) error {
+	c.gate.RLock()
+	defer c.gate.RUnlock()
+	return f()
 }
 
 func (l *linuxSystem) setSysctls(sysctls map[string]string, scratch string) error {
@@ -239,12 +301,17 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 		defer pidns.Close()
 	}
 	// A thread can place its fork in a cgroup of the cgroups package.
-	if cg, ok := s.cg.(*cgroups.Cgroup); ok || s.cg == nil {
+	if gc, ok := s.cg.(*guardedCgroup); ok || s.cg == nil {
+		var cg *cgroups.Cgroup
+		if ok {
+			cg = gc.Cgroup
+		}
 		d, err := l.planDirect(s, cg)
 		if err != nil {
 			return nil, classify(err)
 		}
 		if d != nil {
+			d.guard = gc
 			d.mnt, d.pidns = mnt, pidns
 			if spec.OwnUTS() {
 				d.uts = extra[1]
@@ -465,8 +532,8 @@ func (l *linuxSystem) runRestorer(ctx context.Context, cg cgroup, argv []string,
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	wait, err := l.reaper.startWith(func() (int, error) {
 		var err error
-		if c, ok := cg.(*cgroups.Cgroup); ok && c != nil {
-			err = c.Start(cmd)
+		if c, ok := cg.(*guardedCgroup); ok && c != nil {
+			err = c.place(func() error { return c.Start(cmd) })
 		} else {
 			err = cmd.Start()
 		}
