@@ -79,6 +79,13 @@ func qemuMemoryCgroup(t *testing.T, info map[string]string) string {
 // other container live on.
 func TestKVMPodLimitsWithoutOverhead(t *testing.T) {
 	e := newKVMEnv(t)
+	status, err := e.rt().Status(e.ctx(), &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.Info["kvm.placement"] != "auto" || !strings.HasPrefix(status.Info["kvm.overheadCgroup"], e.d.OverheadCgroup) {
+		t.Errorf("Status does not say the node's placement and overhead cgroup: %q, %q", status.Info["kvm.placement"], status.Info["kvm.overheadCgroup"])
+	}
 	const limit = 64 << 20
 	parent, memDir := kubeletPodCgroup(t, e, "kvm-limited", limit)
 	cfg := e.netPodConfig("limited", kvmStage1)
