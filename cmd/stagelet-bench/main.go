@@ -205,41 +205,11 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	if err != nil {
 		return err
 	}
-	// The pods' kubelet-like cgroups (-memory-limit), removed once their
-	// pods are (the daemon's teardown removes what a failed run left).
-	var made []*cgroups.Cgroup
-	if *memoryLimitMiB > 0 {
-		podLimit = func(name string) (string, error) {
-			parent := filepath.Join(d.CgroupParent, "kubelet-"+name)
-			cg, err := cgroups.Resolve(parent)
-			if err != nil {
-				return "", err
-			}
-			made = append(made, cg)
-			if err := cg.Create(); err != nil {
-				return "", err
-			}
-			return parent, cg.Set(cgroups.Resources{MemoryLimit: int64(*memoryLimitMiB) << 20})
-		}
-	}
+	unlimit := limitPods(d)
 	if _, err := d.Image().PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
 		return fmt.Errorf("pull %s: %w", ref, err)
 	}
-
-	network := "host network"
-	if podNet {
-		network = "pod network (netns + CNI)"
-	}
-	if *memoryLimitMiB > 0 {
-		network += fmt.Sprintf(", %d MiB memory limit and no RuntimeClass overhead", *memoryLimitMiB)
-	}
-	if stage1 == "kvm" {
-		if noTemplate {
-			network += ", VMs boot their kernel"
-		} else {
-			network += ", VMs restored from a template"
-		}
-	}
+	network := describeRun(stage1, podNet, noTemplate)
 	if *fileIO {
 		fr, err := measureFileIO(ctx, d, ref, stage1, podNet, n)
 		if err != nil {
@@ -260,13 +230,61 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	if err != nil {
 		return err
 	}
-	for _, cg := range made {
-		if err := cg.Delete(); err != nil {
-			return err
-		}
+	if err := unlimit(); err != nil {
+		return err
 	}
 	report(os.Stdout, n, stage1+", "+network, res)
 	return nil
+}
+
+// limitPods, with -memory-limit, sets podLimit to make each measured pod
+// a cgroup beneath d's cgroup parent limited as the kubelet's pod<uid>,
+// and returns the function that removes those cgroups once their pods
+// are gone (the daemon's teardown removes what a failed run left).
+func limitPods(d *harness.Daemon) (remove func() error) {
+	if *memoryLimitMiB <= 0 {
+		return func() error { return nil }
+	}
+	var made []*cgroups.Cgroup
+	podLimit = func(name string) (string, error) {
+		parent := filepath.Join(d.CgroupParent, "kubelet-"+name)
+		cg, err := cgroups.Resolve(parent)
+		if err != nil {
+			return "", err
+		}
+		made = append(made, cg)
+		if err := cg.Create(); err != nil {
+			return "", err
+		}
+		return parent, cg.Set(cgroups.Resources{MemoryLimit: int64(*memoryLimitMiB) << 20})
+	}
+	return func() error {
+		for _, cg := range made {
+			if err := cg.Delete(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// describeRun says what the measured pods are, for the report.
+func describeRun(stage1 string, podNet, noTemplate bool) string {
+	network := "host network"
+	if podNet {
+		network = "pod network (netns + CNI)"
+	}
+	if *memoryLimitMiB > 0 {
+		network += fmt.Sprintf(", %d MiB memory limit and no RuntimeClass overhead", *memoryLimitMiB)
+	}
+	if stage1 == "kvm" {
+		if noTemplate {
+			network += ", VMs boot their kernel"
+		} else {
+			network += ", VMs restored from a template"
+		}
+	}
+	return network
 }
 
 func measure(ctx context.Context, d *harness.Daemon, ref string, n int, stage1 string, podNet bool) (*result, error) {
