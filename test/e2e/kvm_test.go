@@ -227,10 +227,13 @@ func TestKVMProbeDiesWithDaemon(t *testing.T) {
 	var probe int
 	testutil.WaitFor(t, 30*time.Second, "the daemon's KVM probe", func() (bool, string) {
 		probe = childWith(daemon, "stagelet.probe=1")
-		return probe != 0 || strings.Contains(e.d.LogTail(50), "kvm: a guest boots under KVM"), "no probe VM yet"
+		return probe != 0 || strings.Contains(e.d.LogTail(50), "kvm: a guest boots under KVM") ||
+			strings.Contains(e.d.LogTail(50), "kvm: a guest does not boot under KVM"), "no probe VM yet"
 	})
 	if probe == 0 {
-		t.Skip("KVM works here: the probe ended before it could be seen")
+		// KVM works, or qemu failed under it at once (this machine's
+		// /dev/kvm, at times).
+		t.Skip("the probe ended before it could be seen")
 	}
 	if err := e.d.Kill9(t.Context()); err != nil {
 		t.Fatal(err)
