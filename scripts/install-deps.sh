@@ -29,6 +29,16 @@ command -v gcc >/dev/null 2>&1 || need="$need gcc libc6-dev"
 # The node VM image (mkfs.ext4 -d) and the systemd launcher test bed.
 command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
+# What scripts/build-criu.sh builds criu with.
+command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
+command -v pkg-config >/dev/null 2>&1 || need="$need pkgconf"
+[ -f /usr/share/keyrings/debian-archive-trixie-stable.gpg ] || need="$need debian-archive-keyring"
+for t in protobuf-c/protobuf-c.h:libprotobuf-c-dev google/protobuf/descriptor.proto:libprotobuf-dev \
+	libnl3/netlink/netlink.h:libnl-3-dev libnet.h:libnet1-dev sys/capability.h:libcap-dev \
+	bsd/string.h:libbsd-dev nftables/libnftables.h:libnftables-dev gnutls/gnutls.h:libgnutls28-dev \
+	uuid/uuid.h:uuid-dev; do
+	[ -f "/usr/include/${t%%:*}" ] || need="$need ${t#*:}"
+done
 
 if [ -n "$need" ]; then
 	if [ "$(id -u)" != 0 ]; then
@@ -40,4 +50,22 @@ if [ -n "$need" ]; then
 	apt-get update -qq
 	# shellcheck disable=SC2086
 	apt-get install -y -qq --no-install-recommends $need
+fi
+
+# Checkpoints need a criu that works on this kernel: the packaged one when
+# its `criu check` passes, else criu built from Debian 13's source
+# (scripts/build-criu.sh, cached in /var/cache/stagelet-criu) into
+# /usr/local/sbin, where stagelet looks first.
+criu_works() {
+	for c in /usr/local/sbin/criu "$(command -v criu 2>/dev/null || true)"; do
+		[ -n "$c" ] && [ -x "$c" ] && "$c" check >/dev/null 2>&1 && return 0
+	done
+	return 1
+}
+if ! criu_works; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "install-deps: no criu works on this kernel, and building one (scripts/build-criu.sh) needs root" >&2
+		exit 1
+	fi
+	"$(dirname "$0")/build-criu.sh" >/dev/null
 fi
