@@ -79,9 +79,9 @@ type Options struct {
 	// Inspect: an operator tool that only reads the state, maybe beside
 	// the running daemon (stagelet doctor): New makes no directory.
 	Inspect bool
-	// CRIU says whether CRIU works on this node (nil error) or why not;
+	// CRIU is the criu binary that works on this node, or why none does;
 	// nil: checkpoints are refused. Asked at each checkpoint or restore.
-	CRIU func(context.Context) error
+	CRIU func(context.Context) (string, error)
 }
 
 // Broker is the node's pod and container manager. Create it with New, then

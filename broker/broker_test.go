@@ -32,7 +32,7 @@ type env struct {
 	// obs is the brokers' Observer; nil: none.
 	obs Observer
 	// criu is the brokers' Options.CRIU.
-	criu func(context.Context) error
+	criu func(context.Context) (string, error)
 }
 
 func newEnv(t *testing.T) *env {

@@ -141,8 +141,12 @@ func (b *Broker) saveContainer(ctx context.Context, p *pod, saver stage1.AppChec
 		return 0, fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
 	}
 	defer os.RemoveAll(images)
+	criu, err := b.criu(ctx)
+	if err != nil {
+		return 0, err
+	}
 	start := time.Now()
-	img, err := saver.CheckpointApp(ctx, c.rec.ID, pid, images)
+	img, err := saver.CheckpointApp(ctx, &stage1.AppSave{CRIU: criu, ID: c.rec.ID, PID: pid, Dir: images})
 	if err != nil {
 		return 0, err
 	}
@@ -460,11 +464,19 @@ func (b *Broker) checkpointable(ctx context.Context, name string) error {
 	if why := b.caps[name].NoCheckpoint; why != "" {
 		return errdefs.FailedPrecondition("stage1 %s cannot checkpoint or restore: %s", name, why)
 	}
+	_, err := b.criu(ctx)
+	return err
+}
+
+// criu is the criu binary that works on this node: FailedPrecondition,
+// saying why, when none does.
+func (b *Broker) criu(ctx context.Context) (string, error) {
 	if b.opts.CRIU == nil {
-		return errdefs.FailedPrecondition("checkpoints need CRIU, which this daemon was not given")
+		return "", errdefs.FailedPrecondition("checkpoints need CRIU, which this daemon was not given")
 	}
-	if err := b.opts.CRIU(ctx); err != nil {
-		return errdefs.FailedPrecondition("checkpoints need CRIU: %v", err)
+	path, err := b.opts.CRIU(ctx)
+	if err != nil {
+		return "", errdefs.FailedPrecondition("checkpoints need CRIU: %v", err)
 	}
-	return nil
+	return path, nil
 }

@@ -22,7 +22,7 @@ func TestCheckpointRefusals(t *testing.T) {
 	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
 	criuErr := errors.New("`criu check` fails on kernel 6.18")
 	var criu error = criuErr
-	e.criu = func(context.Context) error { return criu }
+	e.criu = func(context.Context) (string, error) { return "criu", criu }
 	b := e.broker(t)
 	ctx := context.Background()
 	pid, err := b.RunPod(ctx, podCfg("x"))
@@ -109,7 +109,7 @@ func TestCheckpointRefusals(t *testing.T) {
 // record; the container goes on running, and nothing else is left.
 func TestCheckpointContainerWritesArchive(t *testing.T) {
 	e := newEnv(t)
-	e.criu = func(context.Context) error { return nil }
+	e.criu = func(context.Context) (string, error) { return "criu", nil }
 	var saved []string
 	var failSave error
 	e.be.SaveApp = func(id string, pid int, dir string) error {
@@ -193,7 +193,7 @@ func TestCheckpointContainerWritesArchive(t *testing.T) {
 // leave nothing.
 func TestRestoreFromArchive(t *testing.T) {
 	e := newEnv(t)
-	e.criu = func(context.Context) error { return nil }
+	e.criu = func(context.Context) (string, error) { return "criu", nil }
 	e.vm.Caps.NoCheckpoint = "its state is a VM's"
 	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
 	e.be.SaveApp = func(id string, pid int, dir string) error {
@@ -312,7 +312,7 @@ func TestRestoreFromArchive(t *testing.T) {
 // leaves no pod.
 func TestCheckpointPodAndRestorePod(t *testing.T) {
 	e := newEnv(t)
-	e.criu = func(context.Context) error { return nil }
+	e.criu = func(context.Context) (string, error) { return "criu", nil }
 	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
 	var ids []string
 	pausedAtSave := map[string]bool{} // every container paused at each save

@@ -154,12 +154,16 @@ func (b *Broker) startRestored(ctx context.Context, h *client.Pod, c *container)
 	b.mu.Lock()
 	spec, r := c.rec.App, c.rec.Restore
 	b.mu.Unlock()
+	criu, err := b.criu(ctx)
+	if err != nil {
+		return nil, err
+	}
 	rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
 	start := time.Now()
 	st, err := h.RestoreContainer(rctx, c.rec.ID, func(io *api.RestoreIO) (int, error) {
 		inAgent := func(ctx context.Context, argv []string) error { return h.RunRestorer(ctx, c.rec.ID, argv) }
-		return restorer.RestoreApp(rctx, &stage1.AppRestore{Spec: spec, Images: r.Images, Image: r.Image, IO: io, InAgent: inAgent})
+		return restorer.RestoreApp(rctx, &stage1.AppRestore{CRIU: criu, Spec: spec, Images: r.Images, Image: r.Image, IO: io, InAgent: inAgent})
 	})
 	if err != nil {
 		return nil, err

@@ -135,6 +135,14 @@ type CDI struct {
 	SpecDirs []string `yaml:"spec_dirs"`
 }
 
+// Checkpoint configures checkpoints and restores of containers.
+type Checkpoint struct {
+	// CRIU is the criu binary; "" (the default): the first of
+	// /usr/local/sbin/criu and criu on PATH whose `criu check` passes on
+	// this kernel.
+	CRIU string `yaml:"criu"`
+}
+
 // Config is the node configuration.
 type Config struct {
 	Version int `yaml:"version"`
@@ -164,6 +172,8 @@ type Config struct {
 	CDI CDI `yaml:"cdi"`
 	// Metrics is the Prometheus endpoint; off by default.
 	Metrics Metrics `yaml:"metrics"`
+	// Checkpoint says which criu takes checkpoints.
+	Checkpoint Checkpoint `yaml:"checkpoint"`
 	// Policy decides each pod's stage1. Absent: the embedded default
 	// policy. PolicyFile names a policy file instead (relative to this
 	// file's directory); the two are exclusive.
@@ -269,6 +279,9 @@ func (c *Config) Validate() error {
 	}
 	if err := checkHostPort(c.Metrics.Address); c.Metrics.Address != "" && err != nil {
 		errs = append(errs, fmt.Errorf("metrics.address: %q: %v", c.Metrics.Address, err))
+	}
+	if c.Checkpoint.CRIU != "" && !path.IsAbs(c.Checkpoint.CRIU) {
+		errs = append(errs, fmt.Errorf("checkpoint.criu: %q is not absolute", c.Checkpoint.CRIU))
 	}
 	for _, d := range c.CDI.SpecDirs {
 		if !path.IsAbs(d) {

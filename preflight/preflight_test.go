@@ -3,6 +3,8 @@ package preflight
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -136,5 +138,38 @@ func TestSetAsideCheck(t *testing.T) {
 	c = SetAside(func(context.Context) ([]string, error) { return nil, nil })(t.Context())
 	if c.Status != OK {
 		t.Errorf("%+v", c)
+	}
+}
+
+// FindCRIU takes the configured criu only when its check passes, and says
+// which it is and why; the probe names the version first.
+func TestFindCRIU(t *testing.T) {
+	dir := t.TempDir()
+	fake := func(name, check string) string {
+		p := filepath.Join(dir, name)
+		script := "#!/bin/sh\ncase $1 in --version) echo Version: 9.9.9;; check) " + check + ";; esac\n"
+		if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := fake("good", "echo Looks good.")
+	bad := fake("bad", "echo 'Error: vdso bounds' >&2; exit 1")
+	ctx := context.Background()
+	path, ver, why, err := FindCRIU(ctx, good)
+	if err != nil || path != good || ver != "9.9.9" || !strings.Contains(why, "checkpoint.criu") {
+		t.Errorf("a working configured criu: %q %q %q %v", path, ver, why, err)
+	}
+	if c := CRIU(good)(ctx); c.Status != OK || !strings.HasPrefix(c.Detail, "9.9.9 ("+good+")") {
+		t.Errorf("probe of a working criu: %+v", c)
+	}
+	if _, _, _, err := FindCRIU(ctx, bad); err == nil || !strings.Contains(err.Error(), "vdso bounds") {
+		t.Errorf("a failing configured criu: %v", err)
+	}
+	if c := CRIU(bad)(ctx); c.Status != Warn {
+		t.Errorf("probe of a failing criu: %+v", c)
+	}
+	if _, _, _, err := FindCRIU(ctx, filepath.Join(dir, "none")); err == nil {
+		t.Error("a configured criu that does not exist was taken")
 	}
 }

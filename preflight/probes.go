@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -270,26 +271,72 @@ func orNone(s []string) string {
 	return strings.Join(s, ", ")
 }
 
-// CRIU reports whether checkpoints can be taken: criu installed and its
-// `criu check` passing on this kernel.
-func CRIU() Prober {
+// LocalCRIU is where scripts/build-criu.sh installs a criu built for
+// kernels the packaged one does not know: looked at before PATH.
+const LocalCRIU = "/usr/local/sbin/criu"
+
+// CRIU reports whether checkpoints can be taken, and with which criu: as
+// FindCRIU finds it.
+func CRIU(configured string) Prober {
 	return func(ctx context.Context) Check {
 		c := Check{Name: "criu"}
-		path, err := exec.LookPath("criu")
-		if err != nil {
-			c.Status, c.Detail = Info, "criu is not installed (Debian: criu): containers cannot be checkpointed"
-			return c
+		path, ver, why, err := FindCRIU(ctx, configured)
+		switch {
+		case err == nil:
+			c.Status, c.Detail = OK, fmt.Sprintf("%s (%s): `criu check` passes; %s", ver, path, why)
+		case errors.Is(err, exec.ErrNotFound):
+			c.Status, c.Detail = Info, err.Error()+": containers cannot be checkpointed"
+		default:
+			c.Status, c.Detail = Warn, err.Error()
 		}
-		ver, _ := command(ctx, 10*time.Second, path, "--version")
-		out, err := command(ctx, 30*time.Second, path, "check")
-		if err != nil {
-			c.Status = Warn
-			c.Detail = fmt.Sprintf("%s (%s): `criu check` fails on kernel %s: %s", path, firstLine(ver), kernelRelease(), lastLine(out, err))
-			return c
-		}
-		c.Status, c.Detail = OK, fmt.Sprintf("%s (%s): criu check passes", path, firstLine(ver))
 		return c
 	}
+}
+
+// FindCRIU is the criu that checkpoints on this node: configured (the
+// configuration's checkpoint.criu) when given, else the first of LocalCRIU
+// and criu on PATH whose `criu check` passes on this kernel. It returns
+// its path, its version and why it is the one; the error says what each
+// candidate lacks, and wraps exec.ErrNotFound when none is installed.
+func FindCRIU(ctx context.Context, configured string) (path, version, why string, err error) {
+	candidates, why := []string{configured}, "checkpoint.criu names it"
+	if configured == "" {
+		candidates, why = []string{LocalCRIU}, "the first of "+LocalCRIU+" and PATH that does"
+		if p, err := exec.LookPath("criu"); err == nil && p != LocalCRIU {
+			candidates = append(candidates, p)
+		}
+	}
+	var fails []string
+	for _, p := range candidates {
+		if _, err := os.Stat(p); err != nil {
+			if configured != "" {
+				fails = append(fails, fmt.Sprintf("%s: %v", p, err))
+			}
+			continue
+		}
+		out, _ := command(ctx, 10*time.Second, p, "--version")
+		ver := criuVersion(out)
+		if out, err := command(ctx, 30*time.Second, p, "check"); err != nil {
+			fails = append(fails, fmt.Sprintf("%s (%s): `criu check` fails on kernel %s: %s", p, ver, kernelRelease(), lastLine(out, err)))
+			continue
+		}
+		return p, ver, why, nil
+	}
+	if len(fails) == 0 {
+		return "", "", "", fmt.Errorf("criu is not installed (Debian: criu; for kernels it does not know yet, scripts/build-criu.sh): %w", exec.ErrNotFound)
+	}
+	return "", "", "", errors.New(strings.Join(fails, "; "))
+}
+
+// criuVersion is the version `criu --version` prints ("Version: 4.1.1"),
+// else its first line.
+func criuVersion(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Version:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return firstLine(out)
 }
 
 // Disk reports the free space of the file system holding dir; below

@@ -171,9 +171,9 @@ type Pod interface {
 }
 
 // AppCheckpointer is a Pod whose running apps can be saved.
-// CheckpointApp saves the processes of app id, whose first process the
-// pod's agent numbers pid, leaving them running, as CRIU images in the
-// empty directory dir. FailedPrecondition when they cannot be saved
+// CheckpointApp saves the processes of app s.ID, whose first process the
+// pod's agent numbers s.PID, leaving them running, as CRIU images in the
+// empty directory s.Dir. FailedPrecondition when they cannot be saved
 // (criu's reason); NotFound when the pod has no such process.
 //
 // FreezeApps pauses the processes of apps ids and returns the function
@@ -181,8 +181,20 @@ type Pod interface {
 // their layers) is of one moment; CheckpointApp leaves a paused app
 // paused.
 type AppCheckpointer interface {
-	CheckpointApp(ctx context.Context, id string, pid int, dir string) (*AppImage, error)
+	CheckpointApp(ctx context.Context, s *AppSave) (*AppImage, error)
 	FreezeApps(ctx context.Context, ids []string) (thaw func() error, err error)
+}
+
+// AppSave is an app to save.
+type AppSave struct {
+	// CRIU is the criu binary to save it with (one that works on this
+	// kernel).
+	CRIU string
+	// ID is the app, PID its first process as its pod's agent numbers it.
+	ID  string
+	PID int
+	// Dir is the empty directory its images go to.
+	Dir string
 }
 
 // AppImage is what a dump of an app left out of its images, shared with
@@ -223,6 +235,8 @@ type AppRestorer interface {
 
 // AppRestore is an app to restore.
 type AppRestore struct {
+	// CRIU is the criu binary to restore it with.
+	CRIU string
 	// Spec is the app as created, with host paths (its rootfs, holding
 	// the checkpoint's writable layer, and its mounts' sources).
 	Spec *api.AppSpec

@@ -94,7 +94,7 @@ func nodeReport(ctx context.Context, cfg *config.Config, state string, b *broker
 		preflight.CNI(b.NetworkStatus, b.NetworkDescription, cfg.CNI.ConfDir, cfg.CNI.PluginDirs),
 		preflight.UserNamespaces(),
 		preflight.CDI(cdi.SpecDirs(), cdi.Devices),
-		preflight.CRIU(),
+		preflight.CRIU(cfg.Checkpoint.CRIU),
 		preflight.Disk(state),
 		preflight.SetAside(func(ctx context.Context) ([]string, error) {
 			recs, err := b.SetAsideRecords(ctx)

@@ -295,23 +295,23 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 		CDI:           devices.NewCDI(cfg.CDI.SpecDirs),
 		Log:           log,
 		Observer:      obs,
-		CRIU:          criuWorks(),
+		CRIU:          criuFinder(log, cfg.Checkpoint.CRIU),
 	})
 	return b, pol, err
 }
 
-// criuWorks runs `criu check` at the first checkpoint or restore and
-// keeps its answer for the daemon's life: installing CRIU, or a kernel
-// that it supports, takes a restart.
-func criuWorks() func(context.Context) error {
-	probe := preflight.CRIU()
-	check := sync.OnceValue(func() error {
-		if c := probe(context.Background()); c.Status != preflight.OK {
-			return errors.New(c.Detail)
+// criuFinder looks for a working criu (preflight.FindCRIU) at the first
+// checkpoint or restore and keeps its answer for the daemon's life:
+// installing CRIU, or a kernel that it supports, takes a restart.
+func criuFinder(log *slog.Logger, configured string) func(context.Context) (string, error) {
+	find := sync.OnceValues(func() (string, error) {
+		path, ver, why, err := preflight.FindCRIU(context.Background(), configured)
+		if err == nil {
+			log.Info("checkpoints use criu", "path", path, "version", ver, "why", why)
 		}
-		return nil
+		return path, err
 	})
-	return func(context.Context) error { return check() }
+	return func(context.Context) (string, error) { return find() }
 }
 
 // systemdServiceRoot returns the cgroup of the systemd service the daemon

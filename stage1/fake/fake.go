@@ -251,8 +251,8 @@ func (b *Backend) Frozen(id string) bool {
 var _ stage1.AppCheckpointer = (*savingPod)(nil)
 
 // CheckpointApp implements stage1.AppCheckpointer.
-func (p *savingPod) CheckpointApp(_ context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
-	if err := p.save(id, pid, dir); err != nil {
+func (p *savingPod) CheckpointApp(_ context.Context, s *stage1.AppSave) (*stage1.AppImage, error) {
+	if err := p.save(s.ID, s.PID, s.Dir); err != nil {
 		return nil, err
 	}
 	return &stage1.AppImage{Stdio: map[int]string{1: "pipe:[1]", 2: "pipe:[2]"}}, nil

@@ -359,12 +359,12 @@ func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error
 }
 
 // CheckpointApp implements stage1.AppCheckpointer: criu saves the app's
-// processes (pid is their first, numbered by the node, as the agent runs
+// processes (s.PID is their first, numbered by the node, as the agent runs
 // in the node's PID namespace).
-func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
-	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 0, id, pid, dir)
+func (p *Pod) CheckpointApp(ctx context.Context, s *stage1.AppSave) (*stage1.AppImage, error) {
+	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 0, s)
 	if err != nil {
-		return nil, fmt.Errorf("fly: checkpoint %s: %w", id, err)
+		return nil, fmt.Errorf("fly: checkpoint %s: %w", s.ID, err)
 	}
 	return img, nil
 }

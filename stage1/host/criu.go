@@ -24,32 +24,58 @@ import (
 // a checkpoint archive names it).
 const CRIUDumpLog = "dump.log"
 
-// CheckpointApp saves, with criu, the app of the pod in cg whose first
-// process is pid at PID namespace level (as PodProcess), left running,
-// into dir: the stage1s' stage1.AppCheckpointer.
-func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level int, id string, pid int, dir string) (*stage1.AppImage, error) {
-	criu, err := CRIUPath()
+// CheckpointApp saves, with criu s.CRIU, app s.ID of the pod in cg whose
+// first process is s.PID at PID namespace level (as PodProcess), left
+// running, into s.Dir: the stage1s' stage1.AppCheckpointer.
+func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level int, s *stage1.AppSave) (*stage1.AppImage, error) {
+	node, err := PodProcess(cg, level, s.PID)
 	if err != nil {
 		return nil, err
 	}
-	node, err := PodProcess(cg, level, pid)
+	appCg, err := appCgroup(cg, s.ID)
 	if err != nil {
 		return nil, err
 	}
-	appCg, err := appCgroup(cg, id)
-	if err != nil {
-		return nil, err
-	}
-	return CRIUDump(ctx, criu, node, appCg, dir)
+	return CRIUDump(ctx, s.CRIU, node, freezerDir(appCg), s.Dir)
 }
 
-// appCgroup is the directory of app id's cgroup (cgroup v2) in the pod's
-// cg: FailedPrecondition on cgroup v1, where apps are not paused.
-func appCgroup(cg *cgroups.Cgroup, id string) (string, error) {
-	if !cg.IsV2() {
-		return "", errdefs.FailedPrecondition("checkpoints need cgroup v2 (to pause and place apps); this node has v1")
+// appCgroup is app id's cgroup in the pod's cg: its directory in each of
+// the pod's hierarchies that has one. On cgroup v1 it must have a freezer
+// (the apps are paused with it): FailedPrecondition otherwise.
+func appCgroup(cg *cgroups.Cgroup, id string) (*cgroups.Cgroup, error) {
+	app := &cgroups.Cgroup{Paths: map[string]string{}}
+	for k, root := range cg.Paths {
+		dir, err := findCgroup(root, api.AppCgroup(id))
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		app.Paths[k] = dir
 	}
-	return findCgroup(cg.Paths[cgroups.Unified], api.AppCgroup(id))
+	if len(app.Paths) == 0 {
+		return nil, errdefs.NotFound("no cgroup of app %s in the pod's %s", id, cg)
+	}
+	if freezerDir(app) == "" {
+		return nil, errdefs.FailedPrecondition("app %s has no freezer cgroup (the cgroup v1 freezer controller), which checkpoints pause it with", id)
+	}
+	return app, nil
+}
+
+// isUnified says whether the cgroup directory dir is on cgroup v2.
+func isUnified(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// freezerDir is the directory of cg's freezer: its cgroup v2 directory, or
+// its v1 freezer's; "" when it has none.
+func freezerDir(cg *cgroups.Cgroup) string {
+	if d, ok := cg.Paths[cgroups.Unified]; ok {
+		return d
+	}
+	return cg.Paths["freezer"]
 }
 
 // FreezeApps pauses the processes of apps ids of the pod in cg (the
@@ -65,10 +91,10 @@ func FreezeApps(ctx context.Context, cg *cgroups.Cgroup, ids []string) (thaw fun
 		return errors.Join(errs...)
 	}
 	for _, id := range ids {
-		dir, err := appCgroup(cg, id)
+		app, err := appCgroup(cg, id)
 		var t func() error
 		if err == nil {
-			t, err = (&cgroups.Cgroup{Paths: map[string]string{cgroups.Unified: dir}}).Freeze(ctx)
+			t, err = app.Freeze(ctx)
 		}
 		if err != nil {
 			_ = thaw()
@@ -126,8 +152,9 @@ func nsPIDs(status []byte) []string {
 //     of a file or directory: the /dev nodes, /etc/hosts, volumes), as a
 //     key made of its mount point (MountKey).
 //
-// It returns what it named external and the tree's standard streams that
-// are pipes. FailedPrecondition, with the end of criu's log, when criu
+// cgroup is the directory of the app's freezer (cgroup v2, or the v1
+// freezer's). It returns what it named external and the tree's standard
+// streams that are pipes. FailedPrecondition, with the end of criu's log, when criu
 // cannot save the tree; DeadlineExceeded when ctx ends first (criu is
 // killed then).
 func CRIUDump(ctx context.Context, criu string, pid int, cgroup, dir string) (*stage1.AppImage, error) {
@@ -165,7 +192,21 @@ func CRIUDump(ctx context.Context, criu string, pid int, cgroup, dir string) (*s
 			img.Stdio[fd] = l
 		}
 	}
-	cmd := exec.CommandContext(ctx, criu, args...)
+	argv := append([]string{criu}, args...)
+	if its, mine := nsInode(proc+"/ns/cgroup"), nsInode("/proc/self/ns/cgroup"); its != "" && its != mine && !isUnified(cgroup) {
+		// On cgroup v1 an nspawn pod's cgroup namespace is rooted at its
+		// agent's memory cgroup, beside the pod's (RuntimeMemoryCgroup):
+		// criu, which reads the tree's cgroups from inside its namespace
+		// and from its own, finds them consistent only from inside, and
+		// the layout it would save cannot be walked from there. A
+		// restore ignores cgroups (the pod makes them): so does the dump.
+		argv = append([]string{"nsenter", "--target", strconv.Itoa(pid), "--cgroup", "--"}, append(argv, "--manage-cgroups=ignore")...)
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("checkpoint: %v", err)
+	}
+	cmd := exec.CommandContext(ctx, path, argv[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err != nil && ctx.Err() != nil {
 		return nil, fmt.Errorf("checkpoint: criu dump of process %d: %w (%v)", pid, errdefs.ErrDeadlineExceeded, ctx.Err())
@@ -292,14 +333,4 @@ func tail(b []byte, n int) string {
 		b = b[len(b)-n:]
 	}
 	return "; its log ends: " + string(b)
-}
-
-// CRIUPath is the criu binary: FailedPrecondition when it is not
-// installed.
-func CRIUPath() (string, error) {
-	p, err := exec.LookPath("criu")
-	if err != nil {
-		return "", errdefs.FailedPrecondition("checkpoint: criu is not installed (Debian: criu): %v", err)
-	}
-	return p, nil
 }

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
@@ -38,14 +37,10 @@ const CRIURestoreLog = "restore.log"
 // criu runs from the app's cgroup (it leaves cgroups alone) and, for a
 // pod with a PID namespace of its own, in that namespace and the pod's
 // cgroup namespace with a /proc of its own, so that the process it
-// restores detached is re-parented to the pod's init, the agent. Only
-// cgroup v2 can start criu there. FailedPrecondition with criu's reason.
+// restores detached is re-parented to the pod's init, the agent.
+// FailedPrecondition with criu's reason.
 func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (int, error) {
 	const level = 1
-	criu, err := CRIUPath()
-	if err != nil {
-		return 0, err
-	}
 	agent, err := PodProcess(cg, level, r.IO.PID)
 	if err != nil {
 		return 0, err
@@ -59,11 +54,6 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 	if err != nil {
 		return 0, err
 	}
-	cgDir, err := os.Open(appCg)
-	if err != nil {
-		return 0, fmt.Errorf("restore: %w", err)
-	}
-	defer cgDir.Close()
 
 	proc := fmt.Sprintf("/proc/%d", agent)
 	var files []*os.File // fd 3 on in criu
@@ -73,7 +63,7 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 		}
 	}()
 	pidfile := filepath.Join(r.Images, "restore.pid")
-	args, err := criuRestoreArgs(criu, pidfile, r, func(what, key string) (int, error) {
+	args, err := criuRestoreArgs(r.CRIU, pidfile, r, func(what, key string) (int, error) {
 		path, flag := proc+"/ns/"+what, os.O_RDONLY
 		switch what {
 		case "stdout":
@@ -93,6 +83,10 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 	if err != nil {
 		return 0, err
 	}
+	// criu 4's mount engine (mount-v2) cannot copy the sharing of a
+	// bind of a file (the app's /dev nodes) from the slave copy of the
+	// node's mounts below; the engine of criu 3 can.
+	args = append(args, "--mntns-compat-mode")
 	args = append([]string{"nsenter", "--target", strconv.Itoa(agent), "--pid", "--cgroup", "--",
 		// Slave: the node's mounts keep their peer groups, whose sharing
 		// criu copies to the external mounts it binds.
@@ -102,15 +96,18 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 		return 0, errdefs.FailedPrecondition("restore: %v", err)
 	}
 	cmd := exec.CommandContext(ctx, path, args[1:]...)
-	cmd.ExtraFiles = files
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgDir.Fd())}
-	out, err := cmd.CombinedOutput()
+	var out bytes.Buffer
+	cmd.ExtraFiles, cmd.Stdout, cmd.Stderr = files, &out, &out
+	if err := appCg.Start(cmd); err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	err = cmd.Wait()
 	if err != nil && ctx.Err() != nil {
 		return 0, fmt.Errorf("restore: criu: %w (%v)", errdefs.ErrDeadlineExceeded, ctx.Err())
 	}
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(r.Images, CRIURestoreLog))
-		return 0, errdefs.FailedPrecondition("restore: criu restore: %v: %s%s", err, bytes.TrimSpace(out), tail(log, 1024))
+		return 0, errdefs.FailedPrecondition("restore: criu restore: %v: %s%s", err, bytes.TrimSpace(out.Bytes()), tail(log, 1024))
 	}
 	return readPIDFile(pidfile)
 }
@@ -121,17 +118,13 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 // stage1.AppRestorer): criu, detached, leaves the restored process to the
 // agent, a child subreaper. It returns the process's PID.
 func RestoreAppInAgent(ctx context.Context, r *stage1.AppRestore) (int, error) {
-	criu, err := CRIUPath()
-	if err != nil {
-		return 0, err
-	}
 	if r.InAgent == nil {
 		return 0, errdefs.FailedPrecondition("restore: the agent cannot run criu for this pod")
 	}
 	pidfile := filepath.Join(r.Images, "restore.pid")
 	// The agent's fds, as OpRestoreRun gives them.
 	fds := map[string]int{"stdout": 3, "stderr": 4, "net": 5}
-	args, err := criuRestoreArgs(criu, pidfile, r, func(what, key string) (int, error) {
+	args, err := criuRestoreArgs(r.CRIU, pidfile, r, func(what, key string) (int, error) {
 		fd, ok := fds[what]
 		if !ok {
 			return 0, errdefs.FailedPrecondition("restore: the app's images leave out its pod's %s namespace, which this pod cannot give back", what)

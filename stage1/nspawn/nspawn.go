@@ -789,12 +789,12 @@ func (p *Pod) FreezeApps(ctx context.Context, ids []string) (func() error, error
 }
 
 // CheckpointApp implements stage1.AppCheckpointer: criu, run on the node,
-// saves the app's processes (pid is their first in the pod's PID
+// saves the app's processes (s.PID is their first in the pod's PID
 // namespace, whose PID 1 is the agent).
-func (p *Pod) CheckpointApp(ctx context.Context, id string, pid int, dir string) (*stage1.AppImage, error) {
-	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 1, id, pid, dir)
+func (p *Pod) CheckpointApp(ctx context.Context, s *stage1.AppSave) (*stage1.AppImage, error) {
+	img, err := host.CheckpointApp(ctx, p.st.cgroup(), 1, s)
 	if err != nil {
-		return nil, fmt.Errorf("nspawn: checkpoint %s: %w", id, err)
+		return nil, fmt.Errorf("nspawn: checkpoint %s: %w", s.ID, err)
 	}
 	return img, nil
 }
