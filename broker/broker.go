@@ -46,6 +46,10 @@ type Images interface {
 	// container's directory, which UnmountRootfs takes away).
 	MountImageVolume(ref, dir, subPath string) (string, error)
 	UnmountRootfs(dir string) error
+	// Annotations are an image's manifest annotations; LayerDirs its
+	// unpacked layers, bottom first, read only.
+	Annotations(ref string) (map[string]string, error)
+	LayerDirs(ref string) ([]string, error)
 }
 
 // Options configure a Broker.

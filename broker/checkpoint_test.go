@@ -1,8 +1,10 @@
 package broker
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -302,6 +304,73 @@ func TestRestoreFromArchive(t *testing.T) {
 	}
 	_, err = b.CreateContainer(ctx, vpid, from("r", archive))
 	wantErr(err, errdefs.ErrFailedPrecondition, "its state is a VM's")
+
+	// The archive as a checkpoint image's one layer, as the kubelet
+	// names it after pulling it: restored as from the archive.
+	layer := t.TempDir()
+	untar(t, archive, layer)
+	const ref = "registry.test/checkpoint:c"
+	e.images.mu.Lock()
+	e.images.checkpoints = map[string]string{ref: layer}
+	e.images.mu.Unlock()
+	iid, err := b.CreateContainer(ctx, ypid, from("i", ref))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err = b.ContainerStatus(ctx, iid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Restore == nil || rec.Restore.Archive != ref || rec.ImageName != orig.ImageName || !slices.Equal(rec.Config.Command, cfg.Command) {
+		t.Errorf("container restored from an image: %+v", rec)
+	}
+	if b, err := os.ReadFile(filepath.Join(rec.Dir, "upper", "tmp", "count")); err != nil || string(b) != "42\n" {
+		t.Errorf("layer restored from an image: %q %v", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(rec.Restore.Images, "pstree.img")); err != nil || string(b) != "images of "+cid {
+		t.Errorf("images from the image: %q %v", b, err)
+	}
+	if ents, err := os.ReadDir(layer); err != nil || len(ents) == 0 {
+		t.Errorf("the image's layer changed: %v %v", ents, err)
+	}
+}
+
+// untar unpacks the tar file archive (regular files and directories)
+// into dir.
+func untar(t *testing.T, archive, dir string) {
+	t.Helper()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, filepath.Clean("/"+hdr.Name))
+		if hdr.Typeflag == tar.TypeDir {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // CheckpointPod pauses every container named before saving any, writes

@@ -115,7 +115,7 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 	b.mu.Lock()
 	podNS := p.rec.Config.UserNS
 	b.mu.Unlock()
-	if isCheckpointArchive(cfg.Image) {
+	if b.isCheckpoint(cfg.Image) {
 		if err := b.checkRestorable(ctx, p); err != nil {
 			return "", err
 		}
@@ -294,17 +294,15 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		return err
 	}
 	rec := c.rec
-	if isCheckpointArchive(rec.Config.Image) {
+	restore := b.isCheckpoint(rec.Config.Image)
+	if restore {
 		if err := b.unpackCheckpoint(ctx, rec, p); err != nil {
 			return err
 		}
 		defer b.removeUnpacked(ctx, rec, &err)
 	}
-	img, err := b.opts.Images.Get(rec.Config.Image)
+	img, err := b.containerImage(ctx, rec.Config.Image, restore)
 	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return errdefs.NotFound("image %q not found: pull it first", rec.Config.Image)
-		}
 		return err
 	}
 	rec.ImageID = img.ID
@@ -385,6 +383,21 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		return fmt.Errorf("persist container record: %w", err)
 	}
 	return nil
+}
+
+// containerImage is the stored image ref: NotFound when it was not
+// pulled. The image of a container restored from a checkpoint is pulled
+// when missing, as CRI-O does: a checkpoint taken on another node needs
+// it, and the kubelet pulled the checkpoint image only.
+func (b *Broker) containerImage(ctx context.Context, ref string, restore bool) (*image.Image, error) {
+	img, err := b.opts.Images.Get(ref)
+	if restore && errdefs.IsNotFound(err) {
+		img, err = b.opts.Images.Pull(ctx, ref, nil)
+	}
+	if errdefs.IsNotFound(err) {
+		return nil, errdefs.NotFound("image %q not found: pull it first", ref)
+	}
+	return img, err
 }
 
 // containerPod returns a container (whose creation finished) and its pod.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/network"
@@ -19,6 +20,9 @@ type fakeImages struct {
 	mounted map[string]bool
 	// hold, when set, keeps UnmountRootfs from finishing until closed.
 	hold chan struct{}
+	// checkpoints are checkpoint images, by reference: their one
+	// layer's directory.
+	checkpoints map[string]string
 }
 
 func (f *fakeImages) mountedDirs() int {
@@ -67,6 +71,28 @@ func (f *fakeImages) MountImageVolume(ref, dir, subPath string) (string, error) 
 	}
 	p := filepath.Join(dir, "root", subPath)
 	return p, os.MkdirAll(p, 0o755)
+}
+func (f *fakeImages) Annotations(ref string) (map[string]string, error) {
+	f.mu.Lock()
+	_, ok := f.checkpoints[ref]
+	f.mu.Unlock()
+	if ok {
+		return map[string]string{checkpoint.AnnotationCRIOName: "c"}, nil
+	}
+	_, err := f.Get(ref)
+	return nil, err
+}
+func (f *fakeImages) LayerDirs(ref string) ([]string, error) {
+	f.mu.Lock()
+	dir, ok := f.checkpoints[ref]
+	f.mu.Unlock()
+	if ok {
+		return []string{dir}, nil
+	}
+	if _, err := f.Get(ref); err != nil {
+		return nil, err
+	}
+	return []string{"/fake/layer"}, nil
 }
 func (f *fakeImages) UnmountRootfs(dir string) error {
 	f.mu.Lock()

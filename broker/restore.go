@@ -38,6 +38,42 @@ const restoreDir = "checkpoint"
 // checkpoint archive: a path, which no image reference is.
 func isCheckpointArchive(ref string) bool { return filepath.IsAbs(ref) }
 
+// isCheckpoint says whether a container's image is a checkpoint to
+// restore: an archive's path, or a pulled checkpoint image (one whose
+// manifest annotations name a checkpointed container, as CRI-O's and
+// containerd's).
+func (b *Broker) isCheckpoint(ref string) bool {
+	if isCheckpointArchive(ref) {
+		return true
+	}
+	a, err := b.opts.Images.Annotations(ref)
+	if err != nil {
+		return false // not pulled: CreateContainer says so
+	}
+	_, ok := checkpoint.ImageContainer(a)
+	return ok
+}
+
+// readCheckpoint reads the checkpoint ref names (an archive's path, a
+// checkpoint image) into dir. It returns the container's description and
+// how to name the checkpoint in messages.
+func (b *Broker) readCheckpoint(ref, dir string) (*checkpoint.Container, string, error) {
+	if isCheckpointArchive(ref) {
+		meta, err := checkpoint.Read(ref, dir)
+		return meta, "checkpoint archive " + ref, err
+	}
+	what := "checkpoint image " + ref
+	layers, err := b.opts.Images.LayerDirs(ref)
+	if err != nil {
+		return nil, what, err
+	}
+	if len(layers) != 1 {
+		return nil, what, errdefs.InvalidArgument("%s has %d layers: a checkpoint image has one, holding the archive", what, len(layers))
+	}
+	meta, err := checkpoint.ReadDir(layers[0], dir)
+	return meta, what, err
+}
+
 // checkRestorable refuses, before anything is taken, a container to be
 // restored into pod p that cannot be: its stage1 or this node cannot.
 func (b *Broker) checkRestorable(ctx context.Context, p *pod) error {
@@ -57,38 +93,38 @@ func (b *Broker) checkRestorable(ctx context.Context, p *pod) error {
 	return nil
 }
 
-// unpackCheckpoint unpacks the checkpoint archive rec.Config.Image names
-// into rec.Dir and makes rec the restored container's, for pod p: its
-// configuration the checkpointed one's with the request's name, labels,
-// annotations, log path and (when it has any) mounts. On failure rec.Dir
-// is removed again.
+// unpackCheckpoint unpacks the checkpoint rec.Config.Image names (an
+// archive, a checkpoint image) into rec.Dir and makes rec the restored
+// container's, for pod p: its configuration the checkpointed one's with
+// the request's name, labels, annotations, log path and (when it has
+// any) mounts. On failure rec.Dir is removed again.
 func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *pod) (err error) {
 	defer b.removeUnpacked(ctx, rec, &err)
 	b.mu.Lock()
 	stage1Name := p.rec.Stage1
 	b.mu.Unlock()
-	archive := rec.Config.Image
+	ref := rec.Config.Image
 	dir := filepath.Join(rec.Dir, restoreDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	meta, err := checkpoint.Read(archive, dir)
+	meta, archive, err := b.readCheckpoint(ref, dir)
 	if err != nil {
 		return err
 	}
 	if meta.Stage1 != stage1Name {
-		return errdefs.FailedPrecondition("checkpoint archive %s: a container of stage1 %s cannot be restored into a pod of stage1 %s", archive, meta.Stage1, stage1Name)
+		return errdefs.FailedPrecondition("%s: a container of stage1 %s cannot be restored into a pod of stage1 %s", archive, meta.Stage1, stage1Name)
 	}
 	var old ContainerConfig
 	if err := json.Unmarshal(meta.Config, &old); err != nil {
-		return errdefs.InvalidArgument("checkpoint archive %s: the container's configuration: %v", archive, err)
+		return errdefs.InvalidArgument("%s: the container's configuration: %v", archive, err)
 	}
 	var img stage1.AppImage
 	if len(meta.Processes) == 0 || json.Unmarshal(meta.Processes, &img) != nil {
-		return errdefs.InvalidArgument("checkpoint archive %s: no account of its processes' images", archive)
+		return errdefs.InvalidArgument("%s: no account of its processes' images", archive)
 	}
 	if isCheckpointArchive(old.Image) {
-		return errdefs.InvalidArgument("checkpoint archive %s: its container's image %q is a path", archive, old.Image)
+		return errdefs.InvalidArgument("%s: its container's image %q is a path", archive, old.Image)
 	}
 	req := rec.Config
 	// The checkpoint is the process: a request that names another
@@ -96,7 +132,7 @@ func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *
 	if len(req.Command) > 0 && !slices.Equal(req.Command, old.Command) ||
 		len(req.Args) > 0 && !slices.Equal(req.Args, old.Args) ||
 		req.WorkingDir != "" && req.WorkingDir != old.WorkingDir {
-		return errdefs.FailedPrecondition("checkpoint archive %s: the container ran %q %q in %q, not the %q %q in %q configured",
+		return errdefs.FailedPrecondition("%s: the container ran %q %q in %q, not the %q %q in %q configured",
 			archive, old.Command, old.Args, old.WorkingDir, req.Command, req.Args, req.WorkingDir)
 	}
 	cfg := old
@@ -111,12 +147,12 @@ func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *
 		cfg.Resources = req.Resources
 	}
 	if err := validateContainerConfig(&cfg); err != nil {
-		return fmt.Errorf("checkpoint archive %s: %w", archive, err)
+		return fmt.Errorf("%s: %w", archive, err)
 	}
 	b.mu.Lock()
 	rec.Config = cfg
 	rec.ImageName = cfg.Image
-	rec.Restore = &RestoreRecord{Archive: archive, Images: filepath.Join(dir, checkpoint.ImagesDir), Image: &img}
+	rec.Restore = &RestoreRecord{Archive: ref, Images: filepath.Join(dir, checkpoint.ImagesDir), Image: &img}
 	b.mu.Unlock()
 	return nil
 }

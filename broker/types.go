@@ -285,7 +285,8 @@ type ContainerRecord struct {
 
 // RestoreRecord is the checkpoint a container was created from.
 type RestoreRecord struct {
-	// Archive is the checkpoint archive's path, Images the directory of
+	// Archive is the checkpoint archive's path or the checkpoint image's
+	// reference, Images the directory of
 	// its CRIU images (under the container's Dir), Image what the images
 	// leave out, for the stage1.
 	Archive string           `json:"archive"`

@@ -284,20 +284,82 @@ func Read(archive, dir string) (*Container, error) {
 			return nil, fmt.Errorf("checkpoint archive: %s: %w", name, err)
 		}
 	}
+	return describe(archive, dir, seen)
+}
+
+// describe checks that seen, the entries read into dir from src (an
+// archive, a checkpoint image's layer), are those of a stagelet archive
+// and returns the container's description.
+func describe(src, dir string, seen map[string]bool) (*Container, error) {
 	for _, need := range []string{StageletDump, RootfsDiff, DeletedFiles} {
 		if !seen[need] {
-			return nil, errdefs.InvalidArgument("checkpoint archive %s has no %s: not one stagelet wrote", archive, need)
+			return nil, errdefs.InvalidArgument("checkpoint %s has no %s: not one stagelet wrote", src, need)
 		}
 	}
 	b, err := os.ReadFile(filepath.Join(dir, StageletDump))
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint archive: %w", err)
+		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	var c Container
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, errdefs.InvalidArgument("checkpoint archive %s: %s: %v", archive, StageletDump, err)
+		return nil, errdefs.InvalidArgument("checkpoint %s: %s: %v", src, StageletDump, err)
 	}
 	return &c, nil
+}
+
+// ReadDir reads the checkpoint laid out in the directory src (a checkpoint
+// image's unpacked layer: an archive's entries at its root) into the
+// directory dir, as Read reads an archive; src is only read. Entries that
+// are not an archive's regular files (links, devices, other names) are
+// refused with InvalidArgument.
+func ReadDir(src, dir string) (*Container, error) {
+	if err := os.Mkdir(filepath.Join(dir, ImagesDir), 0o700); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	seen := map[string]bool{}
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		name := filepath.ToSlash(rel)
+		if name == "." || d.IsDir() && name == ImagesDir {
+			return nil
+		}
+		if !allowed(name) || !d.Type().IsRegular() {
+			return errdefs.InvalidArgument("checkpoint %s: unexpected entry %q", src, name)
+		}
+		seen[name] = true
+		return copyFile(p, filepath.Join(dir, rel))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return describe(src, dir, seen)
+}
+
+// copyFile copies the regular file src to the new file dst.
+func copyFile(src, dst string) error {
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint: %s: %w", dst, err)
+	}
+	return nil
 }
 
 // allowed says whether name (cleaned) may be in an archive: one of the

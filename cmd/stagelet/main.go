@@ -25,6 +25,7 @@ commands:
   config    print the default node configuration, or check one
   cni       install the default pod network configuration (cni init)
   doctor    check what this node can run, and why not
+  checkpoint push a checkpoint image; checkpoint or restore a pod
   gc        release what set-aside records name, or every pod (daemon stopped)
   version   print the version
 `)
@@ -58,6 +59,8 @@ func main() {
 		os.Exit(gcMain(os.Args[2:], os.Stdout, os.Stderr))
 	case "doctor":
 		os.Exit(doctorMain(os.Args[2:], os.Stdout, os.Stderr))
+	case "checkpoint":
+		os.Exit(checkpointMain(os.Args[2:], os.Stdout, os.Stderr))
 	case "version", "--version":
 		fmt.Printf("stagelet %s\n", version)
 	case "help", "-h", "--help":

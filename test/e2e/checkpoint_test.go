@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/checkpoint"
+	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/preflight"
+)
+
+// counterCmd counts in its rootfs and to its log, five times a second.
+const counterCmd = `exec </dev/null; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; echo count $i; sleep 0.2; done`
+
+// needCRIU skips a test where no criu works on this kernel, saying why
+// (scripts/build-criu.sh, which make deps runs, installs one that does).
+func needCRIU(t *testing.T) {
+	t.Helper()
+	requireRoot(t)
+	path, ver, _, err := preflight.FindCRIU(context.Background(), "")
+	if err != nil {
+		t.Skipf("no criu works here: %v", err)
+	}
+	t.Logf("criu %s (%s)", ver, path)
+}
+
+// TestCheckpointRestore: on this host (its kernel, its cgroup hierarchy:
+// v1 with the freezer, or v2), a counter of a fly pod and of an nspawn
+// pod, each in its own PID namespace as the kubelet asks, is checkpointed
+// into an archive and goes on counting. The archive is restored into a
+// container of a new pod (the archive's path as its image, as CRI-O
+// takes it), and, pushed as a checkpoint image by `stagelet checkpoint
+// image` and pulled, into a container of another (the image's reference,
+// as the kubelet names it): each counts on from where it was, with the
+// checkpointed process's environment, and stops and goes as any
+// container. The steps' times are logged.
+func TestCheckpointRestore(t *testing.T) {
+	needCRIU(t)
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		ctr := func(name string) *runtimeapi.ContainerConfig {
+			c := e.netContainer(s, name, "sh", "-c", counterCmd)
+			c.Envs = []*runtimeapi.KeyValue{{Key: "MOVED_FROM", Value: []byte("the first pod")}}
+			c.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_CONTAINER
+			return c
+		}
+		cfg := e.netPodConfig("ckpt", s)
+		pod := e.runStage1Pod(cfg, s)
+		id := e.createAndStart(pod, cfg, ctr("counter"))
+		count := e.counting(id)
+
+		archive := filepath.Join(t.TempDir(), "counter.tar")
+		before := count()
+		start := time.Now()
+		if _, err := e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive, Timeout: 120}); err != nil {
+			t.Fatalf("CheckpointContainer: %v", err)
+		}
+		took := time.Since(start)
+		fi, err := os.Stat(archive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta, err := checkpoint.ReadMeta(archive)
+		if err != nil || meta.ID != id || meta.Stage1 != s.handler {
+			t.Fatalf("the archive says %+v, %v", meta, err)
+		}
+		t.Logf("%s: CheckpointContainer took %v, archive %d bytes", s.handler, took.Round(time.Millisecond), fi.Size())
+		n0 := count()
+		testutil.WaitFor(t, time.Minute, "the counter counts on after its checkpoint", func() (bool, string) {
+			n := count()
+			return n > n0, strconv.Itoa(n)
+		})
+		if st := e.containerStatus(id); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("after its checkpoint the container is %v", st.State)
+		}
+
+		// From the archive.
+		e.restoreInto(s, "from-archive", archive, before)
+
+		// From a checkpoint image.
+		ref := e.reg.Host + "/e2e/checkpoint:" + s.handler
+		start = time.Now()
+		out, err := exec.Command(stageletBin, "checkpoint", "image", archive, ref).CombinedOutput()
+		if err != nil {
+			t.Fatalf("stagelet checkpoint image: %v\n%s", err, out)
+		}
+		pushed := time.Since(start)
+		start = time.Now()
+		e.pull(ref)
+		t.Logf("%s: checkpoint image built and pushed in %v, pulled in %v", s.handler, pushed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		e.restoreInto(s, "from-image", ref, before)
+	})
+}
+
+// counting waits for the counter of container id to count, and returns
+// what reads its count (0 when it cannot be read).
+func (e *env) counting(id string) func() int {
+	e.t.Helper()
+	count := func() int {
+		r, err := e.rt().ExecSync(e.ctx(), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
+		if err != nil || r.ExitCode != 0 {
+			return 0
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout)))
+		return n
+	}
+	testutil.WaitFor(e.t, time.Minute, "the counter counts", func() (bool, string) {
+		n := count()
+		return n > 2, strconv.Itoa(n)
+	})
+	return count
+}
+
+// restoreInto restores the counter checkpointed at before (its count just
+// before the checkpoint) from image (an archive's path, a checkpoint
+// image) into a container of a new pod of stage1 s: it counts on from
+// there to its new log, with its environment, and stops and goes.
+func (e *env) restoreInto(s podStage1, name, image string, before int) {
+	t := e.t
+	t.Helper()
+	cfg := e.netPodConfig(name, s)
+	pod := e.runStage1Pod(cfg, s)
+	c := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "counter"},
+		Image:    &runtimeapi.ImageSpec{Image: image},
+		LogPath:  "counter.log",
+	}
+	id := e.createContainer(pod, cfg, c)
+	start := time.Now()
+	e.startContainer(id)
+	took := time.Since(start)
+	first := e.countsOn(filepath.Join(cfg.LogDirectory, "counter.log"))
+	if first-1 < before {
+		t.Errorf("%s: the restored counter began its log at %d, before its count at the checkpoint (%d or more)", name, first, before)
+	}
+	env := e.execOK(id, "cat", "/proc/self/environ")
+	if !strings.Contains(env, "MOVED_FROM=the first pod") {
+		t.Errorf("%s: the restored container's environment lacks the checkpointed one's: %q", name, env)
+	}
+	t.Logf("%s %s: restored in %v (StartContainer); its log goes on from %d (checkpointed at %d or after)", s.handler, name, took.Round(time.Millisecond), first, before)
+	if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 10}); err != nil {
+		t.Errorf("%s: StopContainer (restored): %v", name, err)
+	}
+	if st := e.containerStatus(id); st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("%s: restored container after its stop: %v", name, st.State)
+	}
+	if _, err := e.rt().RemoveContainer(e.ctx(), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Errorf("%s: RemoveContainer (restored): %v", name, err)
+	}
+}
+
+// countsOn waits for the counter's log at path to count on, and returns
+// the first count it holds.
+func (e *env) countsOn(path string) int {
+	e.t.Helper()
+	var first, last int
+	testutil.WaitFor(e.t, time.Minute, "the counter logs on in "+filepath.Base(path), func() (bool, string) {
+		b, _ := os.ReadFile(path)
+		first, last = 0, 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if _, after, ok := strings.Cut(l, " count "); ok {
+				n, _ := strconv.Atoi(strings.TrimSpace(after))
+				if first == 0 {
+					first = n
+				}
+				last = n
+			}
+		}
+		return last > first+2, fmt.Sprintf("first %d last %d", first, last)
+	})
+	return first
+}
