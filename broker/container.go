@@ -301,7 +301,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 		}
 		defer b.removeUnpacked(ctx, rec, &err)
 	}
-	img, err := b.containerImage(ctx, rec.Config.Image, restore)
+	img, err := b.containerImage(ctx, &rec.Config, restore)
 	if err != nil {
 		return err
 	}
@@ -385,19 +385,41 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err
 	return nil
 }
 
-// containerImage is the stored image ref: NotFound when it was not
-// pulled. The image of a container restored from a checkpoint is pulled
-// when missing, as CRI-O does: a checkpoint taken on another node needs
-// it, and the kubelet pulled the checkpoint image only.
-func (b *Broker) containerImage(ctx context.Context, ref string, restore bool) (*image.Image, error) {
-	img, err := b.opts.Images.Get(ref)
+// containerImage is the stored image of container config cfg: NotFound
+// when it was not pulled. The image of a container restored from a
+// checkpoint is pulled when missing, as CRI-O does: a checkpoint taken on
+// another node needs it, and the kubelet pulled the checkpoint image only.
+func (b *Broker) containerImage(ctx context.Context, cfg *ContainerConfig, restore bool) (*image.Image, error) {
+	img, err := b.opts.Images.Get(cfg.Image)
 	if restore && errdefs.IsNotFound(err) {
-		img, err = b.opts.Images.Pull(ctx, ref, nil)
+		return b.pullCheckpointed(ctx, cfg)
 	}
 	if errdefs.IsNotFound(err) {
-		return nil, errdefs.NotFound("image %q not found: pull it first", ref)
+		return nil, errdefs.NotFound("image %q not found: pull it first", cfg.Image)
 	}
 	return img, err
+}
+
+// pullCheckpointed pulls the image of a checkpointed container, cfg: by
+// the reference its pod's author gave, since the kubelet names images by
+// their IDs, which cannot be pulled; the image pulled must be the one the
+// container ran.
+func (b *Broker) pullCheckpointed(ctx context.Context, cfg *ContainerConfig) (*image.Image, error) {
+	byID := strings.HasPrefix(cfg.Image, "sha256:")
+	ref := cfg.Image
+	if cfg.UserImage != "" {
+		ref = cfg.UserImage
+	} else if byID {
+		return nil, errdefs.NotFound("the checkpointed container's image %s is not on this node, and the checkpoint names no reference to pull it by", cfg.Image)
+	}
+	img, err := b.opts.Images.Pull(ctx, ref, nil)
+	if err != nil {
+		return nil, fmt.Errorf("the checkpointed container's image: %w", err)
+	}
+	if byID && img.ID != cfg.Image {
+		return nil, errdefs.FailedPrecondition("the checkpointed container ran image %s; %s is now %s", cfg.Image, ref, img.ID)
+	}
+	return img, nil
 }
 
 // containerPod returns a container (whose creation finished) and its pod.

@@ -2,7 +2,8 @@
 # Builds criu, which checkpoints and restores nspawn and fly pods, from
 # the upstream tarball of Debian 13 (trixie)'s source package: upstream's
 # `make criu` against Debian 12's libraries, for kernels Debian 12's criu
-# 3.17 no longer knows. Installs it as /usr/local/sbin/criu, where
+# 3.17 no longer knows, with the patches in scripts/criu-patches (each
+# says why) applied. Installs it as /usr/local/sbin/criu, where
 # stagelet looks first, and prints that path; with INSTALL=0 it only
 # builds, and prints the path of the binary in CACHE.
 #
@@ -13,8 +14,8 @@
 # source index (apt/; the machine's own apt configuration is neither read
 # for sources nor changed), the orig tarball with the SHA-256 that the
 # signed index gives it, and one directory per criu, named after the hash
-# of what it is built from: the tarball, this script and the compiler's
-# version. A criu whose inputs did not change is not built again, and
+# of what it is built from: the tarball, the patches, this script and the
+# compiler's version. A criu whose inputs did not change is not built again, and
 # once the tarball is in CACHE no network is needed.
 #
 # Reproducible: the build runs in one fixed directory (CACHE/src), outside
@@ -24,6 +25,7 @@
 set -eu
 
 CACHE=${1:-/var/cache/stagelet-criu}
+PATCHES=$(cd "$(dirname "$0")/criu-patches" && pwd)
 INSTALL=${INSTALL:-1}
 VERSION=4.1.1
 SUITE=trixie
@@ -32,7 +34,7 @@ KEYRING=/usr/share/keyrings/debian-archive-trixie-stable.gpg
 DEST=/usr/local/sbin/criu
 orig=criu_$VERSION.orig.tar.xz
 
-for tool in apt-get apt-cache tar xz make gcc pkg-config protoc-c flock sha256sum cmp install; do
+for tool in apt-get apt-cache tar xz make gcc pkg-config protoc-c flock sha256sum cmp install patch; do
 	if ! command -v "$tool" >/dev/null 2>&1; then
 		echo "scripts/build-criu.sh: $tool is missing (scripts/install-deps.sh installs what the build needs)" >&2
 		exit 1
@@ -105,7 +107,7 @@ fi
 
 key=$({
 	cut -d' ' -f1 "$tarball.sha256"
-	cat "$0"
+	cat "$PATCHES"/*.patch "$0"
 	gcc --version | head -n1
 } | sha256sum | cut -c1-16)
 out=$CACHE/$key
@@ -117,10 +119,18 @@ if [ ! -x "$out/criu" ]; then
 	echo "scripts/build-criu.sh: building criu $VERSION from $orig (a minute or so)" >&2
 	tar -C "$src" -xJf "$tarball"
 	tree=$src/criu-$VERSION
+	for p in "$PATCHES"/*.patch; do
+		patch -d "$tree" -p1 -s --no-backup-if-mismatch <"$p"
+	done
 	SOURCE_DATE_EPOCH=$(stat -c %Y "$tree/Makefile")
 	export SOURCE_DATE_EPOCH
 	unset CFLAGS CPPFLAGS LDFLAGS ARCH CROSS_COMPILE
-	make -C "$tree" -j"$(nproc)" criu >&2
+	if ! make -C "$tree" -j"$(nproc)" criu >"$CACHE/build.log" 2>&1; then
+		tail -n 30 "$CACHE/build.log" >&2
+		echo "scripts/build-criu.sh: the build failed (its log: $CACHE/build.log)" >&2
+		exit 1
+	fi
+	rm -f "$CACHE/build.log"
 	mkdir -p "$out.new"
 	cp "$tree/criu/criu" "$out.new/criu"
 	mv "$out.new" "$out"

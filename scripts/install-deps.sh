@@ -32,6 +32,7 @@ command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
 # What scripts/build-criu.sh builds criu with.
 command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkgconf"
+command -v patch >/dev/null 2>&1 || need="$need patch"
 [ -f /usr/share/keyrings/debian-archive-trixie-stable.gpg ] || need="$need debian-archive-keyring"
 for t in protobuf-c/protobuf-c.h:libprotobuf-c-dev google/protobuf/descriptor.proto:libprotobuf-dev \
 	libnl3/netlink/netlink.h:libnl-3-dev libnet.h:libnet1-dev sys/capability.h:libcap-dev \

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
@@ -52,6 +53,7 @@ type env struct {
 	tree     string // the nodes' Debian tree
 	stagelet string // the static binary under test
 	guest    string // the kvm guest assets
+	criu     string // the criu the nodes checkpoint with; "": none works
 }
 
 func loadEnv(t *testing.T) env {
@@ -61,6 +63,11 @@ func loadEnv(t *testing.T) env {
 		tree:     os.Getenv("STAGELET_CLUSTER_TREE"),
 		stagelet: os.Getenv("STAGELET_BIN"),
 		guest:    os.Getenv("STAGELET_GUEST_ASSETS"),
+	}
+	// The nodes checkpoint with this host's criu, where it is the one
+	// scripts/build-criu.sh installs (Debian 12's fails on newer kernels).
+	if path, _, _, err := preflight.FindCRIU(context.Background(), ""); err == nil && path == preflight.LocalCRIU {
+		e.criu = path
 	}
 	if e.k8sBin == "" || e.tools == "" || e.tree == "" || e.stagelet == "" {
 		t.Skip("the cluster test runs under make test-cluster (STAGELET_CLUSTER_K8S_BIN, STAGELET_CLUSTER_TOOLS, STAGELET_CLUSTER_TREE, STAGELET_BIN unset)")

@@ -28,7 +28,7 @@ func moduleRoot() string {
 
 // images the cluster pulls, by name, once startRegistry has pushed them.
 type images struct {
-	busybox, agnhost, kubeProxy, podnet, coredns string
+	busybox, agnhost, kubeProxy, podnet, coredns, counter string
 }
 
 var img images
@@ -56,13 +56,7 @@ func (c *cluster) startRegistry() {
 	})...))
 	img.kubeProxy = r.Push(t, "kube-proxy", "test", testregistry.WithConfig(kubeProxy, []string{"/usr/local/bin/kube-proxy"}, nil, ""))
 
-	podnetBin := filepath.Join(c.dir, "podnet")
-	build := exec.Command("go", "build", "-trimpath", "-o", podnetBin, "./test/cluster/podnet")
-	build.Dir = moduleRoot()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build podnet: %v\n%s", err, out)
-	}
+	podnetBin := c.buildCommand("podnet")
 	files := map[string]string{"usr/local/bin/podnet": podnetBin}
 	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
 		files["opt/podnet/plugins/"+p] = filepath.Join(c.env.tools, "cni", p)
@@ -72,6 +66,26 @@ func (c *cluster) startRegistry() {
 
 	coredns := scratch(t, testregistry.Layer(t, fileEntries(t, map[string]string{"coredns": filepath.Join(c.env.tools, "coredns")})...))
 	img.coredns = r.Push(t, "coredns", "test", testregistry.WithConfig(coredns, []string{"/coredns"}, nil, ""))
+
+	counter, err := mutate.AppendLayers(busybox, testregistry.Layer(t, fileEntries(t, map[string]string{"counter": c.buildCommand("counter")})...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.counter = r.Push(t, "counter", "test", counter)
+}
+
+// buildCommand builds the static command test/cluster/NAME into the
+// cluster's directory and returns its path.
+func (c *cluster) buildCommand(name string) string {
+	c.t.Helper()
+	bin := filepath.Join(c.dir, name)
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./test/cluster/"+name)
+	build.Dir = moduleRoot()
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		c.t.Fatalf("build %s: %v\n%s", name, err, out)
+	}
+	return bin
 }
 
 type fatalf interface {

@@ -51,6 +51,13 @@ for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_
 	echo "${kv#*=}" >"$f"
 	mount --bind "$f" "/proc/sys/${kv%%=*}"
 done
+# criu, restoring a checkpoint, sets the next PID and IPC IDs of the
+# node's own namespaces: those tunables writable (systemd-nspawn mounts
+# /proc/sys read-only).
+for k in kernel/ns_last_pid kernel/sem_next_id kernel/msg_next_id kernel/shm_next_id; do
+	mount --bind "/proc/sys/$k" "/proc/sys/$k"
+	mount -o remount,bind,rw "/proc/sys/$k"
+done
 # The kubelet's OOM watcher reads the kernel log, which a container does
 # not have.
 [ -e /dev/kmsg ] || ln -s /dev/console /dev/kmsg
@@ -202,11 +209,17 @@ func (c *cluster) startNode(name, ip string) (*node, error) {
 	if c.env.guest != "" {
 		args = append(args, "--bind-ro="+c.env.guest+":/usr/lib/stagelet/guest")
 	}
+	if c.env.criu != "" {
+		args = append(args, "--bind-ro="+c.env.criu+":/usr/local/sbin/criu")
+	}
 	// systemd-nspawn starts in the node's cgroups, beneath the test's own:
 	// the node's cgroup namespace is rooted there.
 	script := `for d in $NODE_CGROUPS; do echo $$ >"$d/cgroup.procs" || exit 1; done; exec systemd-nspawn "$@"`
 	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "sh"}, args...)...)
-	cmd.Env = append(os.Environ(), "NODE_CGROUPS="+strings.Join(n.cgroups, " "))
+	// No system call filter on the node, as on a machine: criu, which
+	// checkpoints its pods, cannot suspend the pods' filters from under
+	// one of its own (PTRACE_O_SUSPEND_SECCOMP).
+	cmd.Env = append(os.Environ(), "NODE_CGROUPS="+strings.Join(n.cgroups, " "), "SYSTEMD_SECCOMP=0")
 	f, err := os.Create(n.console)
 	if err != nil {
 		return nil, err

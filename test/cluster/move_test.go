@@ -1,0 +1,205 @@
+package cluster
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// moverPod is the pod whose container moves: the counter (test/cluster/
+// counter) as the child of a shell, with a mark in its environment.
+const moverPod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: {{.Name}}}
+spec:
+  nodeName: {{.Node}}
+  containers:
+  - name: counter
+    image: {{.Image}}
+    command: [sh, -c, "/counter & wait"]
+    env: [{name: MOVE_MARK, value: "{{.Mark}}"}]
+`
+
+// restoredPod names the checkpoint image: the kubelet pulls it and
+// CreateContainer restores the container it holds. Its own environment
+// is not what the restored process sees.
+const restoredPod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: {{.Name}}}
+spec:
+  nodeName: {{.Node}}
+  containers:
+  - name: counter
+    image: {{.Image}}
+    env: [{name: MOVE_MARK, value: "{{.Mark}}"}]
+`
+
+// counterState is what the counter serves.
+type counterState struct {
+	Count    int64  `json:"count"`
+	Token    string `json:"token"`
+	PID      int    `json:"pid"`
+	Parent   string `json:"parent"`
+	MoveMark string `json:"moveMark"`
+}
+
+// testMove: a running container moves to the other node, as Kubernetes
+// moves one: the kubelet of node 1 checkpoints it (its checkpoint API),
+// the archive becomes a checkpoint image pushed to the cluster's registry
+// (stagelet checkpoint image), and a pod on node 2 naming that image has
+// the container restored. Its counter goes on from the checkpointed value
+// in the same process (the token drawn at its start in memory, its PID
+// and its parent), with the checkpointed environment, at node 2's
+// address, reached from a pod on node 1. The time of each step and the
+// container's downtime (from the checkpoint to its first answer on node
+// 2) are logged.
+func (c *cluster) testMove(t *testing.T) {
+	if c.env.criu == "" {
+		t.Skip("no criu works on this host's kernel (scripts/build-criu.sh)")
+	}
+	from, to := c.nodes[0], c.nodes[1]
+	var client podObj
+	for _, p := range c.pods(t, "app=client") {
+		if p.Spec.NodeName == from.name {
+			client = p
+		}
+	}
+	if client.Metadata.Name == "" {
+		t.Fatalf("no client pod on %s", from.name)
+	}
+	c.apply(t, moverPod, "Name", "mover", "Node", from.name, "Image", img.counter, "Mark", "set on "+from.name)
+	var before counterState
+	c.wait(t, 3*time.Minute, "the counter on "+from.name, func() (bool, error) {
+		p, err := c.pod("mover")
+		if err != nil || p.Status.PodIP == "" {
+			return false, err
+		}
+		before, err = c.counter(client, p.Status.PodIP)
+		return err == nil && before.Count > 10, err
+	})
+	moved, _ := c.pod("mover")
+
+	start := time.Now()
+	archive := c.checkpointContainer(t, from, "default", "mover", "counter")
+	checkpointed := time.Now()
+	tookCheckpoint := checkpointed.Sub(start)
+	// The move: the container stops where it was.
+	c.kubectl(t, "delete", "pod", "mover", "--wait=false")
+
+	start = time.Now()
+	ref := c.registry + "/checkpoints/counter:moved"
+	out, err := exec.Command(c.env.stagelet, "checkpoint", "image", "-insecure", archive, ref).CombinedOutput()
+	if err != nil {
+		t.Fatalf("stagelet checkpoint image: %v\n%s", err, out)
+	}
+	tookImage := time.Since(start)
+
+	start = time.Now()
+	c.apply(t, restoredPod, "Name", "moved", "Node", to.name, "Image", ref, "Mark", "set on "+to.name)
+	var after counterState
+	var restored podObj
+	c.wait(t, 3*time.Minute, "the restored counter on "+to.name, func() (bool, error) {
+		p, err := c.pod("moved")
+		if err != nil || p.Status.PodIP == "" {
+			return false, err
+		}
+		restored = *p
+		after, err = c.counter(client, p.Status.PodIP)
+		return err == nil, err
+	})
+	answered := time.Now()
+	t.Logf("moved %s/counter from %s (%s) to %s (%s): checkpoint %v (archive %s), image build and push %v, restore to its first answer %v; downtime %v",
+		"mover", from.name, moved.Status.PodIP, to.name, restored.Status.PodIP, tookCheckpoint.Round(time.Millisecond),
+		sizeOf(archive), tookImage.Round(time.Millisecond), answered.Sub(start).Round(time.Millisecond), answered.Sub(checkpointed).Round(time.Millisecond))
+	t.Logf("before: %+v; after: %+v", before, after)
+	if after.Token != before.Token {
+		t.Errorf("the counter on %s drew token %s, not the checkpointed process's %s: it started anew", to.name, after.Token, before.Token)
+	}
+	if after.Count < before.Count {
+		t.Errorf("the counter on %s is at %d, below %d, read before the checkpoint", to.name, after.Count, before.Count)
+	}
+	if after.PID != before.PID || after.Parent != "sh" {
+		t.Errorf("the restored process is PID %d under %q, the checkpointed one PID %d under %q", after.PID, after.Parent, before.PID, before.Parent)
+	}
+	if after.MoveMark != "set on "+from.name {
+		t.Errorf("the restored process's MOVE_MARK is %q, not the checkpointed %q", after.MoveMark, "set on "+from.name)
+	}
+	if restored.Spec.NodeName != to.name || restored.Status.PodIP == moved.Status.PodIP {
+		t.Errorf("the restored pod runs on %s at %s; the checkpointed one ran at %s", restored.Spec.NodeName, restored.Status.PodIP, moved.Status.PodIP)
+	}
+	c.expectStage1(t, "moved_default_", "nspawn")
+	c.kubectl(t, "delete", "pod", "moved", "--wait=false")
+}
+
+// counter reads the counter's state at ip:8080 from the client pod cl.
+func (c *cluster) counter(cl podObj, ip string) (counterState, error) {
+	var s counterState
+	out, err := c.kubectlErr("exec", cl.Metadata.Name, "--", "timeout", "10", "wget", "-qO-", "http://"+ip+":8080/")
+	if err != nil {
+		return s, fmt.Errorf("%v: %s", err, out)
+	}
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		return s, fmt.Errorf("%v: %q", err, out)
+	}
+	return s, nil
+}
+
+// checkpointContainer checkpoints container ctr of pod ns/pod through
+// the checkpoint API of node n's kubelet, as the cluster's admin, and
+// returns where the archive is on this host.
+func (c *cluster) checkpointContainer(t *testing.T, n *node, ns, pod, ctr string) string {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(c.pki.path("admin.crt"), c.pki.path("admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kubelet serves with the certificate it made itself.
+	kl := filepath.Join(n.dir, "var-lib-kubelet")
+	serving, err := os.ReadFile(filepath.Join(kl, "pki", "kubelet.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(serving) {
+		t.Fatalf("node %s: no certificate in the kubelet's kubelet.crt", n.name)
+	}
+	hc := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, ServerName: n.name},
+	}}
+	resp, err := hc.Post(fmt.Sprintf("https://%s:10250/checkpoint/%s/%s/%s?timeout=120", n.ip, ns, pod, ctr), "", nil)
+	if err != nil {
+		t.Fatalf("the kubelet's checkpoint API on %s: %v", n.name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the kubelet's checkpoint API on %s: %s: %s", n.name, resp.Status, body)
+	}
+	var r struct {
+		Items []string `json:"items"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil || len(r.Items) != 1 || !strings.HasPrefix(r.Items[0], "/var/lib/kubelet/") {
+		t.Fatalf("the kubelet's checkpoint API on %s answered %s (%v)", n.name, body, err)
+	}
+	return filepath.Join(kl, strings.TrimPrefix(r.Items[0], "/var/lib/kubelet/"))
+}
+
+// sizeOf is the size of the file at path, for the log.
+func sizeOf(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%.1f MiB", float64(fi.Size())/(1<<20))
+}
