@@ -30,7 +30,8 @@ const checkpointUsage = `usage:
       restored instead of started
   stagelet checkpoint pod [-socket S] POD DIR [CONTAINER...]
       checkpoint pod POD's running containers (or those named) into the
-      empty directory DIR (CRI CheckpointPod), leaving them running
+      empty directory DIR, made when missing (CRI CheckpointPod), leaving
+      them running
   stagelet checkpoint restore-pod [-socket S] -config POD.json DIR
       make a pod of the pod checkpoint DIR (CRI RestorePod) with the pod
       configuration POD.json (as crictl runp reads it) and start its
@@ -141,18 +142,54 @@ func checkpointPod(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
+	// The daemon wants an empty directory: made here when missing, and
+	// removed again (still empty) when the checkpoint fails.
+	made := false
+	if err := os.Mkdir(dir, 0o700); err == nil {
+		made = true
+	} else if !errors.Is(err, os.ErrExist) {
+		return err
+	}
 	rt, closeConn, err := criClient(*socket)
 	if err != nil {
 		return err
 	}
 	defer closeConn()
+	ids := pos[2:]
+	if len(ids) == 0 {
+		ids, err = runningContainers(ctx, rt, pos[0])
+	}
 	start := time.Now()
-	if _, err := rt.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: pos[0], OutputPath: dir, ContainerIds: pos[2:]}); err != nil {
+	if err == nil {
+		_, err = rt.CheckpointPod(ctx, &runtimeapi.CheckpointPodRequest{PodSandboxId: pos[0], OutputPath: dir, ContainerIds: ids})
+	}
+	if err != nil && made {
+		os.Remove(dir)
+	}
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s\n", dir)
 	fmt.Fprintf(stderr, "checkpointed pod %s in %v\n", pos[0], time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// runningContainers are the IDs of pod's running containers.
+func runningContainers(ctx context.Context, rt runtimeapi.RuntimeServiceClient, pod string) ([]string, error) {
+	resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		PodSandboxId: pod, State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, c := range resp.Containers {
+		ids = append(ids, c.Id)
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("pod %s has no running container", pod)
+	}
+	return ids, nil
 }
 
 func restorePod(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/preflight"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // counterCmd counts in its rootfs and to its log, five times a second.
@@ -177,4 +179,79 @@ func (e *env) countsOn(path string) int {
 		return last > first+2, fmt.Sprintf("first %d last %d", first, last)
 	})
 	return first
+}
+
+// TestPodMovesBetweenDaemons: a pod of two counters moves from one
+// daemon (a node) to another, driven from the command line as an
+// operator would: `stagelet checkpoint pod` saves both, paused together,
+// into a directory on the first; the directory is copied; `stagelet
+// checkpoint restore-pod` makes a pod of it on the second, whose
+// counters count on, together, from where they were.
+func TestPodMovesBetweenDaemons(t *testing.T) {
+	needCRIU(t)
+	from := newEnvOpts(t, harness.Options{Policy: bothStage1sPolicy}, true)
+	to := &env{t: t, reg: from.reg, image: from.image, d: startDaemonOpts(t, from.reg, harness.Options{Policy: bothStage1sPolicy})}
+	s := nspawnStage1
+
+	cfg := from.netPodConfig("mover", s)
+	pod := from.runStage1Pod(cfg, s)
+	counts := map[string]func() int{}
+	for _, name := range []string{"one", "two"} {
+		c := from.netContainer(s, name, "sh", "-c", counterCmd)
+		c.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_CONTAINER
+		counts[name] = from.counting(from.createAndStart(pod, cfg, c))
+	}
+	before := map[string]int{}
+	for name, count := range counts {
+		before[name] = count()
+	}
+	saved := filepath.Join(t.TempDir(), "mover")
+	start := time.Now()
+	if out, err := exec.Command(stageletBin, "checkpoint", "pod", "-socket", from.d.Socket, pod, saved).CombinedOutput(); err != nil {
+		t.Fatalf("stagelet checkpoint pod: %v\n%s", err, out)
+	}
+	t.Logf("stagelet checkpoint pod took %v", time.Since(start).Round(time.Millisecond))
+	// The move: the copy goes to the other node, the pod stops here.
+	copied := filepath.Join(t.TempDir(), "moved")
+	if out, err := exec.Command("cp", "-a", saved, copied).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	if _, err := from.rt().StopPodSandbox(from.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
+		t.Fatal(err)
+	}
+
+	newCfg := to.netPodConfig("mover", s)
+	b, err := protojson.Marshal(newCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "pod.json")
+	if err := os.WriteFile(cfgFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	out, err := exec.Command(stageletBin, "checkpoint", "restore-pod", "-socket", to.d.Socket, "-runtime", s.handler, "-config", cfgFile, copied).Output()
+	if err != nil {
+		t.Fatalf("stagelet checkpoint restore-pod: %v\n%s", err, out)
+	}
+	t.Logf("stagelet checkpoint restore-pod took %v", time.Since(start).Round(time.Millisecond))
+	restored := strings.TrimSpace(string(out))
+	to.cleanupPod(restored)
+	if got := to.podStatus(restored).RuntimeHandler; got != s.handler {
+		t.Errorf("the restored pod runs on %q, want %q", got, s.handler)
+	}
+	resp, err := to.rt().ListContainers(to.ctx(), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: restored}})
+	if err != nil || len(resp.Containers) != 2 {
+		t.Fatalf("the restored pod's containers: %v, %v", resp.GetContainers(), err)
+	}
+	for _, c := range resp.Containers {
+		if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("restored container %s is %v", c.Metadata.Name, c.State)
+		}
+		first := to.countsOn(filepath.Join(newCfg.LogDirectory, c.Metadata.Name+".log"))
+		if first-1 < before[c.Metadata.Name] {
+			t.Errorf("restored counter %s began its log at %d, before its count at the checkpoint (%d or more)", c.Metadata.Name, first, before[c.Metadata.Name])
+		}
+		t.Logf("%s: counts on from %d (checkpointed at %d or after)", c.Metadata.Name, first, before[c.Metadata.Name])
+	}
 }
