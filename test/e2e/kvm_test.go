@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
@@ -270,8 +270,8 @@ func childWith(ppid int, s string) int {
 // checkCheckpointRefused: checkpoints say why they cannot be done here.
 // A VM pod cannot be saved while its guest has the 9p share mounted; an
 // nspawn container, or a pod to restore, needs a CRIU that works on this
-// kernel (where one does, test-node's TestCheckpointContainer and
-// TestCheckpointPod show them work).
+// kernel (where one does, TestCheckpointRestore and
+// TestPodMovesBetweenDaemons show them work).
 func checkCheckpointRefused(t *testing.T, e *env, vmCtr, nsCtr string) {
 	t.Helper()
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
@@ -280,8 +280,8 @@ func checkCheckpointRefused(t *testing.T, e *env, vmCtr, nsCtr string) {
 	if !strings.Contains(err.Error(), "virtio-9p") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
-	if exec.Command("criu", "check").Run() == nil {
-		t.Log("criu works on this kernel: nspawn checkpoints are test-node's to show")
+	if _, _, _, err := preflight.FindCRIU(e.ctx(), ""); err == nil {
+		t.Log("criu works on this kernel: TestCheckpointRestore shows nspawn checkpoints")
 		return
 	}
 	_, err = e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: nsCtr, Location: archive})
