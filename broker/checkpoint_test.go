@@ -335,6 +335,77 @@ func TestRestoreFromArchive(t *testing.T) {
 	}
 }
 
+// A container restored where its image was never pulled gets it pulled,
+// by the reference its author gave (the kubelet names images by ID); a
+// checkpoint that names its image by ID alone is refused, saying so.
+func TestRestorePullsCheckpointedImage(t *testing.T) {
+	e := newEnv(t)
+	e.criu = func(context.Context) (string, error) { return "criu", nil }
+	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
+	e.be.SaveApp = func(id string, pid int, dir string) error {
+		return os.WriteFile(filepath.Join(dir, "pstree.img"), []byte("images of "+id), 0o600)
+	}
+	e.be.RestoreApp = func(*stage1.AppRestore) (int, error) { return 0, errdefs.FailedPrecondition("not started here") }
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, err := b.RunPod(ctx, podCfg("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	archives := map[string]string{}
+	for name, user := range map[string]string{"named": fakeImage.RepoTags[0], "byid": ""} {
+		cfg := ctrCfg(name)
+		cfg.Image, cfg.UserImage = fakeImage.ID, user
+		cid, err := b.CreateContainer(ctx, pid, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.StartContainer(ctx, cid); err != nil {
+			t.Fatal(err)
+		}
+		st, err := b.ContainerStatus(ctx, cid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(st.Dir, "upper"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		archives[name] = filepath.Join(dir, name+".tar")
+		if err := b.CheckpointContainer(ctx, cid, archives[name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ypid, err := b.RunPod(ctx, podCfg("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := func(name string) *ContainerConfig {
+		return &ContainerConfig{Metadata: ContainerMetadata{Name: name}, Image: archives[name], LogPath: name + ".log"}
+	}
+	e.images.mu.Lock()
+	e.images.unpulled = true
+	e.images.mu.Unlock()
+	_, err = b.CreateContainer(ctx, ypid, from("byid"))
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "names no reference") {
+		t.Errorf("restore of a container whose image has only an ID, not here: %v", err)
+	}
+	rid, err := b.CreateContainer(ctx, ypid, from("named"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.ContainerStatus(ctx, rid)
+	if err != nil || rec.ImageID != fakeImage.ID {
+		t.Errorf("restored container: %+v, %v", rec, err)
+	}
+	e.images.mu.Lock()
+	pulls := slices.Clone(e.images.pulls)
+	e.images.mu.Unlock()
+	if !slices.Equal(pulls, []string{fakeImage.RepoTags[0]}) {
+		t.Errorf("pulled %q, want the author's reference once", pulls)
+	}
+}
+
 // untar unpacks the tar file archive (regular files and directories)
 // into dir.
 func untar(t *testing.T, archive, dir string) {

@@ -23,6 +23,10 @@ type fakeImages struct {
 	// checkpoints are checkpoint images, by reference: their one
 	// layer's directory.
 	checkpoints map[string]string
+	// unpulled hides the image until a Pull, whose references go to
+	// pulls.
+	unpulled bool
+	pulls    []string
 }
 
 func (f *fakeImages) mountedDirs() int {
@@ -38,9 +42,19 @@ var fakeImage = &image.Image{
 }
 
 func (f *fakeImages) Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error) {
+	f.mu.Lock()
+	f.unpulled = false
+	f.pulls = append(f.pulls, ref)
+	f.mu.Unlock()
 	return f.Get(ref)
 }
 func (f *fakeImages) Get(ref string) (*image.Image, error) {
+	f.mu.Lock()
+	unpulled := f.unpulled
+	f.mu.Unlock()
+	if unpulled {
+		return nil, errdefs.NotFound("image %q (not pulled here)", ref)
+	}
 	if ref == fakeImage.ID || ref == fakeImage.RepoTags[0] {
 		return fakeImage, nil
 	}
