@@ -41,15 +41,15 @@ func ImageContainer(annotations map[string]string) (name string, ok bool) {
 }
 
 // Image is the checkpoint image of archive (Write's): one layer (the
-// archive, gzipped) holding the archive's entries, the annotations CRI-O, containerd
-// and Podman look for, for this machine's platform. The archive is read
-// when the image's layer is.
+// archive, gzipped once and kept in memory for its digest and its push)
+// holding the archive's entries, the annotations CRI-O, containerd and
+// Podman look for, for this machine's platform.
 func Image(archive string) (v1.Image, error) {
 	c, err := ReadMeta(archive)
 	if err != nil {
 		return nil, err
 	}
-	layer, err := tarball.LayerFromFile(archive, tarball.WithMediaType(types.OCILayer))
+	layer, err := tarball.LayerFromFile(archive, tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint image: %w", err)
 	}
