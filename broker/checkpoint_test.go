@@ -1,10 +1,8 @@
 package broker
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -308,7 +307,12 @@ func TestRestoreFromArchive(t *testing.T) {
 	// The archive as a checkpoint image's one layer, as the kubelet
 	// names it after pulling it: restored as from the archive.
 	layer := t.TempDir()
-	untar(t, archive, layer)
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Untar(t, f, layer)
+	f.Close()
 	const ref = "registry.test/checkpoint:c"
 	e.images.mu.Lock()
 	e.images.checkpoints = map[string]string{ref: layer}
@@ -403,160 +407,5 @@ func TestRestorePullsCheckpointedImage(t *testing.T) {
 	e.images.mu.Unlock()
 	if !slices.Equal(pulls, []string{fakeImage.RepoTags[0]}) {
 		t.Errorf("pulled %q, want the author's reference once", pulls)
-	}
-}
-
-// untar unpacks the tar file archive (regular files and directories)
-// into dir.
-func untar(t *testing.T, archive, dir string) {
-	t.Helper()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(dir, filepath.Clean("/"+hdr.Name))
-		if hdr.Typeflag == tar.TypeDir {
-			if err := os.MkdirAll(p, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// CheckpointPod pauses every container named before saving any, writes
-// an archive each and the pod's description, and resumes them; a failure
-// leaves nothing. RestorePod makes a pod through the policy, with the
-// checkpoint's containers created from their archives, matched by name;
-// a configuration that does not match its checkpoint is refused, and
-// leaves no pod.
-func TestCheckpointPodAndRestorePod(t *testing.T) {
-	e := newEnv(t)
-	e.criu = func(context.Context) (string, error) { return "criu", nil }
-	e.net = newFakeNetwork(filepath.Join(e.run, "netns"))
-	var ids []string
-	pausedAtSave := map[string]bool{} // every container paused at each save
-	var failSave string
-	e.be.SaveApp = func(id string, pid int, dir string) error {
-		for _, other := range ids {
-			pausedAtSave[id] = pausedAtSave[id] || !e.be.Frozen(other)
-		}
-		if id == failSave {
-			return errdefs.FailedPrecondition("criu said no")
-		}
-		return os.WriteFile(filepath.Join(dir, "pstree.img"), []byte("images of "+id), 0o600)
-	}
-	e.be.RestoreApp = func(r *stage1.AppRestore) (int, error) { return 0, errdefs.FailedPrecondition("not here") }
-	b := e.broker(t)
-	ctx := context.Background()
-	pid, err := b.RunPod(ctx, podCfg("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgs := map[string]*ContainerConfig{}
-	for _, name := range []string{"a", "b"} {
-		cfg := ctrCfg(name)
-		cfg.Command = []string{"sleep", "1000"}
-		cfgs[name] = cfg
-		id, err := b.CreateContainer(ctx, pid, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.StartContainer(ctx, id); err != nil {
-			t.Fatal(err)
-		}
-		rec, err := b.ContainerStatus(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.MkdirAll(filepath.Join(rec.Dir, "upper"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	out := t.TempDir()
-	if err := b.CheckpointPod(ctx, pid, out, ids); err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	ents, _ := os.ReadDir(out)
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	if want := []string{"container-a.tar", "container-b.tar", "pod.dump"}; !slices.Equal(names, want) {
-		t.Errorf("pod checkpoint holds %v, want %v", names, want)
-	}
-	for _, id := range ids {
-		if paused, seen := pausedAtSave[id]; !seen || paused {
-			t.Errorf("container %s saved while another was not paused (saved: %v)", id, seen)
-		}
-		if e.be.Frozen(id) {
-			t.Errorf("container %s still paused", id)
-		}
-		if st, err := b.ContainerStatus(ctx, id); err != nil || st.State != ContainerRunning {
-			t.Errorf("after the checkpoint: %+v %v", st, err)
-		}
-	}
-	failSave = ids[1]
-	failed := t.TempDir()
-	if err := b.CheckpointPod(ctx, pid, failed, ids); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("failed save: %v", err)
-	}
-	if ents, _ := os.ReadDir(failed); len(ents) != 0 || e.be.Frozen(ids[0]) || e.be.Frozen(ids[1]) {
-		t.Errorf("a failed pod checkpoint left %v, paused %v %v", ents, e.be.Frozen(ids[0]), e.be.Frozen(ids[1]))
-	}
-
-	pods := func() int {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.pods)
-	}
-	before := pods()
-	bad := *cfgs["a"]
-	bad.Image = "example.test/other:1"
-	_, _, err = b.RestorePod(ctx, out, podCfg("y"), []*ContainerConfig{&bad, cfgs["b"]})
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "other:1") {
-		t.Errorf("restore with another image: %v", err)
-	}
-	_, _, err = b.RestorePod(ctx, out, podCfg("y"), []*ContainerConfig{cfgs["a"]})
-	if !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Errorf("restore of part of the checkpoint: %v", err)
-	}
-	if n := pods(); n != before {
-		t.Errorf("refused restores left %d pods", n-before)
-	}
-	ypid, restored, err := b.RestorePod(ctx, out, podCfg("y"), []*ContainerConfig{cfgs["b"], cfgs["a"]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(restored) != 2 || restored[0].Name != "b" || restored[1].Name != "a" {
-		t.Fatalf("restored %+v", restored)
-	}
-	for _, r := range restored {
-		rec, err := b.ContainerStatus(ctx, r.ID)
-		if err != nil || rec.PodID != ypid || rec.State != ContainerCreated || rec.Config.Metadata.Name != r.Name ||
-			rec.Restore == nil || rec.Restore.Archive != filepath.Join(out, "container-"+r.Name+".tar") {
-			t.Errorf("restored container %s: %+v %v", r.Name, rec, err)
-		}
 	}
 }

@@ -115,7 +115,8 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 	b.mu.Lock()
 	podNS := p.rec.Config.UserNS
 	b.mu.Unlock()
-	if b.isCheckpoint(cfg.Image) {
+	restore := b.isCheckpoint(cfg.Image)
+	if restore {
 		if err := b.checkRestorable(ctx, p); err != nil {
 			return "", err
 		}
@@ -167,7 +168,7 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 		defer cancel()
 		p.op.Lock()
-		err := b.createContainer(cctx, p, c)
+		err := b.createContainer(cctx, p, c, restore)
 		p.op.Unlock()
 		if err != nil {
 			b.mu.Lock()
@@ -288,13 +289,14 @@ func (b *Broker) mountImageVolumes(cfg *ContainerConfig, dir string) (*Container
 	return &out, nil
 }
 
-func (b *Broker) createContainer(ctx context.Context, p *pod, c *container) (err error) {
+// createContainer creates container c in pod p; restore: its image is a
+// checkpoint (isCheckpoint).
+func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, restore bool) (err error) {
 	h, err := b.podHandle(p)
 	if err != nil {
 		return err
 	}
 	rec := c.rec
-	restore := b.isCheckpoint(rec.Config.Image)
 	if restore {
 		if err := b.unpackCheckpoint(ctx, rec, p); err != nil {
 			return err

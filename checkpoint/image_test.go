@@ -1,9 +1,7 @@
 package checkpoint
 
 import (
-	"archive/tar"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +10,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // A checkpoint image carries the archive's entries at its layer's root
@@ -40,31 +39,8 @@ func TestImageReadDir(t *testing.T) {
 	// Unpack the layer as an image store does.
 	layerDir := t.TempDir()
 	rc := mutate.Extract(img)
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(layerDir, filepath.Clean("/"+hdr.Name))
-		if hdr.Typeflag == tar.TypeDir {
-			if err := os.MkdirAll(p, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(tr)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testutil.Untar(t, rc, layerDir)
+	rc.Close()
 	fromArchive, fromLayer := t.TempDir(), t.TempDir()
 	want, err := Read(archive, fromArchive)
 	if err != nil {

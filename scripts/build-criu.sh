@@ -40,17 +40,6 @@ for tool in apt-get apt-cache tar xz make gcc pkg-config protoc-c flock sha256su
 		exit 1
 	fi
 done
-missing=""
-for h in protobuf-c/protobuf-c.h:libprotobuf-c-dev google/protobuf/descriptor.proto:libprotobuf-dev \
-	libnl3/netlink/netlink.h:libnl-3-dev libnet.h:libnet1-dev sys/capability.h:libcap-dev \
-	bsd/string.h:libbsd-dev nftables/libnftables.h:libnftables-dev gnutls/gnutls.h:libgnutls28-dev \
-	uuid/uuid.h:uuid-dev; do
-	[ -f "/usr/include/${h%%:*}" ] || missing="$missing ${h#*:}"
-done
-if [ -n "$missing" ]; then
-	echo "scripts/build-criu.sh: missing:$missing (scripts/install-deps.sh installs what the build needs)" >&2
-	exit 1
-fi
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
 exec 9>"$CACHE/lock"
@@ -127,7 +116,7 @@ if [ ! -x "$out/criu" ]; then
 	unset CFLAGS CPPFLAGS LDFLAGS ARCH CROSS_COMPILE
 	if ! make -C "$tree" -j"$(nproc)" criu >"$CACHE/build.log" 2>&1; then
 		tail -n 30 "$CACHE/build.log" >&2
-		echo "scripts/build-criu.sh: the build failed (its log: $CACHE/build.log)" >&2
+		echo "scripts/build-criu.sh: the build failed (its log: $CACHE/build.log; scripts/install-deps.sh installs the -dev packages it needs)" >&2
 		exit 1
 	fi
 	rm -f "$CACHE/build.log"

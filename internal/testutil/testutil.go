@@ -1,6 +1,7 @@
 // Package testutil holds what the project's tests share: the gate for
-// tests that change the host, and the wait for a condition. Only tests
-// import it.
+// tests that change the host, the wait for a condition, unpacking a tar
+// stream, and the counter the checkpoint tests save and restore. Only
+// tests import it.
 package testutil
 
 import (

@@ -36,7 +36,7 @@ func CheckpointApp(ctx context.Context, cg *cgroups.Cgroup, level int, s *stage1
 	if err != nil {
 		return nil, err
 	}
-	return CRIUDump(ctx, s.CRIU, node, freezerDir(appCg), s.Dir)
+	return CRIUDump(ctx, s.CRIU, node, appCg, s.Dir)
 }
 
 // appCgroup is app id's cgroup in the pod's cg: its directory in each of
@@ -61,12 +61,6 @@ func appCgroup(cg *cgroups.Cgroup, id string) (*cgroups.Cgroup, error) {
 		return nil, errdefs.FailedPrecondition("app %s has no freezer cgroup (the cgroup v1 freezer controller), which checkpoints pause it with", id)
 	}
 	return app, nil
-}
-
-// isUnified says whether the cgroup directory dir is on cgroup v2.
-func isUnified(dir string) bool {
-	var st unix.Statfs_t
-	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
 // freezerDir is the directory of cg's freezer: its cgroup v2 directory, or
@@ -152,12 +146,13 @@ func nsPIDs(status []byte) []string {
 //     of a file or directory: the /dev nodes, /etc/hosts, volumes), as a
 //     key made of its mount point (MountKey).
 //
-// cgroup is the directory of the app's freezer (cgroup v2, or the v1
-// freezer's). It returns what it named external and the tree's standard
-// streams that are pipes. FailedPrecondition, with the end of criu's log, when criu
-// cannot save the tree; DeadlineExceeded when ctx ends first (criu is
-// killed then).
-func CRIUDump(ctx context.Context, criu string, pid int, cgroup, dir string) (*stage1.AppImage, error) {
+// app is the app's cgroup (appCgroup), whose freezer pauses it. It
+// returns what it named external and the tree's standard streams that are
+// pipes. FailedPrecondition, with the end of criu's log, when criu cannot
+// save the tree; DeadlineExceeded when ctx ends first (criu is killed
+// then).
+func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, dir string) (*stage1.AppImage, error) {
+	cgroup := freezerDir(app)
 	proc := fmt.Sprintf("/proc/%d", pid)
 	img := &stage1.AppImage{Stdio: map[int]string{}}
 	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", CRIUDumpLog, "-v4", "--leave-running",
@@ -193,7 +188,7 @@ func CRIUDump(ctx context.Context, criu string, pid int, cgroup, dir string) (*s
 		}
 	}
 	argv := append([]string{criu}, args...)
-	if its, mine := nsInode(proc+"/ns/cgroup"), nsInode("/proc/self/ns/cgroup"); its != "" && its != mine && !isUnified(cgroup) {
+	if its, mine := nsInode(proc+"/ns/cgroup"), nsInode("/proc/self/ns/cgroup"); its != "" && its != mine && !app.IsV2() {
 		// On cgroup v1 an nspawn pod's cgroup namespace is rooted at its
 		// agent's memory cgroup, beside the pod's (RuntimeMemoryCgroup):
 		// criu, which reads the tree's cgroups from inside its namespace

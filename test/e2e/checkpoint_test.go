@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,9 +18,6 @@ import (
 	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 )
-
-// counterCmd counts in its rootfs and to its log, five times a second.
-const counterCmd = `exec </dev/null; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; echo count $i; sleep 0.2; done`
 
 // needCRIU skips a test where no criu works on this kernel, saying why
 // (scripts/build-criu.sh, which make deps runs, installs one that does).
@@ -49,7 +45,7 @@ func TestCheckpointRestore(t *testing.T) {
 	needCRIU(t)
 	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
 		ctr := func(name string) *runtimeapi.ContainerConfig {
-			c := e.netContainer(s, name, "sh", "-c", counterCmd)
+			c := e.netContainer(s, name, "sh", "-c", testutil.CounterCmd)
 			c.Envs = []*runtimeapi.KeyValue{{Key: "MOVED_FROM", Value: []byte("the first pod")}}
 			c.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_CONTAINER
 			return c
@@ -57,7 +53,7 @@ func TestCheckpointRestore(t *testing.T) {
 		cfg := e.netPodConfig("ckpt", s)
 		pod := e.runStage1Pod(cfg, s)
 		id := e.createAndStart(pod, cfg, ctr("counter"))
-		count := e.counting(id)
+		count := testutil.Counting(t, e.rt(), id)
 
 		archive := filepath.Join(t.TempDir(), "counter.tar")
 		before := count()
@@ -102,25 +98,6 @@ func TestCheckpointRestore(t *testing.T) {
 	})
 }
 
-// counting waits for the counter of container id to count, and returns
-// what reads its count (0 when it cannot be read).
-func (e *env) counting(id string) func() int {
-	e.t.Helper()
-	count := func() int {
-		r, err := e.rt().ExecSync(e.ctx(), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
-		if err != nil || r.ExitCode != 0 {
-			return 0
-		}
-		n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout)))
-		return n
-	}
-	testutil.WaitFor(e.t, time.Minute, "the counter counts", func() (bool, string) {
-		n := count()
-		return n > 2, strconv.Itoa(n)
-	})
-	return count
-}
-
 // restoreInto restores the counter checkpointed at before (its count just
 // before the checkpoint) from image (an archive's path, a checkpoint
 // image) into a container of a new pod of stage1 s: it counts on from
@@ -139,7 +116,7 @@ func (e *env) restoreInto(s podStage1, name, image string, before int) {
 	start := time.Now()
 	e.startContainer(id)
 	took := time.Since(start)
-	first := e.countsOn(filepath.Join(cfg.LogDirectory, "counter.log"))
+	first := testutil.CountsOn(t, filepath.Join(cfg.LogDirectory, "counter.log"))
 	if first-1 < before {
 		t.Errorf("%s: the restored counter began its log at %d, before its count at the checkpoint (%d or more)", name, first, before)
 	}
@@ -159,28 +136,6 @@ func (e *env) restoreInto(s podStage1, name, image string, before int) {
 	}
 }
 
-// countsOn waits for the counter's log at path to count on, and returns
-// the first count it holds.
-func (e *env) countsOn(path string) int {
-	e.t.Helper()
-	var first, last int
-	testutil.WaitFor(e.t, time.Minute, "the counter logs on in "+filepath.Base(path), func() (bool, string) {
-		b, _ := os.ReadFile(path)
-		first, last = 0, 0
-		for _, l := range strings.Split(string(b), "\n") {
-			if _, after, ok := strings.Cut(l, " count "); ok {
-				n, _ := strconv.Atoi(strings.TrimSpace(after))
-				if first == 0 {
-					first = n
-				}
-				last = n
-			}
-		}
-		return last > first+2, fmt.Sprintf("first %d last %d", first, last)
-	})
-	return first
-}
-
 // TestPodMovesBetweenDaemons: a pod of two counters moves from one
 // daemon (a node) to another, driven from the command line as an
 // operator would: `stagelet checkpoint pod` saves both, paused together,
@@ -197,9 +152,9 @@ func TestPodMovesBetweenDaemons(t *testing.T) {
 	pod := from.runStage1Pod(cfg, s)
 	counts := map[string]func() int{}
 	for _, name := range []string{"one", "two"} {
-		c := from.netContainer(s, name, "sh", "-c", counterCmd)
+		c := from.netContainer(s, name, "sh", "-c", testutil.CounterCmd)
 		c.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_CONTAINER
-		counts[name] = from.counting(from.createAndStart(pod, cfg, c))
+		counts[name] = testutil.Counting(t, from.rt(), from.createAndStart(pod, cfg, c))
 	}
 	before := map[string]int{}
 	for name, count := range counts {
@@ -248,7 +203,7 @@ func TestPodMovesBetweenDaemons(t *testing.T) {
 		if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			t.Errorf("restored container %s is %v", c.Metadata.Name, c.State)
 		}
-		first := to.countsOn(filepath.Join(newCfg.LogDirectory, c.Metadata.Name+".log"))
+		first := testutil.CountsOn(t, filepath.Join(newCfg.LogDirectory, c.Metadata.Name+".log"))
 		if first-1 < before[c.Metadata.Name] {
 			t.Errorf("restored counter %s began its log at %d, before its count at the checkpoint (%d or more)", c.Metadata.Name, first, before[c.Metadata.Name])
 		}

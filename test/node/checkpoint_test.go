@@ -21,9 +21,6 @@ import (
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 
-// counterCmd counts in its rootfs and to its log, five times a second.
-const counterCmd = `exec </dev/null; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; echo count $i; sleep 0.2; done`
-
 // TestCheckpointContainer: on Debian's own kernel, where its criu works,
 // CheckpointContainer saves a running counter of an nspawn pod and of a
 // fly pod, in its own PID namespace (the kubelet's default) and in the
@@ -58,7 +55,7 @@ func TestCheckpointContainer(t *testing.T) {
 				Config: &runtimeapi.ContainerConfig{
 					Metadata: &runtimeapi.ContainerMetadata{Name: "counter"},
 					Image:    &runtimeapi.ImageSpec{Image: ref},
-					Command:  []string{"sh", "-c", counterCmd},
+					Command:  []string{"sh", "-c", testutil.CounterCmd},
 					LogPath:  "counter.log",
 					Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
 						NamespaceOptions: &runtimeapi.NamespaceOption{Pid: tc.pid},
@@ -72,7 +69,7 @@ func TestCheckpointContainer(t *testing.T) {
 			if _, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
 				t.Fatalf("StartContainer: %v", err)
 			}
-			count := counting(t, rt, id)
+			count := testutil.Counting(t, rt, id)
 
 			archive := filepath.Join(archives, tc.name+".tar")
 			before := count()
@@ -169,25 +166,6 @@ func needCRIU(t *testing.T) {
 	}
 }
 
-// counting waits for the counter of container id to count, and returns
-// what reads its count (0 when it cannot be read).
-func counting(t *testing.T, rt runtimeapi.RuntimeServiceClient, id string) func() int {
-	t.Helper()
-	count := func() int {
-		r, err := rt.ExecSync(ctx(t), &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
-		if err != nil || r.ExitCode != 0 {
-			return 0
-		}
-		n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout)))
-		return n
-	}
-	testutil.WaitFor(t, time.Minute, "the counter counts", func() (bool, string) {
-		n := count()
-		return n > 2, strconv.Itoa(n)
-	})
-	return count
-}
-
 // restoreRequest creates container name in pod q from a checkpoint
 // archive, as CRI-O takes one: the archive's path as its image.
 func restoreRequest(q *pod, name, archive string) *runtimeapi.CreateContainerRequest {
@@ -218,7 +196,7 @@ func restoreInto(t *testing.T, rt runtimeapi.RuntimeServiceClient, q *pod, name,
 		t.Fatalf("StartContainer (restore): %v\n%s", err, journal(t))
 	}
 	took := time.Since(start)
-	first := countsOn(t, filepath.Join(q.logDir, name+".log"))
+	first := testutil.CountsOn(t, filepath.Join(q.logDir, name+".log"))
 	dumped, _ := strconv.Atoi(strings.TrimSpace(atDump))
 	if first-1 < before || first-1 > dumped {
 		t.Errorf("the restored counter began its log at %d: want one past its count at the dump, between %d (before the checkpoint) and %d (its layer)", first, before, dumped)
@@ -245,28 +223,6 @@ func restoreInto(t *testing.T, rt runtimeapi.RuntimeServiceClient, q *pod, name,
 	}
 }
 
-// countsOn waits for the counter's log at path to count on, and returns
-// the first count it holds.
-func countsOn(t *testing.T, path string) int {
-	t.Helper()
-	var first, last int
-	testutil.WaitFor(t, time.Minute, "the counter logs on in "+filepath.Base(path), func() (bool, string) {
-		b, _ := os.ReadFile(path)
-		first, last = 0, 0
-		for _, l := range strings.Split(string(b), "\n") {
-			if _, after, ok := strings.Cut(l, " count "); ok {
-				n, _ := strconv.Atoi(strings.TrimSpace(after))
-				if first == 0 {
-					first = n
-				}
-				last = n
-			}
-		}
-		return last > first+2, fmt.Sprintf("first %d last %d", first, last)
-	})
-	return first
-}
-
 // TestCheckpointPod: CheckpointPod saves an nspawn pod's and a fly pod's
 // containers (a sleeper and two counters), paused together, into a
 // directory; they go on. RestorePod makes a new pod of it whose
@@ -291,7 +247,7 @@ func TestCheckpointPod(t *testing.T) {
 			var configs []*runtimeapi.ContainerConfig
 			var ids []string
 			for _, name := range []string{"sleeper", "one", "two"} {
-				cmd := counterCmd
+				cmd := testutil.CounterCmd
 				if name == "sleeper" {
 					cmd = "exec sleep 100000"
 				}
@@ -312,7 +268,7 @@ func TestCheckpointPod(t *testing.T) {
 					t.Fatal(err)
 				}
 				if name != "sleeper" {
-					countsOn(t, filepath.Join(p.logDir, name+".log"))
+					testutil.CountsOn(t, filepath.Join(p.logDir, name+".log"))
 				}
 				ids = append(ids, cr.ContainerId)
 				configs = append(configs, cfg)
@@ -366,7 +322,7 @@ func TestCheckpointPod(t *testing.T) {
 			}
 			t.Logf("%s: RestorePod and three StartContainers took %v", tc.name, time.Since(start).Round(time.Millisecond))
 			for _, name := range []string{"one", "two"} {
-				if first := countsOn(t, filepath.Join(q.logDir, name+".log")); first < 3 {
+				if first := testutil.CountsOn(t, filepath.Join(q.logDir, name+".log")); first < 3 {
 					t.Errorf("restored counter %s began at %d, not where it was", name, first)
 				}
 			}

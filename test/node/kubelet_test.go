@@ -72,7 +72,7 @@ spec:
   - name: counter
     image: ` + ref + `
     imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", ` + strconv.Quote(counterCmd) + `]
+    command: ["sh", "-c", ` + strconv.Quote(testutil.CounterCmd) + `]
 `
 	if err := os.WriteFile(filepath.Join(manifests, "counter.yaml"), []byte(pod), 0o644); err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ spec:
 		return true, ""
 	})
 	podName := ctr.Labels["io.kubernetes.pod.name"]
-	count := counting(t, rt, ctr.Id)
+	count := testutil.Counting(t, rt, ctr.Id)
 
 	// The kubelet's API, with its self-signed certificate.
 	hc := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
