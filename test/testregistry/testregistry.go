@@ -71,7 +71,7 @@ func StartAddr(t testing.TB, addr string) *Registry {
 		t.Fatalf("testregistry: listen on %s: %v", addr, err)
 	}
 	r := &Registry{Host: ln.Addr().String()}
-	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)), registry.WithReferrersSupport(true))
 	srv := &httptest.Server{
 		Listener: ln,
 		Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

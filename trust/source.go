@@ -1,0 +1,284 @@
+package trust
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Source holds the node's signature policy and the per-namespace ones, and
+// rereads a file when it (or a key file it names) changes: a stat per file
+// at each decision, no restart. A file that stops loading leaves the last
+// good policy in force, logged and shown by Status; a namespace file that
+// never loaded refuses its namespace's images (fail closed).
+type Source struct {
+	file, dir string
+	log       *slog.Logger
+
+	mu     sync.Mutex
+	global *entry
+	ns     map[string]*entry
+}
+
+// entry is one policy file's state.
+type entry struct {
+	file     string
+	policy   *Policy // the last good one; nil if it never loaded
+	stamps   map[string]stamp
+	loadedAt time.Time
+	err      error            // the last failed load, if newer than policy
+	failed   map[string]stamp // the stamps of that failed load
+}
+
+type stamp struct {
+	exists bool
+	size   int64
+	mtime  int64
+	ino    uint64
+}
+
+func statStamp(p string) stamp {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return stamp{}
+	}
+	st := stamp{exists: true, size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if s, ok := fi.Sys().(*syscall.Stat_t); ok {
+		st.ino = s.Ino
+	}
+	return st
+}
+
+func changed(stamps map[string]stamp) bool {
+	for p, s := range stamps {
+		if statStamp(p) != s {
+			return true
+		}
+	}
+	return false
+}
+
+// NewSource loads file (none: accept anything) and watches dir for
+// "<namespace>.json" files (none: no per-namespace policies). A file that
+// does not load is an error here: the daemon does not start on a policy it
+// cannot read.
+func NewSource(file, dir string, log *slog.Logger) (*Source, error) {
+	s := &Source{file: file, dir: dir, log: log, ns: map[string]*entry{}}
+	if file != "" {
+		e := &entry{file: file}
+		if err := e.load(); err != nil {
+			return nil, err
+		}
+		s.global = e
+	}
+	if dir != "" {
+		if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+			return nil, fmt.Errorf("signature policy directory %s: not a directory", dir)
+		}
+	}
+	return s, nil
+}
+
+// load (re)reads e's file; on failure e keeps its last good policy.
+func (e *entry) load() error {
+	stamps := map[string]stamp{}
+	seen := func(p string) { stamps[p] = statStamp(p) }
+	// Stat before reading: a write during the read shows up as a change
+	// at the next decision.
+	seen(e.file)
+	p, err := Load(e.file, seen)
+	if err != nil {
+		e.err, e.failed = err, stamps
+		return err
+	}
+	e.policy, e.stamps, e.err, e.failed, e.loadedAt = p, stamps, nil, nil, time.Now()
+	return nil
+}
+
+// refresh reloads e when one of its files changed since it was last read
+// (good or bad).
+func (e *entry) refresh(log *slog.Logger) {
+	last := e.stamps
+	if e.failed != nil {
+		last = e.failed
+	}
+	if !changed(last) {
+		return
+	}
+	if err := e.load(); err != nil {
+		if e.policy != nil {
+			log.Error("signature policy does not load; the last good one stays in force", "file", e.file, "loaded", e.loadedAt, "err", err)
+		} else {
+			log.Error("signature policy does not load; its namespace's images are refused", "file", e.file, "err", err)
+		}
+		return
+	}
+	log.Info("signature policy loaded", "file", e.file)
+}
+
+var namespaceRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// Policy is the policy in force for namespace: its own file if the
+// directory has one, else the node's. The error is a namespace file that
+// has never loaded.
+func (s *Source) Policy(namespace string) (*Policy, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dir != "" && namespaceRE.MatchString(namespace) {
+		p := filepath.Join(s.dir, namespace+".json")
+		e := s.ns[namespace]
+		if !statStamp(p).exists {
+			if e != nil {
+				s.log.Info("namespace signature policy removed; the node's applies", "file", p)
+				delete(s.ns, namespace)
+			}
+		} else {
+			if e == nil {
+				e = &entry{file: p, failed: map[string]stamp{p: {}}}
+				s.ns[namespace] = e
+			}
+			e.refresh(s.log)
+			if e.policy == nil {
+				return nil, fmt.Errorf("the policy of namespace %s does not load: %w", namespace, e.err)
+			}
+			return e.policy, nil
+		}
+	}
+	if s.global == nil {
+		return AcceptAnything, nil
+	}
+	s.global.refresh(s.log)
+	return s.global.policy, nil
+}
+
+// Decide is the requirements that apply to ref for namespace, with the
+// file and scope that say so. A namespace policy that does not load gives a
+// *Rejection.
+func (s *Source) Decide(namespace string, ref Reference) (*Decision, error) {
+	p, err := s.Policy(namespace)
+	if err != nil {
+		return nil, &Rejection{Image: ref.String(), Namespace: namespace, Reason: err.Error()}
+	}
+	scope, rs := p.Lookup(ref)
+	return &Decision{File: p.File, Scope: scope, Requirements: rs, Namespace: namespace}, nil
+}
+
+// Decision is the requirements that apply to one image in one namespace.
+type Decision struct {
+	File, Scope, Namespace string
+	Requirements           Requirements
+}
+
+// Check is Requirements.Check as a *Rejection naming the decision.
+func (d *Decision) Check(img Image, sigs []Signature) error {
+	if err := d.Requirements.Check(img, sigs); err != nil {
+		return &Rejection{Image: img.Ref.String(), Digest: img.Digest, Namespace: d.Namespace, File: d.File, Scope: d.Scope, Required: d.Requirements.Describe(), Reason: err.Error()}
+	}
+	return nil
+}
+
+// FileStatus is the state of one policy file.
+type FileStatus struct {
+	File      string    `json:"file"`
+	Namespace string    `json:"namespace,omitempty"`
+	LoadedAt  time.Time `json:"loadedAt,omitzero"`
+	// Error is the last failed load, when it is newer than the policy in
+	// force (or there is none).
+	Error string `json:"error,omitempty"`
+}
+
+// Status lists the policy files read so far.
+func (s *Source) Status() []FileStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []FileStatus
+	st := func(e *entry, ns string) FileStatus {
+		f := FileStatus{File: e.file, Namespace: ns, LoadedAt: e.loadedAt}
+		if e.err != nil {
+			f.Error = e.err.Error()
+		}
+		return f
+	}
+	if s.global != nil {
+		out = append(out, st(s.global, ""))
+	}
+	names := make([]string, 0, len(s.ns))
+	for n := range s.ns {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		out = append(out, st(s.ns[n], n))
+	}
+	return out
+}
+
+// Files are the node's policy file and the directory of namespace files.
+func (s *Source) Files() (file, dir string) { return s.file, s.dir }
+
+// Namespaces are the namespaces that have a policy file of their own in
+// the directory now.
+func (s *Source) Namespaces() []string {
+	if s.dir == "" {
+		return nil
+	}
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, d := range ents {
+		if n, ok := strings.CutSuffix(d.Name(), ".json"); ok && namespaceRE.MatchString(n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// CheckFiles loads the node's policy and every namespace file in the
+// directory, as `stagelet doctor` does: it returns one error per file
+// that does not load (a key file missing or unparsable among them).
+func CheckFiles(file, dir string) (loaded []string, errs []error) {
+	if file != "" {
+		if _, err := Load(file, nil); err != nil {
+			errs = append(errs, err)
+		} else {
+			loaded = append(loaded, file)
+		}
+	}
+	if dir == "" {
+		return loaded, errs
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return loaded, errs
+	}
+	if err != nil {
+		return loaded, append(errs, err)
+	}
+	for _, d := range ents {
+		n := d.Name()
+		if filepath.Ext(n) != ".json" {
+			continue
+		}
+		p := filepath.Join(dir, n)
+		if !namespaceRE.MatchString(n[:len(n)-len(".json")]) {
+			errs = append(errs, fmt.Errorf("%s: not named after a namespace (<namespace>.json): never used", p))
+			continue
+		}
+		if _, err := Load(p, nil); err != nil {
+			errs = append(errs, err)
+		} else {
+			loaded = append(loaded, p)
+		}
+	}
+	return loaded, errs
+}
