@@ -31,11 +31,12 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/trust"
 )
 
 // Images is what the broker needs from the image store.
 type Images interface {
-	Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error)
+	Pull(ctx context.Context, ref string, auth *image.Auth, verify image.Verify) (*image.Image, error)
 	Get(ref string) (*image.Image, error)
 	List() []*image.Image
 	Remove(ref string) error
@@ -86,6 +87,9 @@ type Options struct {
 	// CRIU is the criu binary that works on this node, or why none does;
 	// nil: checkpoints are refused. Asked at each checkpoint or restore.
 	CRIU func(context.Context) (string, error)
+	// Trust is the signature policy images are checked against at pull
+	// and at container creation; nil: every image runs unverified.
+	Trust *trust.Source
 }
 
 // Broker is the node's pod and container manager. Create it with New, then

@@ -303,7 +303,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 		}
 		defer b.removeUnpacked(ctx, rec, &err)
 	}
-	img, err := b.containerImage(ctx, &rec.Config, restore)
+	img, err := b.containerImage(ctx, &rec.Config, restore, p.rec.Config.Metadata.Namespace)
 	if err != nil {
 		return err
 	}
@@ -387,26 +387,33 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	return nil
 }
 
-// containerImage is the stored image of container config cfg: NotFound
-// when it was not pulled. The image of a container restored from a
-// checkpoint is pulled when missing, as CRI-O does: a checkpoint taken on
-// another node needs it, and the kubelet pulled the checkpoint image only.
-func (b *Broker) containerImage(ctx context.Context, cfg *ContainerConfig, restore bool) (*image.Image, error) {
+// containerImage is the stored image of container config cfg, accepted
+// by the signature policy of namespace: NotFound when it was not pulled.
+// The image of a container restored from a checkpoint is pulled when
+// missing, as CRI-O does: a checkpoint taken on another node needs it, and
+// the kubelet pulled the checkpoint image only.
+func (b *Broker) containerImage(ctx context.Context, cfg *ContainerConfig, restore bool, namespace string) (*image.Image, error) {
 	img, err := b.opts.Images.Get(cfg.Image)
-	if restore && errdefs.IsNotFound(err) {
-		return b.pullCheckpointed(ctx, cfg)
-	}
-	if errdefs.IsNotFound(err) {
+	switch {
+	case restore && errdefs.IsNotFound(err):
+		img, err = b.pullCheckpointed(ctx, cfg, namespace)
+	case errdefs.IsNotFound(err):
 		return nil, errdefs.NotFound("image %q not found: pull it first", cfg.Image)
 	}
-	return img, err
+	if err != nil {
+		return nil, err
+	}
+	if err := b.checkImageTrust(ctx, namespace, cfg, img); err != nil {
+		return nil, err
+	}
+	return img, nil
 }
 
 // pullCheckpointed pulls the image of a checkpointed container, cfg: by
 // the reference its pod's author gave, since the kubelet names images by
 // their IDs, which cannot be pulled; the image pulled must be the one the
 // container ran.
-func (b *Broker) pullCheckpointed(ctx context.Context, cfg *ContainerConfig) (*image.Image, error) {
+func (b *Broker) pullCheckpointed(ctx context.Context, cfg *ContainerConfig, namespace string) (*image.Image, error) {
 	byID := strings.HasPrefix(cfg.Image, "sha256:")
 	ref := cfg.Image
 	if cfg.UserImage != "" {
@@ -414,7 +421,11 @@ func (b *Broker) pullCheckpointed(ctx context.Context, cfg *ContainerConfig) (*i
 	} else if byID {
 		return nil, errdefs.NotFound("the checkpointed container's image %s is not on this node, and the checkpoint names no reference to pull it by", cfg.Image)
 	}
-	img, err := b.opts.Images.Pull(ctx, ref, nil)
+	verify, err := b.pullVerifier(namespace, ref)
+	if err != nil {
+		return nil, err
+	}
+	img, err := b.opts.Images.Pull(ctx, ref, nil, verify)
 	if err != nil {
 		return nil, fmt.Errorf("the checkpointed container's image: %w", err)
 	}

@@ -41,7 +41,7 @@ var fakeImage = &image.Image{
 	Config:   image.ImageConfig{Entrypoint: []string{"/bin/sh"}, Cmd: []string{"-c", "sleep 1000"}, Env: []string{"PATH=/bin", "A=1"}, User: "app"},
 }
 
-func (f *fakeImages) Pull(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error) {
+func (f *fakeImages) Pull(ctx context.Context, ref string, auth *image.Auth, verify image.Verify) (*image.Image, error) {
 	f.mu.Lock()
 	f.unpulled = false
 	f.pulls = append(f.pulls, ref)

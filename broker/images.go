@@ -7,12 +7,18 @@ import (
 	"github.com/stagelet/stagelet/image"
 )
 
-// PullImage pulls ref and returns the image.
-func (b *Broker) PullImage(ctx context.Context, ref string, auth *image.Auth) (*image.Image, error) {
+// PullImage pulls ref for a pod in namespace ("" when the kubelet names
+// no pod) and returns the image; the namespace's signature policy must
+// accept it.
+func (b *Broker) PullImage(ctx context.Context, ref string, auth *image.Auth, namespace string) (*image.Image, error) {
 	if ref == "" {
 		return nil, errdefs.InvalidArgument("image.image: must not be empty")
 	}
-	img, err := b.opts.Images.Pull(ctx, ref, auth)
+	verify, err := b.pullVerifier(namespace, ref)
+	if err != nil {
+		return nil, err
+	}
+	img, err := b.opts.Images.Pull(ctx, ref, auth, verify)
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,10 @@ type Observer interface {
 	AgentDisconnected(stage1 string)
 	// Recovered: Recover finished.
 	Recovered(RecoveryResult)
+	// ImageVerified: an image was checked against the signature policy
+	// at stage (VerifyAtPull, VerifyAtCreate) with result (VerifyAccepted,
+	// ...).
+	ImageVerified(stage, result string)
 }
 
 // nopObserver is the Observer of a broker given none.
@@ -37,6 +41,7 @@ func (nopObserver) PolicyRefused(string)             {}
 func (nopObserver) PodStarted(string, time.Duration) {}
 func (nopObserver) AgentDisconnected(string)         {}
 func (nopObserver) Recovered(RecoveryResult)         {}
+func (nopObserver) ImageVerified(string, string)     {}
 
 // Refusal reasons that are not the policy's own (policy.Refusal.By).
 const (

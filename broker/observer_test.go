@@ -17,6 +17,7 @@ type recorder struct {
 	started     []string // stage1
 	disconnects []string
 	recovered   int
+	verified    []string // stage result
 }
 
 func (r *recorder) PolicyDecided(stage1, rule string) {
@@ -49,6 +50,12 @@ func (r *recorder) Recovered(RecoveryResult) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.recovered++
+}
+
+func (r *recorder) ImageVerified(stage, result string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verified = append(r.verified, stage+" "+result)
 }
 
 func (r *recorder) snapshot() recorder {

@@ -143,6 +143,28 @@ type Checkpoint struct {
 	CRIU string `yaml:"criu"`
 }
 
+// Images says which images may run.
+type Images struct {
+	// SignaturePolicy is a containers-policy.json(5) file: which images
+	// need which signatures. Empty (the default): every image is accepted
+	// unverified, as with {"default": [{"type": "insecureAcceptAnything"}]}.
+	SignaturePolicy string `yaml:"signature_policy"`
+	// SignaturePolicyDir holds one policy per Kubernetes namespace,
+	// "<namespace>.json", used instead of SignaturePolicy for that
+	// namespace's pods. Empty: beside SignaturePolicy, its name without
+	// ".json" and with ".d" ("/etc/stagelet/signature-policy.d").
+	SignaturePolicyDir string `yaml:"signature_policy_dir"`
+}
+
+// PolicyDir is the directory of per-namespace signature policies, ""
+// for none.
+func (i Images) PolicyDir() string {
+	if i.SignaturePolicyDir != "" || i.SignaturePolicy == "" {
+		return i.SignaturePolicyDir
+	}
+	return strings.TrimSuffix(i.SignaturePolicy, ".json") + ".d"
+}
+
 // Config is the node configuration.
 type Config struct {
 	Version int `yaml:"version"`
@@ -174,6 +196,8 @@ type Config struct {
 	Metrics Metrics `yaml:"metrics"`
 	// Checkpoint says which criu takes checkpoints.
 	Checkpoint Checkpoint `yaml:"checkpoint"`
+	// Images says which images may run (signature verification).
+	Images Images `yaml:"images"`
 	// Policy decides each pod's stage1. Absent: the embedded default
 	// policy. PolicyFile names a policy file instead (relative to this
 	// file's directory); the two are exclusive.
@@ -282,6 +306,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Checkpoint.CRIU != "" && !path.IsAbs(c.Checkpoint.CRIU) {
 		errs = append(errs, fmt.Errorf("checkpoint.criu: %q is not absolute", c.Checkpoint.CRIU))
+	}
+	for _, kv := range [][2]string{{"images.signature_policy", c.Images.SignaturePolicy}, {"images.signature_policy_dir", c.Images.SignaturePolicyDir}} {
+		if kv[1] != "" && !path.IsAbs(kv[1]) {
+			errs = append(errs, fmt.Errorf("%s: %q is not absolute", kv[0], kv[1]))
+		}
 	}
 	for _, d := range c.CDI.SpecDirs {
 		if !path.IsAbs(d) {

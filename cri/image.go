@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -48,7 +49,10 @@ func (s *Server) PullImage(ctx context.Context, r *runtimeapi.PullImageRequest) 
 			RegistryToken: a.GetRegistryToken(),
 		}
 	}
-	img, err := s.b.PullImage(ctx, r.GetImage().GetImage(), auth)
+	// The policy of the namespace of the pod the image is pulled for
+	// decides which signatures it needs.
+	ns := r.GetSandboxConfig().GetMetadata().GetNamespace()
+	img, err := s.b.PullImage(ctx, r.GetImage().GetImage(), auth, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +74,19 @@ func (s *Server) ImageStatus(ctx context.Context, r *runtimeapi.ImageStatusReque
 	resp := &runtimeapi.ImageStatusResponse{Image: imageOf(img)}
 	if r.GetVerbose() {
 		resp.Info = map[string]string{"layers": strconv.Itoa(len(img.Layers))}
+		// Which signature requirement applies to the image in each
+		// namespace with a policy of its own, and in the others.
+		if v := s.b.ImageTrust(img); v != nil {
+			b, _ := json.Marshal(v)
+			resp.Info["signaturePolicy"] = string(b)
+			// Where the signatures kept beside the image were found.
+			src := make([]string, len(img.Signatures))
+			for i, sig := range img.Signatures {
+				src[i] = sig.Source
+			}
+			b, _ = json.Marshal(src)
+			resp.Info["signatures"] = string(b)
+		}
 	}
 	return resp, nil
 }

@@ -75,6 +75,15 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 			"cdi.enabled":  "true",
 			"cdi.specDirs": strings.Join(s.b.CDISpecDirs(), ","),
 		}
+		// The signature policy: its files, when each was loaded, and
+		// the error of one that no longer loads (the last good one
+		// stays in force).
+		if file, dir, files, ok := s.b.TrustStatus(); ok {
+			b, _ := json.Marshal(map[string]any{"file": file, "dir": dir, "loaded": files})
+			resp.Info["signaturePolicy"] = string(b)
+		} else {
+			resp.Info["signaturePolicy"] = "none: every image runs unverified"
+		}
 		for k, v := range s.b.BackendInfo(ctx) {
 			resp.Info[k] = v
 		}

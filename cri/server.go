@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	crierrors "k8s.io/cri-api/pkg/errors"
 
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
@@ -102,7 +103,7 @@ func (s *Server) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerI
 		if err != nil {
 			st := toStatus(err)
 			lvl := slog.LevelWarn
-			if st.Code() == codes.Unknown || st.Code() == codes.Internal {
+			if (st.Code() == codes.Unknown || st.Code() == codes.Internal) && !errors.Is(err, crierrors.ErrSignatureValidationFailed) {
 				lvl = slog.LevelError
 			}
 			if st.Code() == codes.NotFound {
@@ -171,6 +172,10 @@ func toStatus(err error) *status.Status {
 	}
 	code := codes.Unknown
 	switch {
+	case errors.Is(err, crierrors.ErrSignatureValidationFailed):
+		// The kubelet recognizes the reason by the message's prefix,
+		// which it sees only in an Unknown status.
+		code = codes.Unknown
 	case errors.Is(err, errdefs.ErrNotFound):
 		code = codes.NotFound
 	case errors.Is(err, errdefs.ErrAlreadyExists):

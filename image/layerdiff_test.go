@@ -27,7 +27,7 @@ func TestExportImportLayer(t *testing.T) {
 	r := testregistry.Start(t)
 	ref := r.PushBusybox(t, "busybox", "latest")
 	s := newStore(t, Config{})
-	img, err := s.Pull(pullCtx(t), ref, nil)
+	img, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func TestMountRootfs(t *testing.T) {
 	r := testregistry.Start(t)
 	ref := r.PushBusybox(t, "busybox", "latest")
 	s := newStore(t, Config{})
-	img, err := s.Pull(pullCtx(t), ref, nil)
+	img, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func BenchmarkMountRootfs(b *testing.B) {
 	r := testregistry.Start(b)
 	ref := r.PushBusybox(b, "busybox", "latest")
 	s := newStore(b, Config{})
-	img, err := s.Pull(pullCtx(b), ref, nil)
+	img, err := s.Pull(pullCtx(b), ref, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestMountRootfsIDMapped(t *testing.T) {
 	r := testregistry.Start(t)
 	ref := r.PushBusybox(t, "busybox", "latest")
 	s := newStore(t, Config{})
-	img, err := s.Pull(pullCtx(t), ref, nil)
+	img, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestMountImageVolume(t *testing.T) {
 	r := testregistry.Start(t)
 	ref := r.PushBusybox(t, "busybox", "latest")
 	s := newStore(t, Config{})
-	img, err := s.Pull(pullCtx(t), ref, nil)
+	img, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/atomicfile"
+	"github.com/stagelet/stagelet/trust"
 )
 
 // platform is the platform picked from an index.
@@ -151,6 +152,14 @@ func keychainAuth(a *Auth) authn.Authenticator {
 	})
 }
 
+// Verify decides whether an image may be pulled once its reference has
+// resolved to digest (of the manifest or index the reference names), before
+// anything else is fetched: digest is what gets pulled, so a tag that moves
+// meanwhile cannot swap the image. fetch gets the signatures of digest from
+// the registry (or mirror) that answered. Verify returns the signatures to
+// keep beside the image, or why it is refused.
+type Verify func(ctx context.Context, digest string, fetch func() ([]trust.Signature, error)) ([]trust.Signature, error)
+
 // Pull fetches ref (with auth, or anonymously when auth is nil or empty),
 // unpacks the layers it does not have yet, and records the image under the
 // reference's normalized name (also when it came from a mirror). An index
@@ -164,8 +173,9 @@ func keychainAuth(a *Auth) authn.Authenticator {
 // the index has no entry for this platform; ErrPermissionDenied when the
 // registry refuses the credentials; ErrUnavailable for connection failures
 // and server errors; ErrDeadlineExceeded when ctx expires; ErrUnimplemented
-// for docker schema 1 manifests.
-func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
+// for docker schema 1 manifests. A refusal of verify (nil: none) is
+// returned as it is, and nothing is fetched or stored after it.
+func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, verify Verify) (*Image, error) {
 	start := time.Now()
 	p, err := parse(ref)
 	if err != nil {
@@ -186,11 +196,24 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		return nil, err
 	}
 	top := desc.Digest.String()
+	var sigs []trust.Signature
+	if verify != nil {
+		fetch := func() ([]trust.Signature, error) {
+			sigs, err := trust.Fetch(ctx, src.Context(), top, opts...)
+			if err != nil {
+				return nil, fmt.Errorf("pull %s: signatures: %w: %v", ref, classify(ctx, err), err)
+			}
+			return sigs, nil
+		}
+		if sigs, err = verify(ctx, top, fetch); err != nil {
+			return nil, err
+		}
+	}
 
 	s.gcMu.RLock()
 	defer s.gcMu.RUnlock()
 
-	if img, ok := s.cached(p, top); ok {
+	if img, ok := s.cached(p, top, sigs); ok {
 		s.log.DebugContext(ctx, "pull: image present", "ref", ref, "id", img.ID, "took", time.Since(start))
 		return img, nil
 	}
@@ -230,7 +253,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error
 		}
 	}
 	rec := newRecord(cfgDigest, mdig.String(), size, diffIDs, cf, blobs)
-	out, err := s.commit(rec, p, top)
+	out, err := s.commit(rec, p, top, sigs)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", ref, err)
 	}
@@ -369,8 +392,8 @@ func (s *Store) fetchLayers(ctx context.Context, ref string, layers []v1.Layer, 
 }
 
 // cached returns the stored image whose manifest or pulled digest is top,
-// after tagging it with p, if all its layers are present.
-func (s *Store) cached(p *parsed, top string) (*Image, bool) {
+// after tagging it with p and keeping sigs, if all its layers are present.
+func (s *Store) cached(p *parsed, top string, sigs []trust.Signature) (*Image, bool) {
 	s.mu.Lock()
 	var found *record
 	for _, rec := range s.images {
@@ -388,7 +411,7 @@ func (s *Store) cached(p *parsed, top string) (*Image, bool) {
 			return nil, false
 		}
 	}
-	img, err := s.commit(found, p, top)
+	img, err := s.commit(found, p, top, sigs)
 	if err != nil {
 		s.log.Warn("pull: record update failed", "id", found.ID, "err", err)
 		return nil, false
@@ -396,9 +419,10 @@ func (s *Store) cached(p *parsed, top string) (*Image, bool) {
 	return img, true
 }
 
-// commit merges rec (new or existing) with the tag and digest of p, moves the
-// tag away from any other image, and persists what changed.
-func (s *Store) commit(rec *record, p *parsed, top string) (*Image, error) {
+// commit merges rec (new or existing) with the tag and digest of p and the
+// signatures sigs, moves the tag away from any other image, and persists
+// what changed.
+func (s *Store) commit(rec *record, p *parsed, top string, sigs []trust.Signature) (*Image, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.images[rec.ID]
@@ -408,6 +432,7 @@ func (s *Store) commit(rec *record, p *parsed, top string) (*Image, error) {
 		c := *cur
 		c.RepoTags = slices.Clone(cur.RepoTags)
 		c.RepoDigests = slices.Clone(cur.RepoDigests)
+		c.Signatures = slices.Clone(cur.Signatures)
 		if rec != cur {
 			c.Blobs = mergeSorted(c.Blobs, rec.Blobs)
 		}
@@ -423,6 +448,11 @@ func (s *Store) commit(rec *record, p *parsed, top string) (*Image, error) {
 	}
 	if !slices.Contains(cur.RepoDigests, dig) {
 		cur.RepoDigests = append(cur.RepoDigests, dig)
+	}
+	for _, sig := range sigs {
+		if !slices.ContainsFunc(cur.Signatures, sig.Same) {
+			cur.Signatures = append(cur.Signatures, sig)
+		}
 	}
 	// A tag or digest names one image: take it away from the others.
 	for id, other := range s.images {
@@ -450,7 +480,7 @@ func (s *Store) commit(rec *record, p *parsed, top string) (*Image, error) {
 }
 
 func sameNames(a, b *record) bool {
-	return slices.Equal(a.RepoTags, b.RepoTags) && slices.Equal(a.RepoDigests, b.RepoDigests) && slices.Equal(a.Blobs, b.Blobs)
+	return slices.Equal(a.RepoTags, b.RepoTags) && slices.Equal(a.RepoDigests, b.RepoDigests) && slices.Equal(a.Blobs, b.Blobs) && len(a.Signatures) == len(b.Signatures)
 }
 
 func mergeSorted(a, b []string) []string {

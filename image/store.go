@@ -76,6 +76,7 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/diskusage"
+	"github.com/stagelet/stagelet/trust"
 )
 
 // RegistryHost is the operator's configuration for one registry host.
@@ -122,6 +123,10 @@ type Image struct {
 	Config ImageConfig
 	// Layers are the diff IDs, bottom first.
 	Layers []string
+	// Signatures are the image's signatures fetched when a pull was
+	// verified, kept to verify the image again at container creation
+	// without the registry.
+	Signatures []trust.Signature
 }
 
 const recordVersion = 1
@@ -139,6 +144,8 @@ type record struct {
 	Manifest string `json:"manifest"`
 	// Blobs are the digests kept under blobs/ for this image.
 	Blobs []string `json:"blobs,omitempty"`
+	// Signatures are kept beside the image (Image.Signatures).
+	Signatures []trust.Signature `json:"signatures,omitempty"`
 }
 
 func (r *record) image() *Image {
@@ -160,6 +167,7 @@ func (r *record) image() *Image {
 		Size:        r.Size,
 		Config:      c,
 		Layers:      slices.Clone(r.Layers),
+		Signatures:  slices.Clone(r.Signatures),
 	}
 }
 

@@ -50,7 +50,7 @@ func TestPullAndGet(t *testing.T) {
 	r := testregistry.Start(t)
 	ref := r.PushBusybox(t, "busybox", "latest")
 	s := newStore(t, Config{})
-	img, err := s.Pull(pullCtx(t), ref, nil)
+	img, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestPullTwiceIsCheap(t *testing.T) {
 	r := testregistry.Start(t)
 	ref := r.PushBusybox(t, "busybox", "latest")
 	s := newStore(t, Config{})
-	first, err := s.Pull(pullCtx(t), ref, nil)
+	first, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestPullTwiceIsCheap(t *testing.T) {
 	if unpacks != 1 {
 		t.Fatalf("unpacks = %d, want 1", unpacks)
 	}
-	second, err := s.Pull(pullCtx(t), ref, nil)
+	second, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestPullTwiceIsCheap(t *testing.T) {
 	// The same image under another tag is recorded without a download.
 	ref2 := r.PushBusybox(t, "busybox", "v2")
 	blobs = r.BlobGets()
-	third, err := s.Pull(pullCtx(t), ref2, nil)
+	third, err := s.Pull(pullCtx(t), ref2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestPullIndexPicksPlatform(t *testing.T) {
 	r := testregistry.Start(t)
 	ref := r.PushIndex(t, "multi", "latest")
 	s := newStore(t, Config{})
-	img, err := s.Pull(pullCtx(t), ref, nil)
+	img, err := s.Pull(pullCtx(t), ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestPullIndexPicksPlatform(t *testing.T) {
 	if got, err := s.Get(img.RepoDigests[0]); err != nil || got.ID != id {
 		t.Errorf("Get(%s) = %v, %v", img.RepoDigests[0], got, err)
 	}
-	byDigest, err := s.Pull(pullCtx(t), img.RepoDigests[0], nil)
+	byDigest, err := s.Pull(pullCtx(t), img.RepoDigests[0], nil, nil)
 	if err != nil || byDigest.ID != id || s.unpacks.Load() != 1 {
 		t.Errorf("pull by index digest: %v, %v, unpacks %d", byDigest, err, s.unpacks.Load())
 	}
@@ -199,7 +199,7 @@ func TestPullThroughMirror(t *testing.T) {
 		s := newStore(t, Config{Registries: map[string]RegistryHost{
 			"upstream.invalid": {Mirrors: []string{"127.0.0.1:1", "http://" + mirror.Host + "/"}},
 		}})
-		img, err := s.Pull(pullCtx(t), "upstream.invalid/team/busybox:1", nil)
+		img, err := s.Pull(pullCtx(t), "upstream.invalid/team/busybox:1", nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +215,7 @@ func TestPullThroughMirror(t *testing.T) {
 			upstream.Host: {Mirrors: []string{mirror.Host}},
 		}})
 		before, mirrorBefore := upstream.Requests(), mirror.Requests()
-		if _, err := s.Pull(pullCtx(t), upstream.Host+"/team/busybox:1", nil); err != nil {
+		if _, err := s.Pull(pullCtx(t), upstream.Host+"/team/busybox:1", nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		if upstream.Requests() != before || mirror.Requests() == mirrorBefore {
@@ -226,7 +226,7 @@ func TestPullThroughMirror(t *testing.T) {
 		s := newStore(t, Config{Registries: map[string]RegistryHost{
 			"upstream.invalid": {Mirrors: []string{"http://" + mirror.Host}},
 		}})
-		_, err := s.Pull(pullCtx(t), "upstream.invalid/team/missing:1", nil)
+		_, err := s.Pull(pullCtx(t), "upstream.invalid/team/missing:1", nil, nil)
 		if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "upstream.invalid/team/missing:1") {
 			t.Errorf("err = %v, want ErrNotFound naming the ref", err)
 		}
@@ -242,12 +242,12 @@ func TestPullInsecure(t *testing.T) {
 	r := testregistry.StartAddr(t, "127.0.0.2:0")
 	ref := r.PushBusybox(t, "busybox", "latest")
 
-	_, err = newStore(t, Config{}).Pull(pullCtx(t), ref, nil)
+	_, err = newStore(t, Config{}).Pull(pullCtx(t), ref, nil, nil)
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("pull over HTTPS from an HTTP registry: err = %v, want ErrUnavailable", err)
 	}
 	s := newStore(t, Config{Registries: map[string]RegistryHost{r.Host: {Insecure: true}}})
-	if _, err := s.Pull(pullCtx(t), ref, nil); err != nil {
+	if _, err := s.Pull(pullCtx(t), ref, nil, nil); err != nil {
 		t.Fatalf("insecure pull: %v", err)
 	}
 }
@@ -265,14 +265,14 @@ func TestPullErrors(t *testing.T) {
 		{r.Host + "/nothing:latest", errdefs.ErrNotFound},
 		{"127.0.0.1:1/busybox:latest", errdefs.ErrUnavailable},
 	} {
-		_, err := s.Pull(pullCtx(t), tc.ref, nil)
+		_, err := s.Pull(pullCtx(t), tc.ref, nil, nil)
 		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.ref) {
 			t.Errorf("Pull(%q) = %v, want class %v naming the ref", tc.ref, err, tc.want)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.Pull(ctx, r.Host+"/busybox:latest", nil); err == nil {
+	if _, err := s.Pull(ctx, r.Host+"/busybox:latest", nil, nil); err == nil {
 		t.Error("pull with a canceled context succeeded")
 	}
 }
@@ -285,7 +285,7 @@ func TestPullHostile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Pull(pullCtx(t), ref, nil)
+	_, err = s.Pull(pullCtx(t), ref, nil, nil)
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), testregistry.HostileEscapeName) || !strings.Contains(err.Error(), ref) {
 		t.Fatalf("err = %v, want ErrInvalidArgument naming the entry and the ref", err)
 	}
@@ -316,11 +316,11 @@ func TestRemoveAndGC(t *testing.T) {
 	refA := r.PushBusybox(t, "busybox", "a")
 	refB := r.Push(t, "other", "b", testregistry.WithConfig(testregistry.BusyboxImage(t), []string{"/bin/sh"}, []string{"-c", "true"}, "app"))
 	s := newStore(t, Config{})
-	a, err := s.Pull(pullCtx(t), refA, nil)
+	a, err := s.Pull(pullCtx(t), refA, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := s.Pull(pullCtx(t), refB, nil)
+	b, err := s.Pull(pullCtx(t), refB, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestConcurrentPull(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], errs[i] = s.Pull(pullCtx(t), ref, nil)
+			got[i], errs[i] = s.Pull(pullCtx(t), ref, nil, nil)
 		}()
 	}
 	wg.Wait()
@@ -396,12 +396,12 @@ func BenchmarkPullCached(b *testing.B) {
 	ref := r.PushBusybox(b, "busybox", "latest")
 	s := newStore(b, Config{})
 	ctx := context.Background()
-	if _, err := s.Pull(ctx, ref, nil); err != nil {
+	if _, err := s.Pull(ctx, ref, nil, nil); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
 	for b.Loop() {
-		if _, err := s.Pull(ctx, ref, nil); err != nil {
+		if _, err := s.Pull(ctx, ref, nil, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -413,7 +413,7 @@ func BenchmarkPullFresh(b *testing.B) {
 	ctx := context.Background()
 	for b.Loop() {
 		s := newStore(b, Config{})
-		if _, err := s.Pull(ctx, ref, nil); err != nil {
+		if _, err := s.Pull(ctx, ref, nil, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

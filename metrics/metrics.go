@@ -52,6 +52,7 @@ type Metrics struct {
 	recoveryTook prometheus.Gauge
 	recoveryPods *prometheus.GaugeVec
 	setAside     prometheus.Gauge
+	verified     *prometheus.CounterVec
 }
 
 var _ broker.Observer = (*Metrics)(nil)
@@ -99,12 +100,16 @@ func New() *Metrics {
 			Namespace: namespace, Name: "set_aside_records",
 			Help: "Pods and containers whose records are set aside (quarantined, or written by a newer stagelet) and left alone, as of recovery.",
 		}),
+		verified: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: "image", Name: "verifications_total",
+			Help: "Images checked against the signature policy, by stage (pull, create) and result (accepted: signatures verified; unverified: the policy accepts the image without; rejected; error: signatures could not be fetched).",
+		}, []string{"stage", "result"}),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.criRequests, m.criDuration, m.podStart, m.decisions, m.refusals,
-		m.disconnects, m.recoveryTook, m.recoveryPods, m.setAside,
+		m.disconnects, m.recoveryTook, m.recoveryPods, m.setAside, m.verified,
 	)
 	return m
 }
@@ -201,6 +206,11 @@ func (m *Metrics) PodStarted(stage1 string, took time.Duration) {
 
 // AgentDisconnected implements broker.Observer.
 func (m *Metrics) AgentDisconnected(stage1 string) { m.disconnects.WithLabelValues(stage1).Inc() }
+
+// ImageVerified implements broker.Observer.
+func (m *Metrics) ImageVerified(stage, result string) {
+	m.verified.WithLabelValues(stage, result).Inc()
+}
 
 // Recovered implements broker.Observer.
 func (m *Metrics) Recovered(r broker.RecoveryResult) {

@@ -1,6 +1,8 @@
 package preflight
 
 import (
+	"github.com/stagelet/stagelet/trust"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -269,6 +271,41 @@ func orNone(s []string) string {
 		return "none"
 	}
 	return strings.Join(s, ", ")
+}
+
+// SignaturePolicy checks that the signature policy and every namespace
+// policy beside it load, their key files included (trust.CheckFiles). A
+// node policy that does not load fails every stage1: the daemon does not
+// start on it. A namespace's that does not load is a warning: that
+// namespace's images are refused (or its last good policy stays in force
+// in a running daemon).
+func SignaturePolicy(file, dir string) Prober {
+	return func(ctx context.Context) Check {
+		c := Check{Name: "signature policy"}
+		if file == "" && dir == "" {
+			c.Status, c.Detail = Info, "none configured (images.signature_policy): every image runs unverified"
+			return c
+		}
+		loaded, errs := trust.CheckFiles(file, dir)
+		if len(errs) > 0 {
+			msgs := make([]string, len(errs))
+			c.Status = Warn
+			for i, e := range errs {
+				msgs[i] = e.Error()
+				var le *trust.LoadError
+				if errors.As(e, &le) && le.File == file {
+					c.Status, c.Blocks = Fail, []string{"*"}
+				}
+			}
+			c.Detail = strings.Join(msgs, "; ")
+			return c
+		}
+		c.Status, c.Detail = OK, fmt.Sprintf("%s load, with every key file they name", strings.Join(loaded, ", "))
+		if len(loaded) == 0 {
+			c.Status, c.Detail = Info, fmt.Sprintf("no policy file in %s: every image runs unverified", dir)
+		}
+		return c
+	}
 }
 
 // LocalCRIU is where scripts/build-criu.sh installs a criu built for

@@ -95,6 +95,7 @@ func nodeReport(ctx context.Context, cfg *config.Config, state string, b *broker
 		preflight.UserNamespaces(),
 		preflight.CDI(cdi.SpecDirs(), cdi.Devices),
 		preflight.CRIU(cfg.Checkpoint.CRIU),
+		preflight.SignaturePolicy(cfg.Images.SignaturePolicy, cfg.Images.PolicyDir()),
 		preflight.Disk(state),
 		preflight.SetAside(func(ctx context.Context) ([]string, error) {
 			recs, err := b.SetAsideRecords(ctx)

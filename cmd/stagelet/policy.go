@@ -18,6 +18,7 @@ import (
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/trust"
 )
 
 const policyUsage = `usage:
@@ -28,6 +29,11 @@ const policyUsage = `usage:
                                            its qemu runs) or why it cannot;
                                            POD is a Kubernetes Pod manifest (YAML or
                                            JSON) or a CRI PodSandboxConfig (JSON), or -
+  stagelet policy explain [--config NODECONFIG] --image REF [--namespace NS]
+                                           the signature requirement that applies to an
+                                           image in a namespace (images.signature_policy
+                                           and its namespace files); with PODs, the one of
+                                           each of their containers' images too
   stagelet policy default                  print the embedded default policy
 `
 
@@ -117,10 +123,12 @@ func policyExplain(args []string, out io.Writer) int {
 	cfgFile := fs.String("config", "", "node config whose policy and stage1 settings to use (its policy: or policy_file:)")
 	handler := fs.String("handler", "", "RuntimeClass handler, for a CRI PodSandboxConfig")
 	overhead := fs.String("overhead", "", "the RuntimeClass overhead's memory (overhead.podFixed.memory, 192Mi) of a Pod manifest without spec.overhead")
+	imageRef := fs.String("image", "", "an image reference: say which signature requirement applies to it")
+	namespace := fs.String("namespace", "default", "the Kubernetes namespace of --image")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() == 0 {
+	if fs.NArg() == 0 && *imageRef == "" {
 		fmt.Fprint(os.Stderr, policyUsage)
 		return 2
 	}
@@ -133,39 +141,31 @@ func policyExplain(args []string, out io.Writer) int {
 		}
 		over = q.Value()
 	}
-	p := policy.Default()
-	p.Source = "embedded default"
 	if *file != "" && *cfgFile != "" {
 		fmt.Fprintln(os.Stderr, "stagelet policy explain: give --policy or --config, not both")
 		return 2
 	}
-	cfg := config.Default()
-	if *cfgFile != "" {
-		var err error
-		cfg, err = config.Load(*cfgFile)
-		if err == nil {
-			p, err = cfg.LoadPolicy()
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
+	cfg, p, err := explainPolicy(*cfgFile, *file)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	if *file != "" {
-		data, err := os.ReadFile(*file)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+	signatures, err := trust.NewSource(cfg.Images.SignaturePolicy, cfg.Images.PolicyDir(), quietLog)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	rc := 0
+	if *imageRef != "" {
+		if !explainImage(out, signatures, *namespace, *imageRef) {
+			rc = 1
 		}
-		if p, err = policy.Parse(*file, data); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		if fs.NArg() > 0 {
+			fmt.Fprintln(out)
 		}
-		p.Source = *file
 	}
 	backends := builtinBackends(quietLog, cfg, nil, true, "")
 	caps := capabilitiesOf(backends)
-	rc := 0
 	for i, name := range fs.Args() {
 		var data []byte
 		var err error
@@ -195,6 +195,11 @@ func policyExplain(args []string, out io.Writer) int {
 			if !explainPlan(out, backends[d.Stage1], d, pp) {
 				rc = 1
 			}
+			for _, img := range pp.images {
+				if !explainImage(out, signatures, pp.pod.Namespace, img) {
+					rc = 1
+				}
+			}
 		case errors.As(err, &ref):
 			fmt.Fprint(out, ref.Explain())
 			rc = 1
@@ -204,6 +209,65 @@ func policyExplain(args []string, out io.Writer) int {
 		}
 	}
 	return rc
+}
+
+// explainPolicy is the node config and the isolation policy explain uses:
+// those of cfgFile, or the defaults; a policy file wins.
+func explainPolicy(cfgFile, file string) (*config.Config, *policy.Policy, error) {
+	p := policy.Default()
+	p.Source = "embedded default"
+	cfg := config.Default()
+	if cfgFile != "" {
+		var err error
+		if cfg, err = config.Load(cfgFile); err != nil {
+			return nil, nil, err
+		}
+		if p, err = cfg.LoadPolicy(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if file != "" {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, nil, err
+		}
+		if p, err = policy.Parse(file, data); err != nil {
+			return nil, nil, err
+		}
+		p.Source = file
+	}
+	return cfg, p, nil
+}
+
+// explainImage says which signature requirement applies to ref in
+// namespace, and where it is written; false when the policy refuses the
+// image whatever its signatures (or the reference is bad).
+func explainImage(out io.Writer, src *trust.Source, namespace, ref string) bool {
+	r, err := trust.ParseReference(ref)
+	if err == nil && r.NameOnly() {
+		r.Tag = "latest"
+	}
+	if err != nil {
+		fmt.Fprintf(out, "image:   %s: %v\n", ref, err)
+		return false
+	}
+	fmt.Fprintf(out, "image:   %s in namespace %s\n", r, namespace)
+	d, err := src.Decide(namespace, r)
+	if err != nil {
+		fmt.Fprintf(out, "  refused: %v\n", err)
+		return false
+	}
+	file := d.File
+	if file == "" {
+		file = "none configured (images.signature_policy): every image runs unverified"
+	}
+	fmt.Fprintf(out, "  policy:   %s\n  scope:    %s\n  requires: %s\n", file, d.Scope, d.Requirements.Describe())
+	for _, q := range d.Requirements {
+		if q.Type == trust.TypeReject {
+			return false
+		}
+	}
+	return true
 }
 
 // explainPlan says how the chosen stage1 would run the pod, for one that
@@ -238,6 +302,8 @@ type explainedPod struct {
 	// cgroupLimit is the memory limit the kubelet would set on the pod's
 	// cgroup (0: none).
 	cgroupLimit uint64
+	// images are a Pod manifest's containers' images.
+	images []string
 }
 
 // k8sResources are a container's (or a pod's) resources in a manifest.
@@ -249,6 +315,7 @@ type k8sResources struct {
 // k8sContainer is the part of a container of a Pod manifest explain
 // reads.
 type k8sContainer struct {
+	Image string `yaml:"image"`
 	// RestartPolicy Always makes an init container a sidecar.
 	RestartPolicy   string       `yaml:"restartPolicy"`
 	Resources       k8sResources `yaml:"resources"`
@@ -304,8 +371,11 @@ func parsePodForPolicy(data []byte, handler string, overhead int64) (explainedPo
 		if handler != "" {
 			pp.pod.Handler = handler
 		}
-		for _, c := range append(slices.Clone(k.Spec.Containers), k.Spec.InitContainers...) {
+		for _, c := range append(slices.Clone(k.Spec.InitContainers), k.Spec.Containers...) {
 			pp.pod.Privileged = pp.pod.Privileged || c.SecurityContext.Privileged
+			if c.Image != "" && !slices.Contains(pp.images, c.Image) {
+				pp.images = append(pp.images, c.Image)
+			}
 		}
 		var err error
 		if pp.res, pp.cgroupLimit, err = k.limits(overhead); err != nil {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/stagelet/stagelet/trust"
+
 	"context"
 	"errors"
 	"flag"
@@ -282,7 +284,15 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 	if err != nil {
 		return nil, nil, err
 	}
+	var imageTrust *trust.Source
+	if cfg.Images.SignaturePolicy != "" || cfg.Images.PolicyDir() != "" {
+		imageTrust, err = trust.NewSource(cfg.Images.SignaturePolicy, cfg.Images.PolicyDir(), log)
+		if err != nil {
+			return nil, nil, err
+		}
+	}
 	b, err := broker.New(broker.Options{
+		Trust:         imageTrust,
 		Network:       netm,
 		StateDir:      state,
 		RunDir:        run,

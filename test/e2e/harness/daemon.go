@@ -102,6 +102,9 @@ type Options struct {
 	// MetricsAddress enables the metrics endpoint (metrics.address, such
 	// as "127.0.0.1:0"); empty: off. MetricsURL says where it listens.
 	MetricsAddress string
+	// SignaturePolicy and SignaturePolicyDir are images.signature_policy
+	// and images.signature_policy_dir; empty: not set.
+	SignaturePolicy, SignaturePolicyDir string
 	// LogLevel is the daemon's --log-level; "debug" when empty.
 	LogLevel string
 	// Logger receives the harness's own messages; discarded when nil.
@@ -248,6 +251,9 @@ func (d *Daemon) configYAML() string {
 	}
 	if d.opts.MetricsAddress != "" {
 		fmt.Fprintf(&b, "metrics:\n  address: %q\n", d.opts.MetricsAddress)
+	}
+	if d.opts.SignaturePolicy != "" || d.opts.SignaturePolicyDir != "" {
+		fmt.Fprintf(&b, "images:\n  signature_policy: %q\n  signature_policy_dir: %q\n", d.opts.SignaturePolicy, d.opts.SignaturePolicyDir)
 	}
 	b.WriteString("policy:\n")
 	for _, line := range strings.Split(strings.TrimRight(pol, "\n"), "\n") {

@@ -1,0 +1,243 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+
+	crierrors "k8s.io/cri-api/pkg/errors"
+
+	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/trust"
+)
+
+// Results of an image verification, as Observer.ImageVerified gets them.
+const (
+	// VerifyAccepted: signatures the policy requires verified.
+	VerifyAccepted = "accepted"
+	// VerifyUnverified: the policy accepts the image without signatures.
+	VerifyUnverified = "unverified"
+	// VerifyRejected: refused (SignatureValidationFailed).
+	VerifyRejected = "rejected"
+	// VerifyError: the signatures could not be fetched.
+	VerifyError = "error"
+)
+
+// Stages of an image verification.
+const (
+	VerifyAtPull   = "pull"
+	VerifyAtCreate = "create"
+)
+
+// pullReference is ref as the policy sees it: a reference without tag or
+// digest is pulled as ":latest", and so looked up.
+func pullReference(ref string) (trust.Reference, error) {
+	r, err := trust.ParseReference(ref)
+	if err != nil {
+		return r, err
+	}
+	if r.NameOnly() {
+		r.Tag = "latest"
+	}
+	return r, nil
+}
+
+// pullVerifier is how a pull of ref for a pod in namespace is checked
+// against the signature policy; nil when no policy is configured.
+func (b *Broker) pullVerifier(namespace, ref string) (image.Verify, error) {
+	if b.opts.Trust == nil {
+		return nil, nil
+	}
+	r, err := pullReference(ref)
+	if err != nil {
+		// The store refuses the reference with InvalidArgument.
+		return nil, nil
+	}
+	dec, err := b.opts.Trust.Decide(namespace, r)
+	if err != nil {
+		b.obs.ImageVerified(VerifyAtPull, VerifyRejected)
+		return nil, err
+	}
+	return func(ctx context.Context, digest string, fetch func() ([]trust.Signature, error)) ([]trust.Signature, error) {
+		var sigs []trust.Signature
+		if dec.Requirements.NeedsSignatures() {
+			sigs, err = fetch()
+			if err != nil {
+				b.obs.ImageVerified(VerifyAtPull, VerifyError)
+				return nil, err
+			}
+		}
+		if err := dec.Check(trust.Image{Ref: r, Digest: digest}, sigs); err != nil {
+			b.obs.ImageVerified(VerifyAtPull, VerifyRejected)
+			b.log.WarnContext(ctx, "image refused by the signature policy", "ref", ref, "digest", digest, "namespace", namespace, "scope", dec.Scope, "file", dec.File, "err", err)
+			return nil, err
+		}
+		b.obs.ImageVerified(VerifyAtPull, verified(dec))
+		return sigs, nil
+	}, nil
+}
+
+func verified(dec *trust.Decision) string {
+	if dec.Requirements.NeedsSignatures() {
+		return VerifyAccepted
+	}
+	return VerifyUnverified
+}
+
+// checkImageTrust checks, at container creation, that the policy of the
+// pod's namespace accepts img, from the signatures kept beside it at pull
+// (no registry is asked). The image is looked up by the name the pod's
+// author gave (cfg.UserImage, else cfg.Image when it is a name), and its
+// digest is always the one of the image that will run: an image pulled
+// for a namespace whose policy accepts it is checked again for this one,
+// and a tag that moved since cannot lend its signature.
+func (b *Broker) checkImageTrust(ctx context.Context, namespace string, cfg *ContainerConfig, img *image.Image) error {
+	if b.opts.Trust == nil {
+		return nil
+	}
+	cands := trustCandidates(cfg, img)
+	var first error
+	for _, c := range cands {
+		dec, err := b.opts.Trust.Decide(namespace, c.Ref)
+		if err == nil {
+			err = dec.Check(c, img.Signatures)
+		}
+		if err == nil {
+			b.obs.ImageVerified(VerifyAtCreate, verified(dec))
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		first = &trust.Rejection{Image: img.ID, Namespace: namespace, Reason: "the image has no name to look its policy up by"}
+	}
+	b.obs.ImageVerified(VerifyAtCreate, VerifyRejected)
+	b.log.WarnContext(ctx, "container image refused by the signature policy", "image", img.ID, "namespace", namespace, "err", first)
+	return first
+}
+
+// trustCandidates are the (reference, digest) pairs img may be verified
+// as: the name the container asks for with each digest the image was
+// pulled by from that repository; failing that (an image named by ID, or
+// a name the image does not carry), every name the image has.
+func trustCandidates(cfg *ContainerConfig, img *image.Image) []trust.Image {
+	digests := func(repo string) []string {
+		var out []string
+		for _, rd := range img.RepoDigests {
+			if r, d, ok := strings.Cut(rd, "@"); ok && r == repo {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	named := cfg.UserImage
+	if named == "" && !isImageID(cfg.Image, img.ID) {
+		named = cfg.Image
+	}
+	if r, err := pullReference(named); named != "" && err == nil {
+		var out []trust.Image
+		if r.Digest != "" {
+			if slices.Contains(digests(r.Repo), r.Digest) {
+				out = append(out, trust.Image{Ref: r, Digest: r.Digest})
+			}
+		} else {
+			for _, d := range digests(r.Repo) {
+				out = append(out, trust.Image{Ref: r, Digest: d})
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	var out []trust.Image
+	for _, t := range img.RepoTags {
+		r, err := trust.ParseReference(t)
+		if err != nil {
+			continue
+		}
+		for _, d := range digests(r.Repo) {
+			out = append(out, trust.Image{Ref: r, Digest: d})
+		}
+	}
+	for _, rd := range img.RepoDigests {
+		if r, err := trust.ParseReference(rd); err == nil {
+			out = append(out, trust.Image{Ref: r, Digest: r.Digest})
+		}
+	}
+	return out
+}
+
+// isImageID reports whether ref names the image with ID id by its ID (or
+// a prefix of it), rather than by a name.
+func isImageID(ref, id string) bool {
+	hex := strings.TrimPrefix(ref, "sha256:")
+	return len(hex) >= 12 && strings.HasPrefix(strings.TrimPrefix(id, "sha256:"), hex)
+}
+
+// IsSignatureRefusal reports whether err is an image the signature
+// policy refused.
+func IsSignatureRefusal(err error) bool {
+	return errors.Is(err, crierrors.ErrSignatureValidationFailed)
+}
+
+// TrustStatus is the signature policy's state, for verbose Status: its
+// file and directory, and each file read so far; ok is false when no
+// policy is configured.
+func (b *Broker) TrustStatus() (file, dir string, files []trust.FileStatus, ok bool) {
+	if b.opts.Trust == nil {
+		return "", "", nil, false
+	}
+	file, dir = b.opts.Trust.Files()
+	return file, dir, b.opts.Trust.Status(), true
+}
+
+// ImageVerdict is what one policy says of one image.
+type ImageVerdict struct {
+	// Namespace is "" for the node's policy.
+	Namespace string `json:"namespace,omitempty"`
+	File      string `json:"file,omitempty"`
+	Scope     string `json:"scope,omitempty"`
+	Requires  string `json:"requires,omitempty"`
+	// Result is VerifyAccepted, VerifyUnverified or VerifyRejected;
+	// Reason why it is rejected.
+	Result string `json:"result"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// ImageTrust says, for the node's policy and each namespace that has its
+// own, which requirement applies to img and whether the signatures kept
+// beside it satisfy it now, as a container creation would check it.
+func (b *Broker) ImageTrust(img *image.Image) []ImageVerdict {
+	if b.opts.Trust == nil {
+		return nil
+	}
+	var out []ImageVerdict
+	cfg := &ContainerConfig{Image: img.ID}
+	for _, ns := range append([]string{""}, b.opts.Trust.Namespaces()...) {
+		v := ImageVerdict{Namespace: ns, Result: VerifyRejected}
+		cands := trustCandidates(cfg, img)
+		for i, c := range cands {
+			dec, err := b.opts.Trust.Decide(ns, c.Ref)
+			if err != nil {
+				v.Reason = err.Error()
+				break
+			}
+			err = dec.Check(c, img.Signatures)
+			if i == 0 || err == nil {
+				v.File, v.Scope, v.Requires = dec.File, dec.Scope, dec.Requirements.Describe()
+			}
+			if err == nil {
+				v.Result, v.Reason = verified(dec), ""
+				break
+			}
+			if v.Reason == "" {
+				v.Reason = err.Error()
+			}
+		}
+		out = append(out, v)
+	}
+	return out
+}
