@@ -15,13 +15,13 @@ import (
 // Results of an image verification, as Observer.ImageVerified gets them.
 const (
 	// VerifyAccepted: signatures the policy requires verified.
-	VerifyAccepted = "accepted"
+	VerifyAccepted = trust.Accepted
 	// VerifyUnverified: the policy accepts the image without signatures.
-	VerifyUnverified = "unverified"
+	VerifyUnverified = trust.Unverified
 	// VerifyRejected: refused (SignatureValidationFailed).
-	VerifyRejected = "rejected"
+	VerifyRejected = trust.Rejected
 	// VerifyError: the signatures could not be fetched.
-	VerifyError = "error"
+	VerifyError = trust.FetchFailed
 )
 
 // Stages of an image verification.
@@ -59,22 +59,13 @@ func (b *Broker) pullVerifier(namespace, ref string) (image.Verify, error) {
 		b.obs.ImageVerified(VerifyAtPull, VerifyRejected)
 		return nil, err
 	}
-	return func(ctx context.Context, digest string, fetch func() ([]trust.Signature, error)) ([]trust.Signature, error) {
-		var sigs []trust.Signature
-		if dec.Requirements.NeedsSignatures() {
-			sigs, err = fetch()
-			if err != nil {
-				b.obs.ImageVerified(VerifyAtPull, VerifyError)
-				return nil, err
-			}
-		}
-		if err := dec.Check(trust.Image{Ref: r, Digest: digest}, sigs); err != nil {
-			b.obs.ImageVerified(VerifyAtPull, VerifyRejected)
+	return func(ctx context.Context, digest string, kept []trust.Signature, fetch func() ([]trust.Signature, error)) ([]trust.Signature, error) {
+		sigs, result, err := dec.Verify(trust.Image{Ref: r, Digest: digest}, kept, fetch)
+		b.obs.ImageVerified(VerifyAtPull, result)
+		if result == trust.Rejected {
 			b.log.WarnContext(ctx, "image refused by the signature policy", "ref", ref, "digest", digest, "namespace", namespace, "scope", dec.Scope, "file", dec.File, "err", err)
-			return nil, err
 		}
-		b.obs.ImageVerified(VerifyAtPull, verified(dec))
-		return sigs, nil
+		return sigs, err
 	}, nil
 }
 

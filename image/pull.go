@@ -155,10 +155,11 @@ func keychainAuth(a *Auth) authn.Authenticator {
 // Verify decides whether an image may be pulled once its reference has
 // resolved to digest (of the manifest or index the reference names), before
 // anything else is fetched: digest is what gets pulled, so a tag that moves
-// meanwhile cannot swap the image. fetch gets the signatures of digest from
-// the registry (or mirror) that answered. Verify returns the signatures to
-// keep beside the image, or why it is refused.
-type Verify func(ctx context.Context, digest string, fetch func() ([]trust.Signature, error)) ([]trust.Signature, error)
+// meanwhile cannot swap the image. kept are the signatures the store keeps
+// for digest already (a pull of an image it has); fetch gets the
+// signatures of digest from the registry (or mirror) that answered. Verify
+// returns the signatures to keep beside the image, or why it is refused.
+type Verify func(ctx context.Context, digest string, kept []trust.Signature, fetch func() ([]trust.Signature, error)) ([]trust.Signature, error)
 
 // Pull fetches ref (with auth, or anonymously when auth is nil or empty),
 // unpacks the layers it does not have yet, and records the image under the
@@ -205,7 +206,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, verify Verify)
 			}
 			return sigs, nil
 		}
-		if sigs, err = verify(ctx, top, fetch); err != nil {
+		if sigs, err = verify(ctx, top, s.keptSignatures(top), fetch); err != nil {
 			return nil, err
 		}
 	}
@@ -389,6 +390,18 @@ func (s *Store) fetchLayers(ctx context.Context, ref string, layers []v1.Layer, 
 		}
 	}
 	return diffIDs, size, nil
+}
+
+// keptSignatures are the signatures of the stored image pulled as top.
+func (s *Store) keptSignatures(top string) []trust.Signature {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rec := range s.images {
+		if rec.Manifest == top || slices.ContainsFunc(rec.RepoDigests, func(d string) bool { return strings.HasSuffix(d, "@"+top) }) {
+			return slices.Clone(rec.Signatures)
+		}
+	}
+	return nil
 }
 
 // cached returns the stored image whose manifest or pulled digest is top,
