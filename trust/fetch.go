@@ -126,7 +126,12 @@ func fromManifest(img v1.Image, source string) ([]Signature, error) {
 		if len(b) > maxPayloadSize {
 			return nil, fmt.Errorf("signature payload larger than %d bytes", maxPayloadSize)
 		}
-		out = append(out, Signature{Payload: b, Signature: sig, Source: source})
+		out = append(out, Signature{
+			Payload: b, Signature: sig, Source: source,
+			Certificate: l.Annotations[CertificateAnnotation],
+			Chain:       l.Annotations[ChainAnnotation],
+			Bundle:      l.Annotations[BundleAnnotation],
+		})
 	}
 	return out, nil
 }

@@ -14,14 +14,20 @@
 // list that applies must accept the image.
 //
 // Requirements stagelet implements: insecureAcceptAnything, reject and
-// sigstoreSigned with public keys (keyPath, keyPaths, keyData, keyDatas) and
-// a signedIdentity (matchRepoDigestOrExact, the default; matchExact;
-// matchRepository; exactReference; exactRepository; remapIdentity). Any
-// other requirement or key (signedBy's GPG keys, signedBaseLayer, Fulcio
-// and Rekor, PKI certificates) makes the policy refuse to load, with the
-// file, the scope and the key named: a policy stagelet cannot honour whole is
-// never half applied. Other transports than "docker" are read and checked
-// but never apply: a CRI runtime pulls only from registries.
+// sigstoreSigned with a signedIdentity (matchRepoDigestOrExact, the
+// default; matchExact; matchRepository; exactReference; exactRepository;
+// remapIdentity) and exactly one of: public keys (keyPath, keyPaths,
+// keyData, keyDatas), or a Fulcio CA with the OIDC issuer and the email a
+// certificate must name (fulcio: caPath or caData, oidcIssuer,
+// subjectEmail). Rekor public keys (rekorPublicKeyPath,
+// rekorPublicKeyPaths, rekorPublicKeyData, rekorPublicKeyDatas) are
+// required with fulcio and allowed with keys: a signature must then carry a
+// Rekor signed entry timestamp (SET) by one of them. Any other requirement
+// or key (signedBy's GPG keys, signedBaseLayer, pki's certificates) makes
+// the policy refuse to load, with the file, the scope and the key named: a
+// policy stagelet cannot honour whole is never half applied. Other
+// transports than "docker" are read and checked but never apply: a CRI
+// runtime pulls only from registries.
 //
 // # Signatures
 //
@@ -30,11 +36,25 @@
 // or attached through the OCI 1.1 referrers API. The layer's blob is a JSON
 // payload naming the manifest digest and the docker reference that was
 // signed; its annotation dev.cosignproject.cosign/signature is the base64
-// signature of that blob. A signature accepts an image when it verifies with
-// one of the requirement's keys, its payload is a cosign container image
-// signature, its digest is the image's manifest digest (the one the
+// signature of that blob. A signature accepts an image when it verifies
+// with one of the requirement's keys, its payload is a cosign container
+// image signature, its digest is the image's manifest digest (the one the
 // reference resolved to: an index's own digest for a multi-platform image),
 // and its docker reference satisfies the signedIdentity.
+//
+// A keyless signature (fulcio) is verified with the key of the certificate
+// in the layer's dev.sigstore.cosign/certificate annotation, which must
+// chain to the Fulcio CA (through the intermediates of the
+// dev.sigstore.cosign/chain annotation), be for code signing, and name the
+// policy's OIDC issuer and email. Fulcio certificates live minutes, so the
+// certificate must be valid not now but at the time Rekor logged the
+// signature: the integratedTime of the dev.sigstore.cosign/bundle
+// annotation, whose SET must verify with one of the Rekor keys and whose
+// entry must be a hashedrekord of this very signature, payload and
+// certificate (or public key, when keys and Rekor are combined). All of it
+// is checked offline: neither Fulcio nor Rekor is ever asked, and a
+// certificate's SCT is not checked (containers/image does not either: the
+// Rekor SET already proves the signature was logged).
 package trust
 
 import (
@@ -90,9 +110,16 @@ type Requirements []*Requirement
 type Requirement struct {
 	Type string
 	// Keys verify a sigstoreSigned requirement's signatures; KeyNames
-	// say where each came from (a file, or "keyData[i]").
+	// say where each came from (a file, or "keyData[i]"). None when
+	// Fulcio is set.
 	Keys     []signature.Verifier
 	KeyNames []string
+	// Fulcio, when set, verifies keyless signatures by their
+	// certificates instead of keys.
+	Fulcio *Fulcio
+	// Rekor, when not empty, requires each signature to carry a Rekor
+	// SET signed by one of these keys (always set with Fulcio).
+	Rekor    []RekorKey
 	Identity Identity
 }
 
@@ -120,7 +147,18 @@ func (r *Requirement) Describe() string {
 	case RemapIdentity:
 		id += " " + r.Identity.Prefix + " → " + r.Identity.SignedPrefix
 	}
-	return fmt.Sprintf("%s (keys %s; identity %s)", r.Type, strings.Join(r.KeyNames, ", "), id)
+	signers := "keys " + strings.Join(r.KeyNames, ", ")
+	if f := r.Fulcio; f != nil {
+		signers = fmt.Sprintf("Fulcio CA %s, issuer %s, email %s", f.CAName, f.OIDCIssuer, f.SubjectEmail)
+	}
+	if len(r.Rekor) > 0 {
+		names := make([]string, len(r.Rekor))
+		for i, k := range r.Rekor {
+			names[i] = k.Name
+		}
+		signers += "; Rekor keys " + strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s (%s; identity %s)", r.Type, signers, id)
 }
 
 // Describe lists the requirements, joined by " and ".
@@ -264,6 +302,14 @@ func parseRequirements(file, where string, data json.RawMessage, seen func(strin
 	return out, nil
 }
 
+// sigstoreKeys are the keys of a sigstoreSigned requirement stagelet
+// implements.
+var sigstoreKeys = []string{"type", "keyPath", "keyPaths", "keyData", "keyDatas", "fulcio",
+	"rekorPublicKeyPath", "rekorPublicKeyPaths", "rekorPublicKeyData", "rekorPublicKeyDatas", "signedIdentity"}
+
+// failFunc makes the *LoadError of one requirement, naming key.
+type failFunc func(key, format string, args ...any) error
+
 func parseRequirement(file, at string, m map[string]json.RawMessage, seen func(string)) (*Requirement, error) {
 	fail := func(key string, format string, args ...any) error {
 		return &LoadError{File: file, Scope: at, Key: key, Err: fmt.Errorf(format, args...)}
@@ -275,7 +321,7 @@ func parseRequirement(file, at string, m map[string]json.RawMessage, seen func(s
 	allowed := map[string][]string{
 		TypeAccept:   {"type"},
 		TypeReject:   {"type"},
-		TypeSigstore: {"type", "keyPath", "keyPaths", "keyData", "keyDatas", "signedIdentity"},
+		TypeSigstore: sigstoreKeys,
 	}
 	keys, ok := allowed[typ]
 	if !ok {
@@ -289,9 +335,8 @@ func parseRequirement(file, at string, m map[string]json.RawMessage, seen func(s
 		if slices.Contains(keys, k) {
 			continue
 		}
-		switch k {
-		case "fulcio", "rekorPublicKeyPath", "rekorPublicKeyPaths", "rekorPublicKeyData", "rekorPublicKeyDatas", "pki":
-			return nil, fail(k, "not implemented by stagelet: only public keys (keyPath, keyPaths, keyData, keyDatas) verify signatures")
+		if k == "pki" && typ == TypeSigstore {
+			return nil, fail(k, "not implemented by stagelet: public keys (keyPath, keyPaths, keyData, keyDatas) or fulcio verify signatures")
 		}
 		return nil, fail(k, "not a key of a %s requirement", typ)
 	}
@@ -310,97 +355,129 @@ func parseRequirement(file, at string, m map[string]json.RawMessage, seen func(s
 	return r, nil
 }
 
-// loadKeys reads the public keys a sigstoreSigned requirement m names.
-func (r *Requirement) loadKeys(m map[string]json.RawMessage, fail func(key, format string, args ...any) error, seen func(string)) error {
-	str := func(k string) (string, bool, error) {
-		v, ok := m[k]
-		if !ok {
-			return "", false, nil
-		}
-		var s string
-		if err := json.Unmarshal(v, &s); err != nil || s == "" {
-			return "", true, fail(k, "must be a non-empty string")
-		}
-		return s, true, nil
+// loadKeys reads what verifies a sigstoreSigned requirement m's
+// signatures: its public keys or its Fulcio CA, and its Rekor keys.
+func (r *Requirement) loadKeys(m map[string]json.RawMessage, fail failFunc, seen func(string)) error {
+	keys, nKeys, err := pemSources(m, "key", fail)
+	if err != nil {
+		return err
 	}
-	strs := func(k string) ([]string, bool, error) {
-		v, ok := m[k]
-		if !ok {
-			return nil, false, nil
-		}
-		var s []string
-		if err := json.Unmarshal(v, &s); err != nil || len(s) == 0 || slices.Contains(s, "") {
-			return nil, true, fail(k, "must be a non-empty list of non-empty strings")
-		}
-		return s, true, nil
+	rekor, nRekor, err := pemSources(m, "rekorPublicKey", fail)
+	if err != nil {
+		return err
 	}
-	var paths, datas []string
-	set := 0
-	for _, k := range []string{"keyPath", "keyData"} {
-		s, ok, err := str(k)
+	_, hasFulcio := m["fulcio"]
+	if hasFulcio {
+		nKeys++
+	}
+	switch {
+	case nKeys != 1:
+		return fail("keyPath", "exactly one of keyPath, keyPaths, keyData, keyDatas and fulcio must be set (%d are)", nKeys)
+	case nRekor > 1:
+		return fail("rekorPublicKeyPath", "at most one of rekorPublicKeyPath, rekorPublicKeyPaths, rekorPublicKeyData and rekorPublicKeyDatas may be set (%d are)", nRekor)
+	case hasFulcio && nRekor == 0:
+		return fail("fulcio", "needs a Rekor public key (rekorPublicKeyPath, rekorPublicKeyPaths, rekorPublicKeyData or rekorPublicKeyDatas): a Fulcio certificate is valid only at the time a Rekor SET proves")
+	}
+	for _, src := range keys {
+		b, err := src.read(fail, seen)
 		if err != nil {
 			return err
-		}
-		if ok {
-			set++
-			if k == "keyPath" {
-				paths = append(paths, s)
-			} else {
-				datas = append(datas, s)
-			}
-		}
-	}
-	for _, k := range []string{"keyPaths", "keyDatas"} {
-		s, ok, err := strs(k)
-		if err != nil {
-			return err
-		}
-		if ok {
-			set++
-			if k == "keyPaths" {
-				paths = append(paths, s...)
-			} else {
-				datas = append(datas, s...)
-			}
-		}
-	}
-	if set != 1 {
-		return fail("keyPath", "exactly one of keyPath, keyPaths, keyData and keyDatas must be set (%d are)", set)
-	}
-	for _, p := range paths {
-		key := "keyPath " + p
-		if !filepath.IsAbs(p) {
-			return fail(key, "must be an absolute path")
-		}
-		b, err := readLimited(p)
-		if err != nil {
-			return fail(key, "%v", err)
-		}
-		if seen != nil {
-			seen(p)
 		}
 		v, err := verifier(b)
 		if err != nil {
-			return fail(key, "%v", err)
+			return fail(src.key, "%v", err)
 		}
 		r.Keys = append(r.Keys, v)
-		r.KeyNames = append(r.KeyNames, p)
+		r.KeyNames = append(r.KeyNames, src.name)
 	}
-	for i, d := range datas {
-		name := fmt.Sprintf("keyData[%d]", i)
-		// keyData is base64 of the PEM, as in containers-policy.json(5).
-		pem, err := decodeBase64(d)
+	for _, src := range rekor {
+		b, err := src.read(fail, seen)
 		if err != nil {
-			return fail(name, "not base64: %v", err)
+			return err
 		}
-		v, err := verifier(pem)
+		k, err := parseRekorKey(src.name, b)
 		if err != nil {
-			return fail(name, "%v", err)
+			return fail(src.key, "%v", err)
 		}
-		r.Keys = append(r.Keys, v)
-		r.KeyNames = append(r.KeyNames, name)
+		r.Rekor = append(r.Rekor, k)
+	}
+	if hasFulcio {
+		f, err := parseFulcio(m["fulcio"], fail, seen)
+		if err != nil {
+			return err
+		}
+		r.Fulcio = f
 	}
 	return nil
+}
+
+// pemSource is one PEM file or inline base64 PEM a policy names.
+type pemSource struct {
+	key  string // in errors: "keyPath /etc/k.pub", "keyData[0]"
+	name string // in descriptions: "/etc/k.pub", "keyData[0]"
+	path string // or
+	data string // base64 of the PEM
+}
+
+// pemSources are the PEMs that the keys <prefix>Path, <prefix>Paths,
+// <prefix>Data and <prefix>Datas of m name, and how many of those keys are
+// set.
+func pemSources(m map[string]json.RawMessage, prefix string, fail failFunc) ([]pemSource, int, error) {
+	var out []pemSource
+	set := 0
+	for _, k := range []string{prefix + "Path", prefix + "Paths", prefix + "Data", prefix + "Datas"} {
+		v, ok := m[k]
+		if !ok {
+			continue
+		}
+		set++
+		var list []string
+		if plural := strings.HasSuffix(k, "s"); plural {
+			if err := json.Unmarshal(v, &list); err != nil || len(list) == 0 || slices.Contains(list, "") {
+				return nil, set, fail(k, "must be a non-empty list of non-empty strings")
+			}
+		} else {
+			var s string
+			if err := json.Unmarshal(v, &s); err != nil || s == "" {
+				return nil, set, fail(k, "must be a non-empty string")
+			}
+			list = []string{s}
+		}
+		dataKey := prefix + "Data"
+		for i, s := range list {
+			if strings.HasPrefix(k, dataKey) {
+				name := fmt.Sprintf("%s[%d]", dataKey, i)
+				out = append(out, pemSource{key: name, name: name, data: s})
+			} else {
+				out = append(out, pemSource{key: prefix + "Path " + s, name: s, path: s})
+			}
+		}
+	}
+	return out, set, nil
+}
+
+// read is the PEM of src: a file's content (reported to seen) or the
+// decoded inline data.
+func (src pemSource) read(fail failFunc, seen func(string)) ([]byte, error) {
+	if src.path == "" {
+		// Data is base64 of the PEM, as in containers-policy.json(5).
+		b, err := decodeBase64(src.data)
+		if err != nil {
+			return nil, fail(src.key, "not base64: %v", err)
+		}
+		return b, nil
+	}
+	if !filepath.IsAbs(src.path) {
+		return nil, fail(src.key, "must be an absolute path")
+	}
+	b, err := readLimited(src.path)
+	if err != nil {
+		return nil, fail(src.key, "%v", err)
+	}
+	if seen != nil {
+		seen(src.path)
+	}
+	return b, nil
 }
 
 func sortedKeys(m map[string]json.RawMessage) []string {

@@ -53,7 +53,7 @@ func TestParseRefusesWhatItCannotHonour(t *testing.T) {
 		{"unknown top key", `{"default": [{"type": "reject"}], "extra": 1}`, []string{"extra"}},
 		{"gpg", `{"default": [{"type": "signedBy", "keyType": "GPGKeys", "keyPath": "/k"}]}`, []string{"default[0]", "type", "signedBy", "not implemented"}},
 		{"unknown type", `{"default": [{"type": "trustMe"}]}`, []string{"default[0]", `unknown requirement "trustMe"`}},
-		{"fulcio", `{"default": [{"type": "reject"}], "transports": {"docker": {"quay.io": [{"type": "sigstoreSigned", "fulcio": {}, "rekorPublicKeyPath": "/r"}]}}}`, []string{`transports.docker["quay.io"][0]`, "fulcio", "not implemented"}},
+		{"pki", `{"default": [{"type": "reject"}], "transports": {"docker": {"quay.io": [{"type": "sigstoreSigned", "pki": {"caRootsPath": "/r"}}]}}}`, []string{`transports.docker["quay.io"][0]`, "pki", "not implemented"}},
 		{"stray key", `{"default": [{"type": "insecureAcceptAnything", "keyPath": "/k"}]}`, []string{"keyPath", "not a key of a insecureAcceptAnything requirement"}},
 		{"no key", `{"default": [{"type": "sigstoreSigned"}]}`, []string{"exactly one of keyPath"}},
 		{"two keys", fmt.Sprintf(`{"default": [{"type": "sigstoreSigned", "keyPath": %q, "keyData": "eA=="}]}`, key.PubPath), []string{"exactly one of keyPath"}},

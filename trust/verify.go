@@ -2,12 +2,15 @@ package trust
 
 import (
 	"bytes"
+	"crypto"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/sigstore/sigstore/pkg/cryptoutils"
+	"github.com/sigstore/sigstore/pkg/signature"
 	crierrors "k8s.io/cri-api/pkg/errors"
 )
 
@@ -22,6 +25,15 @@ const (
 	ArtifactType = "application/vnd.dev.cosign.artifact.sig.v1+json"
 	// PayloadType is a payload's critical.type.
 	PayloadType = "cosign container image signature"
+	// CertificateAnnotation holds a keyless signature's PEM certificate,
+	// issued by Fulcio.
+	CertificateAnnotation = "dev.sigstore.cosign/certificate"
+	// ChainAnnotation holds the PEM certificates between that
+	// certificate and Fulcio's root, the root last.
+	ChainAnnotation = "dev.sigstore.cosign/chain"
+	// BundleAnnotation holds the JSON Rekor bundle of a signature: the
+	// Rekor entry that logged it and the log's signed entry timestamp.
+	BundleAnnotation = "dev.sigstore.cosign/bundle"
 )
 
 // Signature is one sigstore signature as found in a registry, and as kept
@@ -31,6 +43,12 @@ type Signature struct {
 	Payload []byte `json:"payload"`
 	// Signature is the base64 signature of Payload.
 	Signature string `json:"signature"`
+	// Certificate and Chain are the PEM Fulcio certificate of a keyless
+	// signature and its intermediates; Bundle is the JSON Rekor bundle.
+	// Each is empty when the signature has no such annotation.
+	Certificate string `json:"certificate,omitempty"`
+	Chain       string `json:"chain,omitempty"`
+	Bundle      string `json:"bundle,omitempty"`
 	// Source is where it was found: "repo:sha256-<hex>.sig" or
 	// "repo@sha256:<hex> (referrer)".
 	Source string `json:"source"`
@@ -38,7 +56,8 @@ type Signature struct {
 
 // Same reports whether s and o are one signature.
 func (s Signature) Same(o Signature) bool {
-	return s.Signature == o.Signature && bytes.Equal(s.Payload, o.Payload)
+	return s.Signature == o.Signature && bytes.Equal(s.Payload, o.Payload) &&
+		s.Certificate == o.Certificate && s.Chain == o.Chain && s.Bundle == o.Bundle
 }
 
 // payload is the part of cosign's payload that says what was signed.
@@ -107,15 +126,8 @@ func (r *Requirement) checkOne(img Image, s Signature) error {
 	if err != nil {
 		return fmt.Errorf("bad signature: not base64: %v", err)
 	}
-	verified := false
-	for _, k := range r.Keys {
-		if k.VerifySignature(bytes.NewReader(raw), bytes.NewReader(s.Payload)) == nil {
-			verified = true
-			break
-		}
-	}
-	if !verified {
-		return fmt.Errorf("wrong key: the signature does not verify with %s", strings.Join(r.KeyNames, ", "))
+	if err := r.verifySignature(s, raw); err != nil {
+		return err
 	}
 	// Only now is the payload trusted enough to be parsed.
 	var p payload
@@ -136,6 +148,68 @@ func (r *Requirement) checkOne(img Image, s Signature) error {
 	}
 	if !identityMatches(r.Identity, img.Ref, signed) {
 		return fmt.Errorf("identity mismatch: the signature names %s, %s does not accept it for %s", signed, r.Identity.Type, img.Ref)
+	}
+	return nil
+}
+
+// verifySignature checks that raw, the signature of s.Payload, was made as
+// r requires: with one of its keys, or keyless with a certificate of its
+// Fulcio CA; and logged by Rekor, if r names Rekor keys.
+func (r *Requirement) verifySignature(s Signature, raw []byte) error {
+	if r.Fulcio != nil {
+		return r.verifyKeyless(s, raw)
+	}
+	var key signature.Verifier
+	for _, k := range r.Keys {
+		if k.VerifySignature(bytes.NewReader(raw), bytes.NewReader(s.Payload)) == nil {
+			key = k
+			break
+		}
+	}
+	if key == nil {
+		return fmt.Errorf("wrong key: the signature does not verify with %s", strings.Join(r.KeyNames, ", "))
+	}
+	if len(r.Rekor) == 0 {
+		return nil
+	}
+	pub, err := key.PublicKey()
+	if err != nil {
+		return err
+	}
+	der, err := cryptoutils.MarshalPublicKeyToDER(pub)
+	if err != nil {
+		return err
+	}
+	// A key's signature has no time to check: the SET proves it was
+	// logged.
+	_, err = verifySET(r.Rekor, s.Bundle, der, raw, s.Payload)
+	return err
+}
+
+// verifyKeyless checks a keyless signature: its Rekor SET, its Fulcio
+// certificate at the time the SET gives, and raw with the certificate's
+// key.
+func (r *Requirement) verifyKeyless(s Signature, raw []byte) error {
+	if s.Certificate == "" {
+		return fmt.Errorf("no Fulcio certificate: the signature has no %s annotation (signed with a key, not keyless?)", CertificateAnnotation)
+	}
+	leaf, err := parseLeaf(s.Certificate)
+	if err != nil {
+		return err
+	}
+	at, err := verifySET(r.Rekor, s.Bundle, leaf.Raw, raw, s.Payload)
+	if err != nil {
+		return err
+	}
+	if err := r.Fulcio.verify(leaf, s.Chain, at); err != nil {
+		return err
+	}
+	v, err := signature.LoadVerifier(leaf.PublicKey, crypto.SHA256)
+	if err != nil {
+		return fmt.Errorf("unusable certificate key: %v", err)
+	}
+	if v.VerifySignature(bytes.NewReader(raw), bytes.NewReader(s.Payload)) != nil {
+		return errors.New("the signature does not verify with its certificate's key")
 	}
 	return nil
 }
