@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stagelet/stagelet/test/testregistry"
 )
 
 func TestParsePodForPolicy(t *testing.T) {
@@ -157,5 +159,46 @@ policy:
 	if rc := policyExplain([]string{"--config", node("pod"), "--overhead", "192Mi", pod}, &out); rc != 0 ||
 		!strings.Contains(out.String(), "qemu runs in the pod's cgroup (256 MiB holds the VM") {
 		t.Errorf("pod placement with the overhead: rc %d\n%s", rc, out.String())
+	}
+}
+
+func TestPolicyExplainImage(t *testing.T) {
+	dir := t.TempDir()
+	key := testregistry.NewKey(t)
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	sigPolicy := write("signature-policy.json", `{"default": [{"type": "insecureAcceptAnything"}],
+ "transports": {"docker": {"registry.example.com": [{"type": "sigstoreSigned", "keyPath": "`+key.PubPath+`", "signedIdentity": {"type": "matchRepository"}}]}}}`)
+	payments := write("signature-policy.d/payments.json", `{"default": [{"type": "reject"}]}`)
+	node := write("node.yaml", "version: 1\nimages:\n  signature_policy: "+sigPolicy+"\n")
+	pod := write("pod.yaml", `kind: Pod
+metadata: {name: web, namespace: payments}
+spec:
+  containers:
+  - {name: web, image: registry.example.com/web:1.4}
+`)
+	var out strings.Builder
+	if rc := policyExplain([]string{"--config", node, "--image", "registry.example.com/team/web:1.4"}, &out); rc != 0 ||
+		!strings.Contains(out.String(), "image:   registry.example.com/team/web:1.4 in namespace default") ||
+		!strings.Contains(out.String(), "policy:   "+sigPolicy) ||
+		!strings.Contains(out.String(), "scope:    registry.example.com\n") ||
+		!strings.Contains(out.String(), "requires: sigstoreSigned (keys "+key.PubPath+"; identity matchRepository)") {
+		t.Errorf("--image: rc %d\n%s", rc, out.String())
+	}
+	out.Reset()
+	// The pod's namespace has a file of its own, which rejects everything.
+	if rc := policyExplain([]string{"--config", node, pod}, &out); rc != 1 ||
+		!strings.Contains(out.String(), "image:   registry.example.com/web:1.4 in namespace payments") ||
+		!strings.Contains(out.String(), "policy:   "+payments) ||
+		!strings.Contains(out.String(), "requires: reject") {
+		t.Errorf("a pod in payments: rc %d\n%s", rc, out.String())
 	}
 }
