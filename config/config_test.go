@@ -63,6 +63,8 @@ func TestParse(t *testing.T) {
 		}},
 		{name: "unknown machine", yaml: "kvm: {machine: pc}\n", wantErr: "kvm.machine"},
 		{name: "relative CDI dir", yaml: "cdi: {spec_dirs: [etc/cdi]}\n", wantErr: "cdi.spec_dirs"},
+		{name: "relative signature policy", yaml: "images: {signature_policy: policy.json}\n", wantErr: "images.signature_policy: \"policy.json\" is not absolute"},
+		{name: "relative signature policy dir", yaml: "images: {signature_policy_dir: p.d}\n", wantErr: "images.signature_policy_dir"},
 		{name: "streaming defaults to loopback, any port", yaml: "", check: func(t *testing.T, c *Config) {
 			if got := c.StreamingAddr(); got != "127.0.0.1:0" {
 				t.Errorf("streaming address = %q", got)
@@ -109,5 +111,18 @@ func TestParse(t *testing.T) {
 			}
 			tc.check(t, c)
 		})
+	}
+}
+
+func TestSignaturePolicyDir(t *testing.T) {
+	for _, tc := range []struct{ file, dir, want string }{
+		{"", "", ""},
+		{"/etc/stagelet/signature-policy.json", "", "/etc/stagelet/signature-policy.d"},
+		{"/etc/stagelet/signature-policy.json", "/srv/ns", "/srv/ns"},
+		{"", "/srv/ns", "/srv/ns"},
+	} {
+		if got := (Images{SignaturePolicy: tc.file, SignaturePolicyDir: tc.dir}).PolicyDir(); got != tc.want {
+			t.Errorf("PolicyDir of %q, %q: %q, want %q", tc.file, tc.dir, got, tc.want)
+		}
 	}
 }
