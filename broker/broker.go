@@ -110,6 +110,10 @@ type Broker struct {
 	statsMu   sync.Mutex
 	decisions map[string]int
 
+	// imageMu orders RemoveImage with the claims of containers being
+	// created on their images (claimImage); taken before mu.
+	imageMu sync.Mutex
+
 	mu       sync.Mutex
 	pods     map[string]*pod
 	podNames map[string]*pod // name key → pod, while the pod exists

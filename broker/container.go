@@ -307,8 +307,9 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	if err != nil {
 		return err
 	}
-	rec.ImageID = img.ID
-	rec.ImageName = imageName(&rec.Config, img)
+	if err := b.claimImage(rec, img); err != nil {
+		return err
+	}
 	// Record before taking the rootfs, so a crash leaves a record that
 	// recovery cleans up.
 	if err := b.rec.saveContainer(rec); err != nil {
@@ -384,6 +385,23 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 		h.RemoveContainer(context.WithoutCancel(ctx), rec.ID)
 		return fmt.Errorf("persist container record: %w", err)
 	}
+	return nil
+}
+
+// claimImage records that container rec uses img, unless img was removed
+// since it was looked up. It holds imageMu, which RemoveImage holds from
+// its look at the containers' images to the removal: an image a container
+// being created uses is never removed.
+func (b *Broker) claimImage(rec *ContainerRecord, img *image.Image) error {
+	b.imageMu.Lock()
+	defer b.imageMu.Unlock()
+	if _, err := b.opts.Images.Get(img.ID); err != nil {
+		return fmt.Errorf("image %s, removed while the container was created: %w", img.ID, err)
+	}
+	name := imageName(&rec.Config, img)
+	b.mu.Lock()
+	rec.ImageID, rec.ImageName = img.ID, name
+	b.mu.Unlock()
 	return nil
 }
 

@@ -27,6 +27,11 @@ type fakeImages struct {
 	// pulls.
 	unpulled bool
 	pulls    []string
+	// removed: Remove took the image away (until a Pull).
+	removed bool
+	// afterGet, when set, is called by Get with the reference and
+	// whether it found the image, before Get returns.
+	afterGet func(ref string, found bool)
 }
 
 func (f *fakeImages) mountedDirs() int {
@@ -43,25 +48,37 @@ var fakeImage = &image.Image{
 
 func (f *fakeImages) Pull(ctx context.Context, ref string, auth *image.Auth, verify image.Verify) (*image.Image, error) {
 	f.mu.Lock()
-	f.unpulled = false
+	f.unpulled, f.removed = false, false
 	f.pulls = append(f.pulls, ref)
 	f.mu.Unlock()
 	return f.Get(ref)
 }
 func (f *fakeImages) Get(ref string) (*image.Image, error) {
 	f.mu.Lock()
-	unpulled := f.unpulled
+	unpulled := f.unpulled || f.removed
 	f.mu.Unlock()
 	if unpulled {
 		return nil, errdefs.NotFound("image %q (not pulled here)", ref)
 	}
-	if ref == fakeImage.ID || ref == fakeImage.RepoTags[0] {
+	found := ref == fakeImage.ID || ref == fakeImage.RepoTags[0]
+	f.mu.Lock()
+	after := f.afterGet
+	f.mu.Unlock()
+	if after != nil {
+		after(ref, found)
+	}
+	if found {
 		return fakeImage, nil
 	}
 	return nil, errdefs.NotFound("image %q", ref)
 }
-func (f *fakeImages) List() []*image.Image           { return []*image.Image{fakeImage} }
-func (f *fakeImages) Remove(ref string) error        { return nil }
+func (f *fakeImages) List() []*image.Image { return []*image.Image{fakeImage} }
+func (f *fakeImages) Remove(ref string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.removed = true
+	return nil
+}
 func (f *fakeImages) Usage() (uint64, uint64, error) { return 1, 1, nil }
 func (f *fakeImages) Root() string                   { return "/fake" }
 func (f *fakeImages) MountRootfs(id, dir string, userns *image.UserNS) (string, error) {
@@ -93,8 +110,13 @@ func (f *fakeImages) Annotations(ref string) (map[string]string, error) {
 	if ok {
 		return map[string]string{checkpoint.AnnotationCRIOName: "c"}, nil
 	}
-	_, err := f.Get(ref)
-	return nil, err
+	// Not through Get: afterGet watches the creation's lookup only.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.unpulled || f.removed || (ref != fakeImage.ID && ref != fakeImage.RepoTags[0]) {
+		return nil, errdefs.NotFound("image %q", ref)
+	}
+	return nil, nil
 }
 func (f *fakeImages) LayerDirs(ref string) ([]string, error) {
 	f.mu.Lock()

@@ -48,11 +48,14 @@ func (b *Broker) ListImages(ref string) []*image.Image {
 }
 
 // RemoveImage removes an image. Idempotent; refused with
-// FailedPrecondition while a container uses it.
+// FailedPrecondition while a container uses it, or is being created from
+// it (claimImage).
 func (b *Broker) RemoveImage(ref string) error {
 	if ref == "" {
 		return errdefs.InvalidArgument("image.image: must not be empty")
 	}
+	b.imageMu.Lock()
+	defer b.imageMu.Unlock()
 	img, err := b.opts.Images.Get(ref)
 	if errdefs.IsNotFound(err) {
 		return nil
