@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -404,7 +405,12 @@ func waitCreated(ctx context.Context, ch chan struct{}) error {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("waiting for creation in progress: %w", errdefs.ErrDeadlineExceeded)
+		// The caller's own end: a deadline, or a cancel (the client went
+		// away), which toStatus answers as Canceled.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("waiting for creation in progress: %w", errdefs.ErrDeadlineExceeded)
+		}
+		return fmt.Errorf("waiting for creation in progress: %w", ctx.Err())
 	}
 }
 

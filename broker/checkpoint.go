@@ -78,7 +78,9 @@ func (b *Broker) appCheckpointer(ctx context.Context, p *pod) (*client.Pod, stag
 	}
 	saver, ok := h.Pod.(stage1.AppCheckpointer)
 	if !ok {
-		return nil, nil, errdefs.New(errdefs.ErrUnimplemented, "stage1 %s: checkpointing a container is not implemented yet", name)
+		// Unimplemented, as a restore on such a stage1 answers: what
+		// critest and the kubelet take for "this runtime does not".
+		return nil, nil, errdefs.New(errdefs.ErrUnimplemented, "stage1 %s cannot checkpoint a container", name)
 	}
 	return h, saver, nil
 }

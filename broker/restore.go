@@ -88,7 +88,8 @@ func (b *Broker) checkRestorable(ctx context.Context, p *pod) error {
 		return err
 	}
 	if _, ok := h.Pod.(stage1.AppRestorer); !ok {
-		return errdefs.FailedPrecondition("stage1 %s cannot restore a container from a checkpoint", name)
+		// Unimplemented, as a checkpoint on such a stage1 answers.
+		return errdefs.New(errdefs.ErrUnimplemented, "stage1 %s cannot restore a container from a checkpoint", name)
 	}
 	return nil
 }

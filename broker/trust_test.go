@@ -1,14 +1,9 @@
 package broker
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 )
 
@@ -46,83 +41,5 @@ func TestTrustCandidates(t *testing.T) {
 				t.Errorf("candidates:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
 		})
-	}
-}
-
-// An image a container being created uses is never removed: either the
-// creation fails because the image went first, or the removal is refused
-// because the container uses it.
-func TestRemoveImageWhileAContainerIsCreated(t *testing.T) {
-	e := newEnv(t)
-	b := e.broker(t)
-	ctx := context.Background()
-	pid, err := b.RunPod(ctx, podCfg("p"))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The image is removed right after the creation found it.
-	found := make(chan struct{})
-	removed := make(chan struct{})
-	var once sync.Once
-	e.images.mu.Lock()
-	e.images.afterGet = func(ref string, ok bool) {
-		if ref == fakeImage.RepoTags[0] && ok {
-			once.Do(func() {
-				close(found)
-				<-removed
-			})
-		}
-	}
-	e.images.mu.Unlock()
-	createErr := make(chan error, 1)
-	go func() {
-		_, err := b.CreateContainer(ctx, pid, ctrCfg("late"))
-		createErr <- err
-	}()
-	<-found
-	if err := b.RemoveImage(fakeImage.ID); err != nil {
-		t.Fatalf("remove of an image no container has claimed yet: %v", err)
-	}
-	close(removed)
-	if err := <-createErr; !errdefs.IsNotFound(err) {
-		t.Fatalf("creation from an image removed meanwhile: %v, want NotFound", err)
-	}
-	e.images.mu.Lock()
-	e.images.afterGet = nil
-	e.images.mu.Unlock()
-
-	// Both at once, for the race detector.
-	for i := range 20 {
-		if _, err := b.PullImage(ctx, fakeImage.RepoTags[0], nil, ""); err != nil {
-			t.Fatal(err)
-		}
-		var (
-			wg                   sync.WaitGroup
-			createErr, removeErr error
-		)
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			_, createErr = b.CreateContainer(ctx, pid, ctrCfg(fmt.Sprintf("c%d", i)))
-		}()
-		go func() {
-			defer wg.Done()
-			removeErr = b.RemoveImage(fakeImage.ID)
-		}()
-		wg.Wait()
-		switch {
-		case createErr == nil && removeErr == nil:
-			t.Fatalf("round %d: the image was removed while a container was created from it", i)
-		case createErr != nil && !errdefs.IsNotFound(createErr):
-			t.Fatalf("round %d: create: %v", i, createErr)
-		case removeErr != nil && !errors.Is(removeErr, errdefs.ErrFailedPrecondition):
-			t.Fatalf("round %d: remove: %v", i, removeErr)
-		}
-		for _, c := range b.ListContainers(ctx, ContainerFilter{PodID: pid}) {
-			if err := b.RemoveContainer(ctx, c.ID); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 }
