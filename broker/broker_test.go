@@ -526,8 +526,8 @@ func TestImageInUseCannotBeRemoved(t *testing.T) {
 	if _, err := b.CreateContainer(ctx, pid, ctrCfg("c")); err != nil {
 		t.Fatal(err)
 	}
-	wantClass(t, b.RemoveImage(fakeImage.ID), errdefs.ErrFailedPrecondition)
-	if err := b.RemoveImage("absent.test/none:latest"); err != nil {
+	wantClass(t, b.RemoveImage(ctx, fakeImage.ID), errdefs.ErrFailedPrecondition)
+	if err := b.RemoveImage(ctx, "absent.test/none:latest"); err != nil {
 		t.Fatalf("removing an absent image: %v", err)
 	}
 }
@@ -1372,7 +1372,7 @@ func TestRemoveImageWhileAContainerIsCreated(t *testing.T) {
 		createErr <- err
 	}()
 	<-found
-	if err := b.RemoveImage(fakeImage.ID); err != nil {
+	if err := b.RemoveImage(ctx, fakeImage.ID); err != nil {
 		t.Fatalf("remove of an image no container has claimed yet: %v", err)
 	}
 	close(removed)
@@ -1399,7 +1399,7 @@ func TestRemoveImageWhileAContainerIsCreated(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			removeErr = b.RemoveImage(fakeImage.ID)
+			removeErr = b.RemoveImage(ctx, fakeImage.ID)
 		}()
 		wg.Wait()
 		switch {

@@ -50,7 +50,7 @@ func (b *Broker) ListImages(ref string) []*image.Image {
 // RemoveImage removes an image. Idempotent; refused with
 // FailedPrecondition while a container uses it, or is being created from
 // it (claimImage).
-func (b *Broker) RemoveImage(ref string) error {
+func (b *Broker) RemoveImage(ctx context.Context, ref string) error {
 	if ref == "" {
 		return errdefs.InvalidArgument("image.image: must not be empty")
 	}
@@ -75,7 +75,7 @@ func (b *Broker) RemoveImage(ref string) error {
 	if err := b.opts.Images.Remove(ref); err != nil {
 		return err
 	}
-	b.log.Info("image removed", "ref", ref, "image", img.ID)
+	b.log.InfoContext(ctx, "image removed", "ref", ref, "image", img.ID)
 	return nil
 }
 

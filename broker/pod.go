@@ -88,12 +88,12 @@ func policyPod(c *PodConfig) policy.Pod {
 // decide asks the policy for the pod's stage1. A refusal carries its
 // errdefs class (PermissionDenied, InvalidArgument, FailedPrecondition)
 // and names the rule, handler or allow-list that refused.
-func (b *Broker) decide(c *PodConfig) (policy.Decision, error) {
+func (b *Broker) decide(ctx context.Context, c *PodConfig) (policy.Decision, error) {
 	d, err := b.policy.Load().Decide(policyPod(c), b.caps)
 	if err != nil {
 		b.count("refused")
 		b.obs.PolicyRefused(refusalReason(err))
-		b.log.Warn("pod refused by policy", "name", podNameKey(c.Metadata), "err", err)
+		b.log.WarnContext(ctx, "pod refused by policy", "name", podNameKey(c.Metadata), "err", err)
 		return d, err
 	}
 	if _, ok := b.opts.Backends[d.Stage1]; !ok {
@@ -137,7 +137,7 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		b.log.DebugContext(ctx, "RunPodSandbox retry answered with the existing pod", "pod", id)
 		return id, nil
 	}
-	dec, err := b.decide(cfg)
+	dec, err := b.decide(ctx, cfg)
 	if err != nil {
 		b.mu.Unlock()
 		return "", err

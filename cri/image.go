@@ -105,7 +105,7 @@ func (s *Server) RemoveImage(ctx context.Context, r *runtimeapi.RemoveImageReque
 	if r.GetImage() == nil {
 		return nil, badRequest("image")
 	}
-	if err := s.b.RemoveImage(r.GetImage().GetImage()); err != nil {
+	if err := s.b.RemoveImage(ctx, r.GetImage().GetImage()); err != nil {
 		return nil, err
 	}
 	return &runtimeapi.RemoveImageResponse{}, nil

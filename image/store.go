@@ -377,7 +377,6 @@ func (s *Store) Remove(ref string) error {
 	serr := syncDir(s.imagesDir())
 	delete(s.images, rec.ID)
 	s.mu.Unlock()
-	s.log.Info("image removed", "ref", ref, "id", rec.ID)
 	s.gc()
 	if serr != nil {
 		return fmt.Errorf("remove image %s: sync %s: %w", ref, s.imagesDir(), serr)
