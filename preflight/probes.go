@@ -1,8 +1,6 @@
 package preflight
 
 import (
-	"github.com/stagelet/stagelet/trust"
-
 	"bufio"
 	"bytes"
 	"context"
@@ -19,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/trust"
 )
 
 // Cgroups checks the cgroup version and that pods' cgroups can get the

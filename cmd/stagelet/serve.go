@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/stagelet/stagelet/trust"
-
 	"context"
 	"errors"
 	"flag"
@@ -35,6 +33,7 @@ import (
 	"github.com/stagelet/stagelet/internal/staticbin"
 	"github.com/stagelet/stagelet/metrics"
 	"github.com/stagelet/stagelet/network"
+	"github.com/stagelet/stagelet/trust"
 )
 
 const (

@@ -258,6 +258,7 @@ func TestCluster(t *testing.T) {
 			t.Errorf("job's log %q, want done", out)
 		}
 	})
+	t.Run("signature policy of a namespace", c.testSignaturePolicy)
 	t.Run("kvm pod beside them", func(t *testing.T) {
 		if e.guest == "" {
 			t.Skip("no kvm guest (STAGELET_GUEST_ASSETS)")
@@ -378,6 +379,10 @@ type containerStatus struct {
 	RestartCount int    `json:"restartCount"`
 	State        struct {
 		Running *struct{} `json:"running"`
+		Waiting *struct {
+			Reason  string `json:"reason"`
+			Message string `json:"message"`
+		} `json:"waiting"`
 	} `json:"state"`
 	LastState struct {
 		Terminated struct {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -29,6 +30,10 @@ func moduleRoot() string {
 // images the cluster pulls, by name, once startRegistry has pushed them.
 type images struct {
 	busybox, agnhost, kubeProxy, podnet, coredns, counter string
+	// signed and unsigned are busybox with a file /image naming them,
+	// for the signature policy test: images no other test pulls, which
+	// it signs the first of.
+	signed, unsigned string
 }
 
 var img images
@@ -72,6 +77,24 @@ func (c *cluster) startRegistry() {
 		t.Fatal(err)
 	}
 	img.counter = r.Push(t, "counter", "test", counter)
+
+	img.signed = r.Push(t, "signed", "test", marked(t, busybox, "signed"))
+	img.unsigned = r.Push(t, "unsigned", "test", marked(t, busybox, "unsigned"))
+}
+
+// marked is base with a file /image holding name: an image of a digest
+// of its own.
+func marked(t testing.TB, base v1.Image, name string) v1.Image {
+	t.Helper()
+	data := []byte(name + "\n")
+	i, err := mutate.AppendLayers(base, testregistry.Layer(t, testregistry.Entry{
+		Header: tar.Header{Typeflag: tar.TypeReg, Name: "image", Mode: 0o644, Size: int64(len(data))},
+		Data:   data,
+	}))
+	if err != nil {
+		t.Fatalf("image %s: %v", name, err)
+	}
+	return i
 }
 
 // buildCommand builds the static command test/cluster/NAME into the

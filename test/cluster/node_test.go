@@ -132,14 +132,31 @@ serializeImagePulls: false
 `
 
 // stageletConfig is the node's stagelet configuration: the cgroupfs
-// driver the kubelet uses, the cluster's registry, the kvm guest, and
-// the node's policy (nodePolicy) beside it.
+// driver the kubelet uses, the cluster's registry, the kvm guest, the
+// node's policy (nodePolicy) beside it, and its signature policies: the
+// node's accepts every image (nodeSignaturePolicy), and the directory of
+// namespace policies is where the signature test writes its own.
 const stageletConfig = `version: 1
 cgroup_driver: cgroupfs
 registries:
   "%s": {insecure: true}
 kvm: {assets_dir: /usr/lib/stagelet/guest}
+images:
+  signature_policy: ` + signaturePolicy + `
+  signature_policy_dir: ` + signaturePolicyDir + `
 policy_file: policy.yaml
+`
+
+// The nodes' signature policy files, as the nodes see them.
+const (
+	signaturePolicy    = "/etc/stagelet/signature-policy.json"
+	signaturePolicyDir = "/etc/stagelet/signature-policy.d"
+)
+
+// nodeSignaturePolicy accepts every image unverified: the rest of the
+// suite runs as without a policy, and only a namespace with a file of
+// its own in signaturePolicyDir needs signatures.
+const nodeSignaturePolicy = `{"default": [{"type": "insecureAcceptAnything"}]}
 `
 
 // vmsNamespace is the namespace an operator's rule of the nodes' policy
@@ -278,6 +295,7 @@ func (c *cluster) writeNodeFiles(n *node) error {
 		{filepath.Join(n.root, "etc/systemd/system/kubelet.service"), fmt.Sprintf(kubeletUnit, n.name, n.ip), 0o644},
 		{filepath.Join(n.root, "etc/stagelet/config.yaml"), fmt.Sprintf(stageletConfig, c.registry), 0o644},
 		{filepath.Join(n.root, "etc/stagelet/policy.yaml"), nodePolicy(), 0o644},
+		{filepath.Join(n.root, signaturePolicy), nodeSignaturePolicy, 0o644},
 		{filepath.Join(kl, "config.yaml"), fmt.Sprintf(kubeletConfig, dnsIP), 0o644},
 		{filepath.Join(kl, "kubeconfig"), kubeconfig(c.api, "/var/lib/kubelet/pki/ca.crt",
 			"/var/lib/kubelet/pki/kubelet-client.crt", "/var/lib/kubelet/pki/kubelet-client.key"), 0o600},
