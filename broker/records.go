@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/atomicfile"
 )
 
@@ -41,7 +42,8 @@ func (r *records) savePod(p *PodRecord) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(r.podPath(p.ID), b, 0o600)
+	// A full state file system answers ResourceExhausted, naming it.
+	return errdefs.Storage(atomicfile.Write(r.podPath(p.ID), b, 0o600), r.dir)
 }
 
 func (r *records) saveContainer(c *ContainerRecord) error {
@@ -50,7 +52,7 @@ func (r *records) saveContainer(c *ContainerRecord) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(r.containerPath(c.ID), b, 0o600)
+	return errdefs.Storage(atomicfile.Write(r.containerPath(c.ID), b, 0o600), r.dir)
 }
 
 func (r *records) deletePod(id string) error {

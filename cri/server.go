@@ -190,6 +190,8 @@ func toStatus(err error) *status.Status {
 		code = codes.Unavailable
 	case errors.Is(err, errdefs.ErrUnimplemented):
 		code = codes.Unimplemented
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		code = codes.ResourceExhausted
 	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

@@ -5,16 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
-
-	"github.com/stagelet/stagelet/stage1"
 
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/broker"
-
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/trust"
 )
 
 func TestToStatus(t *testing.T) {
@@ -30,6 +30,9 @@ func TestToStatus(t *testing.T) {
 		{fmt.Errorf("agent: %w", errdefs.ErrUnavailable), codes.Unavailable},
 		{errdefs.New(errdefs.ErrUnimplemented, "devices"), codes.Unimplemented},
 		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{fmt.Errorf("persist pod record: %w", errdefs.Storage(syscall.ENOSPC, "/var/lib/stagelet")), codes.ResourceExhausted},
+		{fmt.Errorf("wrapped: %w", context.Canceled), codes.Canceled},
+		{&trust.Rejection{Image: "r.io/a:1", Reason: "no signature"}, codes.Unknown},
 		{fmt.Errorf("something unclassified"), codes.Internal},
 	}
 	for _, tc := range tests {

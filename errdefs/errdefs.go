@@ -7,6 +7,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // The error classes. Wrap them: fmt.Errorf("pod %s: %w", id, errdefs.ErrNotFound).
@@ -19,6 +20,8 @@ var (
 	ErrUnavailable        = errors.New("unavailable")
 	ErrUnimplemented      = errors.New("not implemented")
 	ErrDeadlineExceeded   = errors.New("deadline exceeded")
+	// ErrResourceExhausted: something ran out, a file system (Storage).
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
 // classError carries a class and a message without repeating the class
@@ -51,7 +54,7 @@ func (c cause) Is(target error) bool { return !isClass(target) && errors.Is(c.er
 func (c cause) As(target any) bool { return errors.As(c.err, target) }
 
 var classes = []error{ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition,
-	ErrPermissionDenied, ErrUnavailable, ErrUnimplemented, ErrDeadlineExceeded}
+	ErrPermissionDenied, ErrUnavailable, ErrUnimplemented, ErrDeadlineExceeded, ErrResourceExhausted}
 
 func isClass(err error) bool {
 	for _, c := range classes {
@@ -93,6 +96,16 @@ func AlreadyExists(format string, args ...any) error {
 // FailedPrecondition is a shorthand for New(ErrFailedPrecondition, ...).
 func FailedPrecondition(format string, args ...any) error {
 	return New(ErrFailedPrecondition, format, args...)
+}
+
+// Storage classes err, a failed write beneath dir: a full file system or
+// quota (ENOSPC, EDQUOT) is ErrResourceExhausted naming dir's file
+// system, with err as its cause; any other error is returned as it is.
+func Storage(err error, dir string) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return New(ErrResourceExhausted, "the file system of %s is full: %w", dir, err)
+	}
+	return err
 }
 
 // IsNotFound reports whether err is of class ErrNotFound.

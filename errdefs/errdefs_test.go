@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -50,5 +51,26 @@ func TestClassIsTheOutermost(t *testing.T) {
 	var ce *classError
 	if !errors.As(plain, &ce) || ce.cause != nil {
 		t.Errorf("a message without %%w has a cause: %+v", ce)
+	}
+}
+
+func TestStorageNamesAFullFileSystem(t *testing.T) {
+	write := &os.PathError{Op: "write", Path: "/var/lib/stagelet/pods/x.json", Err: syscall.ENOSPC}
+	err := Storage(write, "/var/lib/stagelet")
+	if !errors.Is(err, ErrResourceExhausted) || !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("%v: want ResourceExhausted with ENOSPC as its cause", err)
+	}
+	if !strings.Contains(err.Error(), "the file system of /var/lib/stagelet is full") || !strings.Contains(err.Error(), write.Path) {
+		t.Errorf("%q does not name the file system and the file", err)
+	}
+	if err := Storage(&os.PathError{Op: "write", Path: "/q", Err: syscall.EDQUOT}, "/q"); !errors.Is(err, ErrResourceExhausted) {
+		t.Errorf("a quota: %v", err)
+	}
+	other := &os.PathError{Op: "write", Path: "/x", Err: syscall.EIO}
+	if err := Storage(other, "/x"); err != error(other) {
+		t.Errorf("another error changed: %v", err)
+	}
+	if Storage(nil, "/x") != nil {
+		t.Error("nil changed")
 	}
 }

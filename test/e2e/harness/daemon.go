@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -105,6 +106,10 @@ type Options struct {
 	// SignaturePolicy and SignaturePolicyDir are images.signature_policy
 	// and images.signature_policy_dir; empty: not set.
 	SignaturePolicy, SignaturePolicyDir string
+	// StateTmpfs, when set (a tmpfs size such as "32m"), puts StateDir on
+	// a tmpfs of that size of its own, for tests of a full file system;
+	// Teardown unmounts it once the daemon stopped.
+	StateTmpfs string
 	// LogLevel is the daemon's --log-level; "debug" when empty.
 	LogLevel string
 	// Logger receives the harness's own messages; discarded when nil.
@@ -153,6 +158,8 @@ type Daemon struct {
 	starts     int
 	// savedLog is the daemon's log, read by Teardown before it removes Root.
 	savedLog []byte
+	// stateTmpfs: StateDir is a tmpfs New mounted (Options.StateTmpfs).
+	stateTmpfs bool
 }
 
 // New creates the daemon's directories (a short path under the system
@@ -206,7 +213,15 @@ func New(opts Options) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	if opts.StateTmpfs != "" {
+		if err := unix.Mount("tmpfs", d.StateDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size="+opts.StateTmpfs+",mode=0755"); err != nil {
+			os.RemoveAll(root)
+			return nil, fmt.Errorf("harness: tmpfs at %s: %w", d.StateDir, err)
+		}
+		d.stateTmpfs = true
+	}
 	if err := os.MkdirAll(d.CDIDir, 0o755); err != nil {
+		d.unmountState()
 		os.RemoveAll(root)
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -96,6 +97,9 @@ func (d *Daemon) Teardown(ctx context.Context) (Leftovers, error) {
 	}
 	if d.conn != nil {
 		d.conn.Close()
+	}
+	if err := d.unmountState(); err != nil {
+		errs = append(errs, err)
 	}
 	if _, err := os.Stat(d.Root); err != nil {
 		return left, errors.Join(errs...)
@@ -393,4 +397,16 @@ func (d *Daemon) removeCgroups() ([]string, error) {
 	}
 	sort.Strings(leftover)
 	return leftover, errors.Join(errs...)
+}
+
+// unmountState unmounts the tmpfs New mounted at StateDir, if it did.
+func (d *Daemon) unmountState() error {
+	if !d.stateTmpfs {
+		return nil
+	}
+	if err := unix.Unmount(d.StateDir, 0); err != nil {
+		return fmt.Errorf("unmount the state tmpfs %s: %w", d.StateDir, err)
+	}
+	d.stateTmpfs = false
+	return nil
 }
