@@ -390,7 +390,7 @@ func (b *Broker) restoreContainer(ctx context.Context, podID, archive string, cf
 	}
 	var old ContainerConfig
 	if err := json.Unmarshal(meta.Config, &old); err != nil {
-		return "", errdefs.InvalidArgument("checkpoint archive %s: the container's configuration: %v", archive, err)
+		return "", errdefs.InvalidArgument("checkpoint archive %s: the container's configuration: %w", archive, err)
 	}
 	// The kubelet names an image by the ID it resolved, with the pod's
 	// own spelling as the user's.
@@ -413,7 +413,7 @@ func checkpointDir(field, p string, empty bool) error {
 	}
 	fi, err := os.Stat(p)
 	if err != nil {
-		return errdefs.NotFound("%s: %v", field, err)
+		return errdefs.NotFound("%s: %w", field, err)
 	}
 	if !fi.IsDir() {
 		return errdefs.InvalidArgument("%s: %s is not a directory", field, p)
@@ -421,7 +421,7 @@ func checkpointDir(field, p string, empty bool) error {
 	if empty {
 		names, err := os.ReadDir(p)
 		if err != nil {
-			return errdefs.InvalidArgument("%s: %v", field, err)
+			return errdefs.InvalidArgument("%s: %w", field, err)
 		}
 		if len(names) > 0 {
 			return errdefs.InvalidArgument("%s: %s is not empty", field, p)
@@ -478,7 +478,7 @@ func (b *Broker) criu(ctx context.Context) (string, error) {
 	}
 	path, err := b.opts.CRIU(ctx)
 	if err != nil {
-		return "", errdefs.FailedPrecondition("checkpoints need CRIU: %v", err)
+		return "", errdefs.FailedPrecondition("checkpoints need CRIU: %w", err)
 	}
 	return path, nil
 }

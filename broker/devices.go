@@ -50,7 +50,7 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) (pci
 			case !vfio:
 				return nil, errdefs.InvalidArgument("config.devices[%d]: the pod runs in a VM (stage1 %s), whose kernel has none of the host's device nodes (%s); only VFIO groups (/dev/vfio/N) can be passed through", i, stage1, d.Host)
 			case err != nil:
-				return nil, errdefs.InvalidArgument("config.devices[%d].host_path: %v", i, err)
+				return nil, errdefs.InvalidArgument("config.devices[%d].host_path: %w", i, err)
 			}
 			pci = append(pci, addrs...)
 		}

@@ -118,7 +118,7 @@ func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *
 	}
 	var old ContainerConfig
 	if err := json.Unmarshal(meta.Config, &old); err != nil {
-		return errdefs.InvalidArgument("%s: the container's configuration: %v", archive, err)
+		return errdefs.InvalidArgument("%s: the container's configuration: %w", archive, err)
 	}
 	var img stage1.AppImage
 	if len(meta.Processes) == 0 || json.Unmarshal(meta.Processes, &img) != nil {

@@ -262,7 +262,7 @@ func Read(archive, dir string) (*Container, error) {
 			break
 		}
 		if err != nil {
-			return nil, errdefs.InvalidArgument("checkpoint archive %s: %v", archive, err)
+			return nil, errdefs.InvalidArgument("checkpoint archive %s: %w", archive, err)
 		}
 		name := path.Clean(hdr.Name)
 		if hdr.Typeflag == tar.TypeDir && name == ImagesDir {
@@ -302,7 +302,7 @@ func describe(src, dir string, seen map[string]bool) (*Container, error) {
 	}
 	var c Container
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, errdefs.InvalidArgument("checkpoint %s: %s: %v", src, StageletDump, err)
+		return nil, errdefs.InvalidArgument("checkpoint %s: %s: %w", src, StageletDump, err)
 	}
 	return &c, nil
 }

@@ -100,7 +100,7 @@ func ReadPod(dir string) (*Pod, error) {
 	}
 	var p Pod
 	if err := json.Unmarshal(b, &p); err != nil {
-		return nil, errdefs.InvalidArgument("pod checkpoint %s: %s: %v", dir, PodDump, err)
+		return nil, errdefs.InvalidArgument("pod checkpoint %s: %s: %w", dir, PodDump, err)
 	}
 	if p.Version != podVersion {
 		return nil, errdefs.InvalidArgument("pod checkpoint %s: version %d, this stagelet reads %d", dir, p.Version, podVersion)
@@ -139,14 +139,14 @@ func ReadMeta(archive string) (*Container, error) {
 			return nil, errdefs.InvalidArgument("checkpoint archive %s has no %s: not one stagelet wrote", archive, StageletDump)
 		}
 		if err != nil {
-			return nil, errdefs.InvalidArgument("checkpoint archive %s: %v", archive, err)
+			return nil, errdefs.InvalidArgument("checkpoint archive %s: %w", archive, err)
 		}
 		if path.Clean(hdr.Name) != StageletDump || hdr.Typeflag != tar.TypeReg {
 			continue
 		}
 		var c Container
 		if err := json.NewDecoder(io.LimitReader(tr, 16<<20)).Decode(&c); err != nil {
-			return nil, errdefs.InvalidArgument("checkpoint archive %s: %s: %v", archive, StageletDump, err)
+			return nil, errdefs.InvalidArgument("checkpoint archive %s: %s: %w", archive, StageletDump, err)
 		}
 		return &c, nil
 	}

@@ -62,7 +62,7 @@ type Edits struct {
 func FromAnnotations(annotations map[string]string) ([]string, error) {
 	_, names, err := cdi.ParseAnnotations(annotations)
 	if err != nil {
-		return nil, errdefs.InvalidArgument("config.annotations: %v", err)
+		return nil, errdefs.InvalidArgument("config.annotations: %w", err)
 	}
 	return names, nil
 }
@@ -113,7 +113,7 @@ func (r *CDI) Resolve(names []string, field string) (Edits, error) {
 	for _, m := range spec.Mounts {
 		bm, err := bindMount(m)
 		if err != nil {
-			return Edits{}, errdefs.InvalidArgument("%s: mount %s: %v", what, m.Destination, err)
+			return Edits{}, errdefs.InvalidArgument("%s: mount %s: %w", what, m.Destination, err)
 		}
 		e.Mounts = append(e.Mounts, bm)
 	}

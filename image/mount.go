@@ -279,7 +279,7 @@ func (s *Store) MountImageVolume(ref, dir, subPath string) (string, error) {
 	}
 	p, err := securejoin.SecureJoin(root, subPath)
 	if err != nil {
-		return "", errdefs.InvalidArgument("image_sub_path %q: %v", subPath, err)
+		return "", errdefs.InvalidArgument("image_sub_path %q: %w", subPath, err)
 	}
 	if _, err := os.Stat(p); err != nil {
 		return "", errdefs.InvalidArgument("image_sub_path %q: not in image %s", subPath, img.ID)

@@ -108,7 +108,7 @@ func (r *reaper) adopt(pid int) (<-chan syscall.WaitStatus, error) {
 	}
 	ppid, err := parentOf(pid)
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("process %d: %v", pid, err)
+		return nil, errdefs.FailedPrecondition("process %d: %w", pid, err)
 	}
 	if ppid != os.Getpid() {
 		return nil, errdefs.FailedPrecondition("process %d is not the agent's child (its parent is %d)", pid, ppid)

@@ -520,7 +520,7 @@ func (l *linuxSystem) runRestorer(ctx context.Context, cg cgroup, argv []string,
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("restore: %v", err)
+		return nil, errdefs.FailedPrecondition("restore: %w", err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -544,7 +544,7 @@ func (l *linuxSystem) runRestorer(ctx context.Context, cg cgroup, argv []string,
 	})
 	outW.Close()
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("restore: start %s: %v", argv[0], err)
+		return nil, errdefs.FailedPrecondition("restore: start %s: %w", argv[0], err)
 	}
 	defer cmd.Process.Release()
 	out := capBuffer{budget: &outputBudget{left: restorerOutput}}
