@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -11,12 +12,32 @@ import (
 	"github.com/stagelet/stagelet/stage1/caps"
 )
 
-// stage1Caps are the capabilities the three stage1s declare.
+// stage1Caps are the capabilities the three stage1s declare, options
+// included; nspawn's devices option is the tests' own, for options that a
+// stage1 other than kvm takes.
 var stage1Caps = map[string]caps.Capabilities{
 	"fly": {Isolation: caps.IsolationHost, HostNetwork: true, HostPID: true, HostIPC: true, Privileged: "host"},
 	"nspawn": {Isolation: caps.IsolationNamespaces, HostNetwork: true, PodNetwork: true, HostPID: true, HostIPC: true,
-		Privileged: "pod", UserNamespaces: true},
-	"kvm": {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest"},
+		Privileged: "pod", UserNamespaces: true, Options: []caps.Option{{Name: "devices", Doc: "a device class"}}},
+	"kvm": {Isolation: caps.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", Options: []caps.Option{
+		{Name: "vcpus", Doc: "the VM's vCPU count, 1 to 64", Check: checkCount},
+		{Name: "memory", Doc: "the VM's memory: 512M, 2G", Check: checkSize},
+	}},
+}
+
+// checkCount and checkSize check option values as a backend would.
+func checkCount(v string) error {
+	if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 64 {
+		return errors.New("want 1 to 64")
+	}
+	return nil
+}
+
+func checkSize(v string) error {
+	if n, err := strconv.Atoi(strings.TrimRight(v, "MG")); err != nil || n < 1 {
+		return errors.New("not a size")
+	}
+	return nil
 }
 
 func mustPolicy(t testing.TB, name, text string) *Policy {

@@ -312,6 +312,7 @@ func (d *decoder) strMap(n *yaml.Node, path string) map[string]string {
 	out := make(map[string]string, len(es))
 	for _, e := range es {
 		p := join(path, e.name)
+		d.pos[p+"#key"] = position{e.key.Line, e.key.Column}
 		d.at(e.value, p)
 		out[e.name] = d.str(e.value, p)
 	}

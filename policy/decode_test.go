@@ -143,6 +143,20 @@ func TestValidateProblems(t *testing.T) {
 			[]string{`v.yaml:5:15: conflicts.host_network.fallback: "kvm" declares no host network, so it cannot be the fallback for host_network`}, false},
 		{"rule sends host pods to a VM", head + "rules:\n  - name: vm-daemons\n    match: {host_pid: true}\n    stage1: kvm\n",
 			[]string{`v.yaml:6:13: rules[0] ("vm-daemons"): sends host_pid pods to "kvm", which declares no host PID namespace`}, false},
+		{"misspelt option", head + "rules:\n  - name: tenant-vms\n    match: {namespaces: [tenant-a]}\n    stage1: kvm\n    options: {memroy: 2G, vcpus: \"2\"}\n",
+			[]string{`v.yaml:7:15: rules[0] ("tenant-vms"): stage1 kvm: option "memroy": unknown (kvm takes: memory, vcpus)`}, false},
+		{"bad option value", head + "handlers:\n  vm:\n    stage1: kvm\n    options:\n      vcpus: \"0\"\n      memory: lots\n",
+			[]string{
+				`v.yaml:7:14: handlers.vm: stage1 kvm: option "vcpus": value "0": want 1 to 64 (vcpus: the VM's vCPU count, 1 to 64)`,
+				`v.yaml:8:15: handlers.vm: stage1 kvm: option "memory": value "lots": not a size (memory: the VM's memory: 512M, 2G)`,
+			}, false},
+		{"options for a stage1 that takes none", head + "handlers:\n  fly: {stage1: fly, options: {memory: 1G}}\nrules:\n  - name: hosty\n    match: {namespaces: [ops]}\n    stage1: fly\n    options: {cpus: \"1\"}\n",
+			[]string{
+				`v.yaml:4:32: handlers.fly: stage1 fly: option "memory": unknown (fly takes no options)`,
+				`v.yaml:9:15: rules[0] ("hosty"): stage1 fly: option "cpus": unknown (fly takes no options)`,
+			}, false},
+		{"options of an unknown stage1 are not checked", head + "rules:\n  - name: a\n    match: {namespaces: [ci]}\n    stage1: gvisor\n    options: {platform: kvm}\n",
+			[]string{`v.yaml:6:13: rules[0].stage1: unknown stage1 "gvisor" (this node has: fly, kvm, nspawn)`}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

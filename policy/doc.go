@@ -8,8 +8,11 @@
 // The policy is the `policy:` section of the node config, or a file of its
 // own. It is YAML, decoded strictly: unknown keys, duplicate keys, wrong
 // types, unknown stage1 names, unreachable or contradictory rules are
-// errors naming file, line and column. The embedded default (DefaultYAML)
-// is a complete, commented example. A worked example:
+// errors naming file, line and column. So are options a rule or handler
+// gives its stage1 that the stage1 does not declare (caps.Option, beside
+// its capabilities), or whose value the option's check refuses: kvm takes
+// memory and vcpus, fly and nspawn take none. The embedded default
+// (DefaultYAML) is a complete, commented example. A worked example:
 //
 //	version: 1
 //	default_stage1: nspawn          # pods nothing else decides

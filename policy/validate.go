@@ -18,9 +18,11 @@ import (
 // names; rules without a name, with a duplicate name, with both or neither of
 // stage1 and refuse, after a rule that matches every pod (unreachable), with
 // contradictory matchers (a namespace both included and excluded), or sending
-// pods that need a host namespace to a stage1 that lacks it; bad namespace
-// globs; and conflict fallbacks that cannot satisfy the need they are the
-// fallback for. It does not modify p.
+// pods that need a host namespace to a stage1 that lacks it; options of a
+// rule or handler that its stage1 does not declare (caps.Option), or whose
+// value the option's check refuses; bad namespace globs; and conflict
+// fallbacks that cannot satisfy the need they are the fallback for. It
+// does not modify p.
 func (p *Policy) Validate(known map[string]caps.Capabilities) error {
 	return p.check(known, true)
 }
@@ -136,9 +138,12 @@ func (c *checker) handlers() {
 		case !dnsLabel.MatchString(name):
 			c.errf(key+"#key", "handlers: %q is not a RuntimeClass handler name (a DNS label: lowercase letters, digits and '-', at most 63)", name)
 		}
-		c.stage1(key+".stage1", h.Stage1)
+		usable := c.stage1(key+".stage1", h.Stage1)
 		c.namespaces(key, h.Namespaces, h.NotNamespaces)
 		c.options(key+".options", h.Options)
+		if usable {
+			c.declaredOptions(key+".options", key, h.Stage1, h.Options)
+		}
 	}
 }
 
@@ -148,6 +153,46 @@ func (c *checker) options(key string, opts map[string]string) {
 			c.errf(key, "%s: an option needs a name", key)
 		}
 	}
+}
+
+// declaredOptions checks the options at key, of the rule or handler
+// label, against those stage1 declares: a key it does not take, and a
+// value its check refuses, are problems naming label, stage1 and key.
+func (c *checker) declaredOptions(key, label, stage1 string, opts map[string]string) {
+	declared := c.known[stage1]
+	names := make([]string, 0, len(opts))
+	for k := range opts {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if k == "" {
+			continue // options reported it
+		}
+		at := key + "." + k
+		o, ok := declared.Option(k)
+		switch {
+		case !ok:
+			c.errf(at+"#key", "%s: stage1 %s: option %q: unknown (%s)", label, stage1, k, takes(stage1, declared))
+		case o.Check != nil:
+			if err := o.Check(opts[k]); err != nil {
+				c.errf(at, "%s: stage1 %s: option %q: value %q: %v (%s: %s)", label, stage1, k, opts[k], err, k, o.Doc)
+			}
+		}
+	}
+}
+
+// takes says which options stage1 declares.
+func takes(stage1 string, declared caps.Capabilities) string {
+	if len(declared.Options) == 0 {
+		return stage1 + " takes no options"
+	}
+	names := make([]string, len(declared.Options))
+	for i, o := range declared.Options {
+		names[i] = o.Name
+	}
+	sort.Strings(names)
+	return stage1 + " takes: " + strings.Join(names, ", ")
 }
 
 // namespaces checks include and exclude patterns under key and their
@@ -292,6 +337,7 @@ func (c *checker) rules() {
 		if !c.stage1(key+".stage1", r.Stage1) {
 			continue
 		}
+		c.declaredOptions(key+".options", label, r.Stage1, r.Options)
 		declared := c.known[r.Stage1]
 		for _, n := range needs {
 			if b := n.rule(r.Match); b != nil && *b && !n.met(declared) {

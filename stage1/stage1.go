@@ -33,6 +33,10 @@ const (
 // Capabilities are facts a backend states about itself (see caps).
 type Capabilities = caps.Capabilities
 
+// Option is a pod option a backend declares in its Capabilities (see
+// caps).
+type Option = caps.Option
+
 // PodSpec is what a backend needs to start a pod. Paths are host paths.
 type PodSpec struct {
 	ID        string

@@ -29,22 +29,38 @@ func configMain(args []string, out, errOut io.Writer) int {
 		}
 		rc := 0
 		for _, f := range args[1:] {
-			c, err := config.Load(f)
-			if err != nil {
-				fmt.Fprintln(errOut, err)
+			if !configCheck(f, out, errOut) {
 				rc = 1
-				continue
 			}
-			if _, err := c.LoadPolicy(); err != nil {
-				fmt.Fprintf(errOut, "%s: %v\n", f, err)
-				rc = 1
-				continue
-			}
-			fmt.Fprintf(out, "%s: ok\n", f)
 		}
 		return rc
 	default:
 		fmt.Fprintf(errOut, "stagelet config: unknown command %q\n%s", args[0], configUsage)
 		return 2
 	}
+}
+
+// configCheck validates node configuration file f and its policy as the
+// daemon loads them: the policy against the stage1s this build carries,
+// their options included (a stage1 the build lacks is a warning). It
+// prints "f: ok" to out, or the problems to errOut, and reports whether
+// the file is fine.
+func configCheck(f string, out, errOut io.Writer) bool {
+	c, err := config.Load(f)
+	if err != nil {
+		fmt.Fprintln(errOut, err)
+		return false
+	}
+	p, err := c.LoadPolicy()
+	if err != nil {
+		fmt.Fprintf(errOut, "%s: %v\n", f, err)
+		return false
+	}
+	caps := capabilitiesOf(builtinBackends(quietLog, c, nil, true, ""))
+	if n := reportProblems(errOut, p.Validate(caps)); n > 0 {
+		fmt.Fprintf(errOut, "%s: the policy has %d problem(s)\n", f, n)
+		return false
+	}
+	fmt.Fprintf(out, "%s: ok\n", f)
+	return true
 }

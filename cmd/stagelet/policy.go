@@ -80,22 +80,40 @@ func policyCheck(files []string, out io.Writer) int {
 			p.Source = f
 			err = p.Validate(caps)
 		}
-		errs, warns := splitProblems(err)
-		for _, w := range warns {
-			fmt.Fprintf(out, "warning: %s\n", w)
-		}
-		for _, e := range errs {
-			fmt.Fprintln(out, e)
-		}
-		switch {
-		case len(errs) > 0:
-			fmt.Fprintf(out, "%s: %d problem(s)\n", f, len(errs))
+		if n := reportProblems(out, err); n > 0 {
+			fmt.Fprintf(out, "%s: %d problem(s)\n", f, n)
 			rc = 1
-		default:
+		} else {
 			fmt.Fprintf(out, "%s: ok\n", f)
 		}
 	}
 	return rc
+}
+
+// reportProblems prints the problems err holds (Validate's or Parse's),
+// one a line: warnings for those naming a stage1 this build lacks (the
+// daemon loads such a policy, and refuses the pods routed there), then
+// the errors (the daemon refuses the policy). It returns how many errors.
+func reportProblems(out io.Writer, err error) int {
+	errs, warns := splitProblems(err)
+	for _, w := range warns {
+		fmt.Fprintf(out, "warning: %s\n", w)
+	}
+	for _, e := range errs {
+		fmt.Fprintln(out, e)
+	}
+	return len(errs)
+}
+
+// policyLoads checks p against this build's stage1s as policy check and
+// the daemon do, and reports whether it loads; it prints its problems,
+// and when it does not load, that explain decides nothing under it.
+func policyLoads(out io.Writer, p *policy.Policy, caps map[string]stage1.Capabilities) bool {
+	n := reportProblems(out, p.Validate(caps))
+	if n > 0 {
+		fmt.Fprintf(out, "refused: the policy (%s) has %d problem(s): the daemon does not load it, so it decides no pod\n", p.Source, n)
+	}
+	return n == 0
 }
 
 // splitProblems separates unknown-stage1 problems (warnings) from the rest.
@@ -166,6 +184,9 @@ func policyExplain(args []string, out io.Writer) int {
 	}
 	backends := builtinBackends(quietLog, cfg, nil, true, "")
 	caps := capabilitiesOf(backends)
+	if fs.NArg() > 0 && !policyLoads(out, p, caps) {
+		return 1
+	}
 	for i, name := range fs.Args() {
 		var data []byte
 		var err error

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
 
@@ -201,4 +203,89 @@ spec:
 		!strings.Contains(out.String(), "requires: reject") {
 		t.Errorf("a pod in payments: rc %d\n%s", rc, out.String())
 	}
+}
+
+// A misspelt or bad backend option is refused wherever the policy is
+// read, in the same words: policy check, config check, the daemon's
+// load and reload, and explain, which decides nothing under such a
+// policy.
+func TestPolicyRefusesBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const rules = `version: 1
+default_stage1: nspawn
+rules:
+  - name: tenant-vms
+    match: {namespaces: [tenant-a]}
+    stage1: kvm
+    options: {memroy: 2G, vcpus: "0"}
+  - name: daemons
+    match: {namespaces: [ops]}
+    stage1: fly
+    options: {memory: 1G}
+`
+	pol := write("policy.yaml", rules)
+	node := write("node.yaml", "version: 1\npolicy:\n  "+strings.ReplaceAll(strings.TrimSpace(rules), "\n", "\n  ")+"\n")
+	pod := write("pod.yaml", "kind: Pod\nmetadata: {name: web, namespace: tenant-a}\nspec: {containers: [{name: web}]}\n")
+	// The problems, at the line of the first rule's options in file,
+	// whose policy is indented by indent.
+	want := func(file string, line, indent int) []string {
+		return []string{
+			fmt.Sprintf(`%s:%d:%d: rules[0] ("tenant-vms"): stage1 kvm: option "memroy": unknown (kvm takes: memory, vcpus)`, file, line, 15+indent),
+			fmt.Sprintf(`%s:%d:%d: rules[0] ("tenant-vms"): stage1 kvm: option "vcpus": value "0": want 1 to 64 (vcpus: the VM's vCPU count, 1 to 64)`, file, line, 34+indent),
+			fmt.Sprintf(`%s:%d:%d: rules[1] ("daemons"): stage1 fly: option "memory": unknown (fly takes no options)`, file, line+4, 15+indent),
+		}
+	}
+	check := func(what string, rc, wantRC int, out string, lines []string) {
+		t.Helper()
+		if rc != wantRC {
+			t.Errorf("%s: rc %d, want %d\n%s", what, rc, wantRC, out)
+		}
+		for _, l := range lines {
+			if !strings.Contains(out, l+"\n") {
+				t.Errorf("%s does not say\n%s\nit says\n%s", what, l, out)
+			}
+		}
+	}
+
+	var out, errOut strings.Builder
+	check("policy check", policyCheck([]string{pol}, &out), 1, out.String(), append(want(pol, 7, 0), pol+": 3 problem(s)"))
+
+	out.Reset()
+	check("config check", configMain([]string{"check", node}, &out, &errOut), 1, errOut.String(), append(want(node, 9, 2), node+": the policy has 3 problem(s)"))
+
+	cfg, err := config.Load(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = loadPolicy(quietLog, cfg, capabilitiesOf(builtinBackends(quietLog, cfg, nil, true, ""))); err == nil {
+		t.Fatal("the daemon loads the policy")
+	}
+	check("the daemon's load", 1, 1, err.Error()+"\n", want(node, 9, 2))
+
+	for _, args := range [][]string{{"--policy", pol, pod}, {"--config", node, pod}} {
+		out.Reset()
+		file, line, indent := pol, 7, 0
+		if args[0] == "--config" {
+			file, line, indent = node, 9, 2
+		}
+		check("explain "+args[0], policyExplain(args, &out), 1, out.String(),
+			append(want(file, line, indent), "refused: the policy ("+file+") has 3 problem(s): the daemon does not load it, so it decides no pod"))
+		if strings.Contains(out.String(), "stage1:  kvm") {
+			t.Errorf("explain %s decided under a policy that does not load:\n%s", args[0], out.String())
+		}
+	}
+
+	// Spelt right, the same policy loads and explain decides.
+	good := write("good.yaml", strings.NewReplacer("memroy", "memory", `vcpus: "0"`, `vcpus: "2"`, "    options: {memory: 1G}\n", "").Replace(rules))
+	out.Reset()
+	check("policy check, spelt right", policyCheck([]string{good}, &out), 0, out.String(), []string{good + ": ok"})
+	out.Reset()
+	check("explain, spelt right", policyExplain([]string{"--policy", good, pod}, &out), 0, out.String(), []string{"stage1:  kvm", "options: memory=2G, vcpus=2"})
 }

@@ -45,4 +45,33 @@ type Capabilities struct {
 	// cannot be checkpointed or restored; empty: they can where CRIU
 	// works.
 	NoCheckpoint string `json:"noCheckpoint,omitempty"`
+	// Options are the pod options the backend takes from the policy
+	// (a rule's or handler's `options:`), each with its check. The
+	// policy refuses any other key, and a value its check refuses, when
+	// it loads; none: the backend takes no options.
+	Options []Option `json:"options,omitempty"`
+}
+
+// Option is one pod option a backend takes: the backend reads its value
+// when it starts a pod, parsing it as Check does.
+type Option struct {
+	// Name is the key in the policy's `options:`.
+	Name string `json:"name"`
+	// Doc says what the value is, for people: "the VM's vCPU count,
+	// 1 to 64".
+	Doc string `json:"doc"`
+	// Check refuses a value the backend could not use, saying why in
+	// words that follow the value ("want 1 to 64"); nil: any value.
+	Check func(value string) error `json:"-"`
+}
+
+// Option returns the option called name, and whether the backend takes
+// it.
+func (c Capabilities) Option(name string) (Option, bool) {
+	for _, o := range c.Options {
+		if o.Name == name {
+			return o, true
+		}
+	}
+	return Option{}, false
 }

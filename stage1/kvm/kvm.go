@@ -60,6 +60,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -336,6 +337,8 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		// The pod's agent runs in the pod's user namespace inside the
 		// guest (agent/guestinit/nest.go); its files reach it idmapped.
 		UserNamespaces: true,
+		// The VM's size (qemu.go).
+		Options: slices.Clone(podOptions),
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -475,8 +476,64 @@ func TestReconnect(t *testing.T) {
 func TestCapabilities(t *testing.T) {
 	c := New(nil, Config{}).Capabilities()
 	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, NoCheckpoint: noCheckpoint, UserNamespaces: true}
-	if c != want {
+	opts := c.Options
+	if c.Options = nil; !reflect.DeepEqual(c, want) {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
+	}
+	var names []string
+	for _, o := range opts {
+		names = append(names, o.Name)
+		if o.Doc == "" || o.Check == nil {
+			t.Errorf("option %q: no Doc or no Check", o.Name)
+		}
+	}
+	if !reflect.DeepEqual(names, []string{OptionMemory, OptionVCPUs}) {
+		t.Errorf("Options = %v, want the two vmConfig reads", names)
+	}
+}
+
+// TestDeclaredOptions: each declared option's Check accepts exactly the
+// values vmConfig accepts, so that the policy refuses at load what a
+// pod's start would refuse.
+func TestDeclaredOptions(t *testing.T) {
+	b := New(nil, Config{})
+	c := b.Capabilities()
+	for _, tt := range []struct {
+		name, value string
+		ok          bool
+	}{
+		{OptionMemory, "512", true},
+		{OptionMemory, "512Mi", true},
+		{OptionMemory, "1G", true},
+		{OptionMemory, "64Gi", true},
+		{OptionMemory, "128M", true},
+		{OptionMemory, "127", false},
+		{OptionMemory, "65Gi", false},
+		{OptionMemory, "lots", false},
+		{OptionMemory, "1T", false},
+		{OptionMemory, "", false},
+		{OptionMemory, "2048MB", false},
+		{OptionVCPUs, "1", true},
+		{OptionVCPUs, "64", true},
+		{OptionVCPUs, "0", false},
+		{OptionVCPUs, "65", false},
+		{OptionVCPUs, "two", false},
+		{OptionVCPUs, "", false},
+	} {
+		o, ok := c.Option(tt.name)
+		if !ok {
+			t.Fatalf("option %q not declared", tt.name)
+		}
+		err := o.Check(tt.value)
+		if (err == nil) != tt.ok {
+			t.Errorf("%s=%q: Check says %v, want ok %v", tt.name, tt.value, err, tt.ok)
+		}
+		if _, verr := b.vmConfig(map[string]string{tt.name: tt.value}, stage1.PodResources{}); (verr == nil) != (err == nil) {
+			t.Errorf("%s=%q: Check says %v, vmConfig %v", tt.name, tt.value, err, verr)
+		}
+	}
+	if _, ok := c.Option("memroy"); ok {
+		t.Error("a misspelt option is declared")
 	}
 }
 

@@ -102,13 +102,31 @@ func (b *Backend) vmConfig(opts map[string]string, res stage1.PodResources) (vmI
 		vm.MemoryMiB = m
 	}
 	if v, ok := opts[OptionVCPUs]; ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxVCPUs {
-			return vm, errdefs.InvalidArgument("kvm: option %s=%q: want 1 to %d", OptionVCPUs, v, maxVCPUs)
+		n, err := parseVCPUs(v)
+		if err != nil {
+			return vm, errdefs.InvalidArgument("kvm: option %s=%q: %w", OptionVCPUs, v, err)
 		}
 		vm.VCPUs = n
 	}
 	return vm, nil
+}
+
+// podOptions are the options kvm's Capabilities declare: the ones
+// vmConfig reads, each checked by the parse vmConfig uses.
+var podOptions = []stage1.Option{
+	{Name: OptionMemory, Doc: fmt.Sprintf("the VM's memory in MiB, or a size with M, Mi, G or Gi such as 512Mi or 1G; %d MiB to %d GiB", minMemoryMiB, maxMemoryMiB/1024),
+		Check: func(v string) error { _, err := parseMemory(v); return err }},
+	{Name: OptionVCPUs, Doc: fmt.Sprintf("the VM's vCPU count, 1 to %d", maxVCPUs),
+		Check: func(v string) error { _, err := parseVCPUs(v); return err }},
+}
+
+// parseVCPUs reads a vCPU count.
+func parseVCPUs(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxVCPUs {
+		return 0, fmt.Errorf("want 1 to %d", maxVCPUs)
+	}
+	return n, nil
 }
 
 // parseMemory reads a memory size in MiB.

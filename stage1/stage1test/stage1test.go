@@ -235,6 +235,15 @@ func (s *suite) testCapabilities(t *testing.T) {
 	if s.b.Name() == "" {
 		t.Error("empty name")
 	}
+	// The policy refuses option keys a backend does not declare, and
+	// cites each declared one by name.
+	seen := map[string]bool{}
+	for _, o := range c.Options {
+		if o.Name == "" || o.Doc == "" || seen[o.Name] {
+			t.Errorf("option %+v: want a name of its own and a Doc", o)
+		}
+		seen[o.Name] = true
+	}
 }
 
 func (s *suite) testLifecycle(t *testing.T) {
