@@ -4,7 +4,8 @@
 # fly (a node policy that allows the fly handler in critest's namespaces)
 # and kvm (HANDLER=kvm with the guest built beside the binary). It prints
 # each run's summary line and time, and fails when a spec fails that
-# test/conformance/expected-failures.txt does not list for that stage1.
+# test/conformance/expected-failures.txt does not list for that stage1, or
+# passes that it lists (unless marked may-pass: scripts/expected-failures.py).
 #
 #   scripts/conformance.sh [BINARY]        (default bin/stagelet)
 #

@@ -10,9 +10,15 @@ REPORT is a junit XML report (critest) or a ginkgo JSON report
 give what the spec checks, whatever the runtime) or `pending`, and spec is the spec's full name as
 the suite reports it (critest: without the leading `[It]`; node e2e: the
 container texts and the spec's text joined by spaces, as the kit's
-summary.txt prints them). LABEL prefixes every line (default "conformance
-STAGE1"). Exit status 1 when a spec failed that LIST does not expect for
-STAGE1; specs LIST expects that passed are printed, without failing.
+summary.txt prints them). A kind followed by `,may-pass` (`by-design,may-pass`)
+marks a spec that fails only under conditions the run does not control,
+and the reason says which. LABEL prefixes every line (default
+"conformance STAGE1").
+
+Exit status 1 when a spec failed that LIST does not expect for STAGE1, or
+when a spec LIST expects to fail passed (the entry is stale: remove it, or
+narrow its stage1s), unless its entry is may-pass: such a pass is printed,
+without failing.
 """
 import json
 import re
@@ -21,6 +27,22 @@ import xml.etree.ElementTree as ET
 
 
 KINDS = ("by-design", "environment", "pending")
+MAY_PASS = "may-pass"
+
+
+class Entry:
+    """One line of LIST: a spec a stage1 is expected to fail."""
+
+    def __init__(self, kind, reason, may_pass, where):
+        self.kind, self.reason, self.may_pass, self.where = kind, reason, may_pass, where
+
+
+def parse_kind(field):
+    """Returns (kind, may_pass) of LIST's kind field, or None when it is bad."""
+    words = [w.strip() for w in field.split(",")]
+    if words[0] not in KINDS or any(w != MAY_PASS for w in words[1:]) or len(words) > 2:
+        return None
+    return words[0], len(words) == 2
 
 
 def load(path, stage1):
@@ -30,11 +52,12 @@ def load(path, stage1):
         if not line or line.startswith("#"):
             continue
         parts = [p.strip() for p in line.split(" | ")]
-        if len(parts) != 4 or parts[1] not in KINDS or not parts[3]:
-            sys.exit(f"{path}:{n}: want `stage1s | {'|'.join(KINDS)} | spec | reason`")
-        stage1s, kind, spec, reason = parts
+        kind = parse_kind(parts[1]) if len(parts) == 4 else None
+        if kind is None or not parts[2] or not parts[3]:
+            sys.exit(f"{path}:{n}: want `stage1s | {'|'.join(KINDS)}[,{MAY_PASS}] | spec | reason`")
+        stage1s, _, spec, reason = parts
         if stage1s == "*" or stage1 in stage1s.split(","):
-            expected[spec] = (kind, reason)
+            expected[spec] = Entry(kind[0], reason, kind[1], f"{path}:{n}")
     return expected
 
 
@@ -82,21 +105,28 @@ def main():
     got = ginkgo_results(report) if report.endswith(".json") else junit_results(report)
     unexpected = sorted(n for n, r in got.items() if r == "failed" and n not in expected)
     for kind in KINDS:
-        names = sorted(n for n, r in got.items() if r == "failed" and expected.get(n, ("",))[0] == kind)
+        names = sorted(n for n, r in got.items() if r == "failed" and n in expected and expected[n].kind == kind)
         if names:
             print(f"{label}: {len(names)} expected failures ({kind}):")
             for n in names:
-                print(f"    {n}\n      — {expected[n][1]}")
-    for n in sorted(n for n in expected if got.get(n) == "passed"):
-        print(f"{label}: listed as {expected[n][0]} but passed this time (remove it if it always does): {n}")
+                print(f"    {n}\n      — {expected[n].reason}")
+    passed = sorted(n for n in expected if got.get(n) == "passed")
+    stale = [n for n in passed if not expected[n].may_pass]
+    for n in passed:
+        if expected[n].may_pass:
+            print(f"{label}: listed as {expected[n].kind},{MAY_PASS} and passed this time: {n}")
     for n in sorted(n for n in expected if n not in got):
         print(f"{label}: listed but not run (renamed, or outside this run's focus): {n}")
     if unexpected:
         print(f"{label}: {len(unexpected)} unexpected failures:")
         for n in unexpected:
             print(f"    {n}")
-        return 1
-    return 0
+    if stale:
+        print(f"{label}: {len(stale)} specs listed as expected failures passed: remove their entries from {path}, "
+              f"narrow their stage1s, or mark them {MAY_PASS} when they fail only sometimes:")
+        for n in stale:
+            print(f"    {n}\n      — {expected[n].where}: {expected[n].kind}")
+    return 1 if unexpected or stale else 0
 
 
 if __name__ == "__main__":

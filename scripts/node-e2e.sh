@@ -20,7 +20,8 @@
 # directory), and the kit's registry marked insecure. Every pod is removed
 # before the daemon stops, then everything the run made. The run fails
 # when a spec fails that test/node-e2e/expected-failures.txt does not list
-# for that stage1.
+# for that stage1, or passes that it lists (unless marked may-pass:
+# scripts/expected-failures.py).
 #
 # Environment: KIT (default ../shared/nodee2e; without it the suite is
 # skipped, saying so), STAGE1S (default "nspawn fly kvm"), GUEST (the kvm
