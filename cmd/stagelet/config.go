@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/stagelet/stagelet/config"
+	"github.com/stagelet/stagelet/trust"
 )
 
 const configUsage = `usage:
@@ -59,6 +60,14 @@ func configCheck(f string, out, errOut io.Writer) bool {
 	caps := capabilitiesOf(builtinBackends(quietLog, c, nil, true, ""))
 	if n := reportProblems(errOut, p.Validate(caps)); n > 0 {
 		fmt.Fprintf(errOut, "%s: the policy has %d problem(s)\n", f, n)
+		return false
+	}
+	// The signature policy and its namespace files, with their keys, as
+	// the daemon would load them.
+	if _, errs := trust.CheckFiles(c.Images.SignaturePolicy, c.Images.PolicyDir()); len(errs) > 0 {
+		for _, err := range errs {
+			fmt.Fprintf(errOut, "%s: %v\n", f, err)
+		}
 		return false
 	}
 	fmt.Fprintf(out, "%s: ok\n", f)

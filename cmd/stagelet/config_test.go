@@ -56,3 +56,27 @@ func TestConfigCheck(t *testing.T) {
 		t.Errorf("an unknown command: rc %d", rc)
 	}
 }
+
+func TestConfigCheckLoadsTheSignaturePolicy(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "signature-policy.json")
+	if err := os.WriteFile(policy, []byte(`{"default": [{"type": "sigstoreSigned", "keyPath": "/nonexistent/key.pub"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "node.yaml")
+	if err := os.WriteFile(cfg, []byte("version: 1\nimages:\n  signature_policy: "+policy+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if rc := configMain([]string{"check", cfg}, &out, &errOut); rc != 1 || !strings.Contains(errOut.String(), "keyPath /nonexistent/key.pub") {
+		t.Errorf("check with a signature policy naming a missing key: rc %d, %q", rc, errOut.String())
+	}
+	if err := os.WriteFile(policy, []byte(`{"default": [{"type": "insecureAcceptAnything"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errOut.Reset()
+	if rc := configMain([]string{"check", cfg}, &out, &errOut); rc != 0 {
+		t.Errorf("check with a good signature policy: rc %d, %q", rc, errOut.String())
+	}
+}
