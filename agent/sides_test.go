@@ -11,7 +11,7 @@ import (
 // (only the stagelet command does, to run them, and stage1/fake, a test
 // double that runs the supervisor in-process).
 func TestHostSideLinksNoPodSide(t *testing.T) {
-	host := []string{"broker", "cri", "stage1/host", "stage1/fly", "stage1/nspawn", "stage1/kvm", "agent/client"}
+	host := []string{"broker", "cri", "stage1/host", "stage1/fly", "stage1/nspawn", "stage1/kvm", "stage1/podconn", "agent/client"}
 	for i, p := range host {
 		host[i] = "github.com/stagelet/stagelet/" + p
 	}

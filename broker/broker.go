@@ -26,12 +26,12 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/trust"
 )
 
@@ -157,7 +157,7 @@ type pod struct {
 	op  sync.Mutex // serialises Run/Stop/Remove and container creation
 	rec *PodRecord
 	// handle is the backend's running pod; nil when not running or gone.
-	handle *client.Pod
+	handle *podconn.Pod
 	// created is closed when RunPod finished (successfully or not); err is
 	// its outcome, read after created is closed.
 	created chan struct{}

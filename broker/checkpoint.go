@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Checkpoints (CheckpointContainer, CheckpointPod, RestorePod) need two
@@ -65,7 +65,7 @@ func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) e
 // appCheckpointer is the handle of pod p and its stage1's saver of apps:
 // FailedPrecondition when the stage1 or this node cannot checkpoint,
 // Unimplemented when the stage1 does not save apps.
-func (b *Broker) appCheckpointer(ctx context.Context, p *pod) (*client.Pod, stage1.AppCheckpointer, error) {
+func (b *Broker) appCheckpointer(ctx context.Context, p *pod) (*podconn.Pod, stage1.AppCheckpointer, error) {
 	b.mu.Lock()
 	name := p.rec.Stage1
 	b.mu.Unlock()
@@ -90,7 +90,7 @@ func (b *Broker) appCheckpointer(ctx context.Context, p *pod) (*client.Pod, stag
 // of their layers, and resumed before it returns. It returns the
 // archives' sizes. An archive appears whole or not at all; on failure
 // none of them is left.
-func (b *Broker) saveContainers(ctx context.Context, p *pod, h *client.Pod, saver stage1.AppCheckpointer, cs []*container, paths []string) (sizes []int64, err error) {
+func (b *Broker) saveContainers(ctx context.Context, p *pod, h *podconn.Pod, saver stage1.AppCheckpointer, cs []*container, paths []string) (sizes []int64, err error) {
 	ids := make([]string, len(cs))
 	pids := make([]int, len(cs))
 	for i, c := range cs {

@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/host"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // agentTimeout bounds agent calls that have no timeout of their own.
@@ -259,7 +259,7 @@ func (b *Broker) mountRootfs(p *pod, img *image.Image, rec *ContainerRecord) (st
 	b.mu.Unlock()
 	var userns *image.UserNS
 	if podNS != nil {
-		f, err := host.UserNSFile(*podNS)
+		f, err := bindmount.UserNSFile(podNS.HostID, podNS.Size)
 		if err != nil {
 			return "", err
 		}
@@ -964,7 +964,7 @@ func (b *Broker) ReopenLog(ctx context.Context, id string) error {
 // pod's handle. The record is not refreshed first: the agent refuses a call
 // for an app that has exited (FailedPrecondition), and refreshOnRefusal
 // then brings the record up to date, so a call costs one agent round trip.
-func (b *Broker) runningContainer(ctx context.Context, id string) (*container, *pod, *client.Pod, error) {
+func (b *Broker) runningContainer(ctx context.Context, id string) (*container, *pod, *podconn.Pod, error) {
 	c, p, err := b.containerAndPod(ctx, id)
 	if err != nil {
 		return nil, nil, nil, err

@@ -17,8 +17,8 @@ import (
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/network"
-	"github.com/stagelet/stagelet/stage1/host"
 )
 
 // This file is the operator's side of set-aside records (stagelet doctor,
@@ -137,7 +137,7 @@ func podOfContainer(path string) string {
 	var c struct {
 		PodID string `json:"podID"`
 	}
-	if json.Unmarshal(b, &c) == nil && host.ValidPodID(c.PodID) {
+	if json.Unmarshal(b, &c) == nil && cgroups.ValidPodID(c.PodID) {
 		return c.PodID
 	}
 	return ""
@@ -214,7 +214,7 @@ func mountsUnder(dir string) []string {
 // cgroup parent (nil: none known), and those any process on the node runs
 // in (the kubelet may have placed the pod elsewhere), with the processes.
 func podCgroups(id string, parent *cgroups.Cgroup) ([]*cgroups.Cgroup, []int) {
-	name := host.PodCgroupName(id)
+	name := cgroups.PodCgroupName(id)
 	seen := map[string]bool{}
 	var out []*cgroups.Cgroup
 	add := func(c *cgroups.Cgroup) {
@@ -306,7 +306,7 @@ func truncateAt(c *cgroups.Cgroup, name string) *cgroups.Cgroup {
 // operator tool runs in another cgroup, where a relative parent means
 // something else). nil when neither is known.
 func (b *Broker) NodeCgroup() *cgroups.Cgroup {
-	if p := b.opts.CgroupParent; p != "" && !b.opts.SystemdCgroup && host.SliceOf(p) == "" {
+	if p := b.opts.CgroupParent; p != "" && !b.opts.SystemdCgroup && cgroups.SliceOf(p) == "" {
 		if c, err := cgroups.Resolve(p); err == nil {
 			return c
 		}
@@ -331,7 +331,7 @@ func (b *Broker) recordNodeCgroup() {
 	switch {
 	case p == "":
 		return // an operator tool's broker: it keeps what the daemon wrote
-	case b.opts.SystemdCgroup || host.SliceOf(p) != "":
+	case b.opts.SystemdCgroup || cgroups.SliceOf(p) != "":
 		removeIfExists(b.nodeCgroupFile())
 		return
 	}
@@ -451,7 +451,7 @@ func (b *Broker) releasePod(ctx context.Context, id string) error {
 			}
 		}
 	}
-	if err := host.RemoveUnmounted(filepath.Join(b.podsRunDir(), id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := mountsafe.RemoveUnmounted(filepath.Join(b.podsRunDir(), id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("run directory: %w", err))
 	}
 	return errors.Join(errs...)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/sysctl"
 	"github.com/stagelet/stagelet/network"
 )
 
@@ -61,12 +62,12 @@ func podNetwork(rec *PodRecord) network.PodNetwork {
 // checkSysctls refuses sysctls stagelet cannot apply to the pod alone.
 func checkSysctls(c *PodConfig) error {
 	for k := range c.Sysctls {
-		switch network.SysctlNamespace(k) {
-		case network.SysctlNet:
+		switch sysctl.Namespace(k) {
+		case sysctl.Net:
 			if c.HostNetwork {
 				return errdefs.InvalidArgument("config.linux.sysctls: %q would change the host's network settings (the pod uses the host network)", k)
 			}
-		case network.SysctlIPC:
+		case sysctl.IPC:
 			if c.HostIPC {
 				return errdefs.InvalidArgument("config.linux.sysctls: %q would change the host's IPC settings (the pod uses the host's IPC namespace)", k)
 			}
@@ -77,12 +78,12 @@ func checkSysctls(c *PodConfig) error {
 	return nil
 }
 
-// sysctlsOf are the pod's sysctls the namespace ns (network.SysctlNet,
-// network.SysctlIPC) isolates.
+// sysctlsOf are the pod's sysctls the namespace ns (sysctl.Net,
+// sysctl.IPC) isolates.
 func sysctlsOf(c *PodConfig, ns string) map[string]string {
 	out := map[string]string{}
 	for k, v := range c.Sysctls {
-		if network.SysctlNamespace(k) == ns {
+		if sysctl.Namespace(k) == ns {
 			out[k] = v
 		}
 	}
@@ -116,7 +117,7 @@ func (b *Broker) prepareNetwork(rec *PodRecord) error {
 	if _, err := b.opts.Network.NewNetNS(rec.ID); err != nil {
 		return fmt.Errorf("pod netns: %w", err)
 	}
-	net := sysctlsOf(&rec.Config, network.SysctlNet)
+	net := sysctlsOf(&rec.Config, sysctl.Net)
 	if _, set := net[network.UnprivilegedPortStart]; rec.Config.UserNS != nil && !set {
 		// The pod's root is not the host's, and the network namespace is
 		// the host's: without this it could not bind a port below 1024,

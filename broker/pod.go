@@ -11,15 +11,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stagelet/stagelet/stage1/host"
-
-	"github.com/stagelet/stagelet/agent/client"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/mountsafe"
-	"github.com/stagelet/stagelet/network"
+	"github.com/stagelet/stagelet/internal/sysctl"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 func podNameKey(m PodMetadata) string {
@@ -30,7 +29,7 @@ func (b *Broker) validatePodConfig(c *PodConfig) error {
 	if err := validatePodConfig(c); err != nil {
 		return err
 	}
-	slice := host.SliceOf(c.CgroupParent) != ""
+	slice := cgroups.SliceOf(c.CgroupParent) != ""
 	switch {
 	case c.CgroupParent == "":
 	case b.opts.SystemdCgroup && !slice:
@@ -222,7 +221,7 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		HostPID:      c.HostPID,
 		HostIPC:      c.HostIPC,
 		Options:      rec.Options,
-		NetSysctls:   sysctlsOf(&c, network.SysctlNet),
+		NetSysctls:   sysctlsOf(&c, sysctl.Net),
 		Resources:    podResourcesOf(&c),
 		UserNS:       c.UserNS,
 		AgentBinary:  b.opts.AgentBinary,
@@ -311,8 +310,8 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	if err != nil {
 		return err
 	}
-	h := client.Open(started, b.log.With("pod", rec.ID))
-	if ipc := sysctlsOf(&rec.Config, network.SysctlIPC); len(ipc) > 0 {
+	h := podconn.Open(started, b.log.With("pod", rec.ID))
+	if ipc := sysctlsOf(&rec.Config, sysctl.IPC); len(ipc) > 0 {
 		// In the pod's IPC namespace, which the agent runs in; before
 		// any container can start.
 		if err := h.SetSysctls(ctx, ipc); err != nil {
@@ -704,7 +703,7 @@ func sortByCreated[T any](s []T, key func(T) (time.Time, string)) {
 }
 
 // podHandle returns the running pod's handle or FailedPrecondition.
-func (b *Broker) podHandle(p *pod) (*client.Pod, error) {
+func (b *Broker) podHandle(p *pod) (*podconn.Pod, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if p.handle == nil || p.rec.State != PodReady {
@@ -715,7 +714,7 @@ func (b *Broker) podHandle(p *pod) (*client.Pod, error) {
 
 // podGone records that a running pod's agent is gone. The pod's resources
 // stay until StopPodSandbox/RemovePodSandbox.
-func (b *Broker) podGone(p *pod, h *client.Pod, why error) {
+func (b *Broker) podGone(p *pod, h *podconn.Pod, why error) {
 	b.mu.Lock()
 	if p.handle != h || h == nil {
 		b.mu.Unlock()

@@ -9,13 +9,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/stagelet/stagelet/stage1/host"
-
-	"github.com/stagelet/stagelet/agent/client"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Recover reloads the persisted records, reattaches to every pod that
@@ -234,7 +233,7 @@ func (b *Broker) reattach(ctx context.Context, log *slog.Logger, rec *PodRecord,
 		rec.State = PodNotReady
 		result = "unrecovered"
 	} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
-		p.handle = client.Open(h, b.log.With("pod", rec.ID))
+		p.handle = podconn.Open(h, b.log.With("pod", rec.ID))
 		result = "ready"
 	} else {
 		// Gone: StopPodSandbox asks the backend to release what is
@@ -332,10 +331,10 @@ func (b *Broker) recoverContainers(ctx context.Context, log *slog.Logger, p *pod
 // node cgroup parent, there is nothing of the daemon's own to search.
 func (b *Broker) collectCgroups(keep func(id string) bool) int {
 	parent := b.opts.CgroupParent
-	if parent == "" || b.opts.SystemdCgroup || host.SliceOf(parent) != "" {
+	if parent == "" || b.opts.SystemdCgroup || cgroups.SliceOf(parent) != "" {
 		return 0
 	}
-	found, err := host.CollectPodCgroups(parent, keep)
+	found, err := cgroups.CollectPodCgroups(parent, keep)
 	if err != nil {
 		b.log.Error("searching for pod cgroups no record names", "parent", parent, "err", err)
 	}
@@ -410,7 +409,7 @@ func (b *Broker) collectOrphans(aside map[string]bool) {
 				// detached (made private first, so nothing propagates
 				// to a volume's source), then removed without crossing
 				// a mount.
-				if err := host.RemoveUnmounted(d); err != nil {
+				if err := mountsafe.RemoveUnmounted(d); err != nil {
 					b.log.Error("removing an orphaned pod run directory: what is mounted in it stays", "dir", d, "err", err)
 				}
 			}

@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // A container is restored from a checkpoint archive as CRI-O does it:
@@ -183,7 +183,7 @@ func (b *Broker) importCheckpointLayer(rec *ContainerRecord) error {
 
 // startRestored starts container c of pod p, created from a checkpoint,
 // by restoring the checkpoint's processes. The caller holds c.op.
-func (b *Broker) startRestored(ctx context.Context, h *client.Pod, c *container) (*api.AppStatus, error) {
+func (b *Broker) startRestored(ctx context.Context, h *podconn.Pod, c *container) (*api.AppStatus, error) {
 	restorer, ok := h.Pod.(stage1.AppRestorer)
 	if !ok {
 		return nil, errdefs.FailedPrecondition("container %s was created from a checkpoint, and its pod's stage1 cannot restore one", c.rec.ID)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Streaming sessions: exec with streamed stdio, attach and port-forward.
@@ -80,7 +81,7 @@ func (b *Broker) PortForward(ctx context.Context, podID string, port int32, stre
 }
 
 // readyPod returns a ready pod with its handle.
-func (b *Broker) readyPod(ctx context.Context, podID string) (*pod, *client.Pod, error) {
+func (b *Broker) readyPod(ctx context.Context, podID string) (*pod, *podconn.Pod, error) {
 	p, err := b.lookupPod(podID)
 	if err != nil {
 		return nil, nil, err

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // The broker learns what happens in a pod from its agent's events: one
@@ -33,7 +33,7 @@ const (
 // watch starts following a ready pod's agent and returns a channel closed
 // once the agent's full status was applied to the records (or following
 // ended first). It replaces an earlier follower of the pod.
-func (b *Broker) watch(p *pod, h *client.Pod) <-chan struct{} {
+func (b *Broker) watch(p *pod, h *podconn.Pod) <-chan struct{} {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.mu.Lock()
 	prev := p.unwatch
@@ -67,7 +67,7 @@ func (b *Broker) unwatch(p *pod) {
 // gone, which it reports at once (podGone): the stream's end is the
 // signal, no list call is needed. A stream that ends while the agent
 // still answers is subscribed again, starting from a new full status.
-func (b *Broker) follow(ctx context.Context, p *pod, h *client.Pod, synced chan struct{}) {
+func (b *Broker) follow(ctx context.Context, p *pod, h *podconn.Pod, synced chan struct{}) {
 	var once sync.Once
 	markSynced := func() { once.Do(func() { close(synced) }) }
 	defer markSynced()
@@ -115,7 +115,7 @@ func (b *Broker) follow(ctx context.Context, p *pod, h *client.Pod, synced chan 
 // agentGone tells whether the agent whose event stream ended (why) still
 // answers; when it does not, the pod is marked gone. It also says true
 // when ctx ended meanwhile.
-func (b *Broker) agentGone(ctx context.Context, p *pod, h *client.Pod, why error) bool {
+func (b *Broker) agentGone(ctx context.Context, p *pod, h *podconn.Pod, why error) bool {
 	ictx, cancel := context.WithTimeout(ctx, agentGoneTimeout)
 	_, err := h.Info(ictx)
 	cancel()
@@ -130,7 +130,7 @@ func (b *Broker) agentGone(ctx context.Context, p *pod, h *client.Pod, why error
 }
 
 // poll follows an agent that has no events by listing its apps.
-func (b *Broker) poll(ctx context.Context, p *pod, h *client.Pod, synced func()) {
+func (b *Broker) poll(ctx context.Context, p *pod, h *podconn.Pod, synced func()) {
 	t := time.NewTicker(legacyPollInterval)
 	defer t.Stop()
 	for {
@@ -160,7 +160,7 @@ func (b *Broker) poll(ctx context.Context, p *pod, h *client.Pod, synced func())
 // A container the records say runs but the agent does not list is asked
 // about once more before it is marked gone: the list may predate a create
 // that finished since.
-func (b *Broker) resync(ctx context.Context, p *pod, h *client.Pod, apps []*api.AppStatus) {
+func (b *Broker) resync(ctx context.Context, p *pod, h *podconn.Pod, apps []*api.AppStatus) {
 	byID := make(map[string]*api.AppStatus, len(apps))
 	for _, a := range apps {
 		byID[a.ID] = a

@@ -18,11 +18,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/stagelet/stagelet/stage1/host"
-
 	"gopkg.in/yaml.v3"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -221,7 +220,7 @@ func (c *Config) PodCgroupParent() string {
 	case c.CgroupParent != "":
 		return c.CgroupParent
 	case c.CgroupDriver == CgroupDriverSystemd:
-		return host.DefaultSlice
+		return cgroups.DefaultSlice
 	}
 	return "stagelet"
 }
@@ -289,7 +288,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("cgroup_parent: %q must be a clean path, without a \"..\" element", c.CgroupParent))
 		}
 	case CgroupDriverSystemd:
-		if c.CgroupParent != "" && host.SliceOf(c.CgroupParent) == "" {
+		if c.CgroupParent != "" && cgroups.SliceOf(c.CgroupParent) == "" {
 			errs = append(errs, fmt.Errorf("cgroup_parent: %q: with cgroup_driver systemd it must be a slice such as stagelet.slice", c.CgroupParent))
 		}
 	default:
@@ -345,11 +344,11 @@ func (c *Config) validateKVMPlacement() []error {
 	if oc := c.KVM.OverheadCgroup; oc != "" {
 		switch c.CgroupDriver {
 		case CgroupDriverSystemd:
-			if !host.ValidSlice(oc) {
+			if !cgroups.ValidSlice(oc) {
 				errs = append(errs, fmt.Errorf("kvm.overhead_cgroup: %q: with cgroup_driver systemd it must be a slice such as stagelet-vmm.slice", oc))
 			}
 		default:
-			if path.Clean(oc) != strings.TrimSuffix(oc, "/") || strings.Contains(oc, "..") || host.SliceOf(oc) != "" {
+			if path.Clean(oc) != strings.TrimSuffix(oc, "/") || strings.Contains(oc, "..") || cgroups.SliceOf(oc) != "" {
 				errs = append(errs, fmt.Errorf("kvm.overhead_cgroup: %q: with cgroup_driver cgroupfs it must be a clean cgroup path without \"..\", not a slice", oc))
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	securejoin "github.com/cyphar/filepath-securejoin"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/bindmount"
 )
 
 // maxMountData is the kernel's limit on mount(2) option data (one page).
@@ -83,7 +84,10 @@ func (s *Store) MountRootfs(imageID, dir string, userns *UserNS) (rootfs string,
 		for i, l := range lowers {
 			m := filepath.Join(dir, "lower", strconv.Itoa(i))
 			if !isMountPoint(m) {
-				if err := idmapBind(l, m, userns.File); err != nil {
+				if err := bindmount.BindIDMapped(l, m, userns.File); err != nil {
+					if errors.Is(err, bindmount.ErrNoIDMap) {
+						err = fmt.Errorf("%w (which a container in a user namespace needs)", err)
+					}
 					return "", fmt.Errorf("mount rootfs: %w", err)
 				}
 			}
@@ -203,27 +207,6 @@ func isMountPoint(p string) bool {
 type UserNS struct {
 	File     *os.File
 	UID, GID int
-}
-
-// idmapBind binds src at dst (a directory it makes) with the ID mapping
-// of the user namespace userns (open_tree, mount_setattr, move_mount).
-func idmapBind(src, dst string, userns *os.File) error {
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("clone %s: %w", src, err)
-	}
-	defer unix.Close(fd)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("idmap %s: %w (the file system cannot be mounted idmapped, which a container in a user namespace needs)", src, err)
-	}
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
-	}
-	return nil
 }
 
 // MountImageVolume mounts the root filesystem of image ref (any form Get

@@ -12,10 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/host"
-
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
@@ -217,7 +215,7 @@ func TestMountRootfsIDMapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	const base = 1 << 30
-	ns, err := host.UserNSFile(stage1.IDMapping{HostID: base, Size: 65536})
+	ns, err := bindmount.UserNSFile(base, 65536)
 	if err != nil {
 		t.Fatal(err)
 	}

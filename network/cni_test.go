@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/sysctl"
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 
@@ -364,7 +365,7 @@ func TestSysctls(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, v := range want {
-		p, _ := sysctlPath(k)
+		p, _ := sysctl.Path("/proc", k)
 		var got []byte
 		if err := inNetNS(path, func() error {
 			var err error

@@ -74,37 +74,3 @@ func TestWriteHostsAndHostname(t *testing.T) {
 		t.Errorf("temporary files left: %v", ents)
 	}
 }
-
-func TestSysctlNamespace(t *testing.T) {
-	for name, want := range map[string]string{
-		"net.ipv4.ip_forward":              SysctlNet,
-		"net/ipv4/conf/eth0.100/rp_filter": SysctlNet,
-		"net.core.somaxconn":               SysctlNet,
-		"kernel.shmmax":                    SysctlIPC,
-		"kernel.shm_rmid_forced":           SysctlIPC,
-		"kernel.msgmax":                    SysctlIPC,
-		"kernel.sem":                       SysctlIPC,
-		"fs.mqueue.msg_max":                SysctlIPC,
-		"kernel.semx":                      "",
-		"kernel.panic":                     "",
-		"vm.overcommit_memory":             "",
-		"network.x":                        "",
-	} {
-		if got := SysctlNamespace(name); got != want {
-			t.Errorf("SysctlNamespace(%q) = %q, want %q", name, got, want)
-		}
-	}
-	for name, want := range map[string]string{
-		"net.ipv4.ip_forward":              "/proc/sys/net/ipv4/ip_forward",
-		"net/ipv4/conf/eth0.100/rp_filter": "/proc/sys/net/ipv4/conf/eth0.100/rp_filter",
-	} {
-		if got, err := sysctlPath(name); err != nil || got != want {
-			t.Errorf("sysctlPath(%q) = %q, %v", name, got, err)
-		}
-	}
-	for _, bad := range []string{"net..x", "net/../../etc", "net.", "net/ipv4//x"} {
-		if _, err := sysctlPath(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
-			t.Errorf("sysctlPath(%q) = %v", bad, err)
-		}
-	}
-}

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/sysctl"
 )
 
 // ErrNotNetSysctl says a sysctl is namespaced, but by a namespace other than
@@ -22,45 +22,6 @@ var ErrNotNetSysctl = errdefs.New(errdefs.ErrInvalidArgument, "sysctl belongs to
 // whose root is not the namespace owner's gets 0, as a pod's root can
 // bind any port (containerd sets it for every pod).
 const UnprivilegedPortStart = "net.ipv4.ip_unprivileged_port_start"
-
-// Sysctl namespaces, as SysctlNamespace names them.
-const (
-	SysctlNet = "net"
-	SysctlIPC = "ipc"
-)
-
-// SysctlNamespace says which namespace isolates the sysctl name ("net.x.y"
-// or "net/x/y"): SysctlNet, SysctlIPC, or "" for sysctls no namespace
-// isolates (host-wide ones). It follows the kubelet's classification.
-func SysctlNamespace(name string) string {
-	n := strings.ReplaceAll(name, "/", ".")
-	switch {
-	case strings.HasPrefix(n, "net."):
-		return SysctlNet
-	case strings.HasPrefix(n, "kernel.shm"), strings.HasPrefix(n, "kernel.msg"),
-		n == "kernel.sem", strings.HasPrefix(n, "fs.mqueue."):
-		return SysctlIPC
-	}
-	return ""
-}
-
-// sysctlPath maps a sysctl name to its file under /proc/sys. With a "/"
-// in the name, "/" separates and "." is literal (an interface name like
-// eth0.100); otherwise "." separates.
-func sysctlPath(name string) (string, error) {
-	var parts []string
-	if strings.Contains(name, "/") {
-		parts = strings.Split(name, "/")
-	} else {
-		parts = strings.Split(name, ".")
-	}
-	for _, p := range parts {
-		if p == "" || p == "." || p == ".." || strings.ContainsAny(p, "\x00\n") {
-			return "", errdefs.InvalidArgument("sysctl %q: malformed name", name)
-		}
-	}
-	return filepath.Join(append([]string{"/proc/sys"}, parts...)...), nil
-}
 
 // ApplySysctls sets network-namespaced sysctls (net.*) inside the network
 // namespace at netnsPath; the host's values are not touched. Every name is
@@ -101,14 +62,14 @@ func checkSysctls(sysctls map[string]string) ([]string, map[string]string, error
 	slices.Sort(names)
 	paths := make(map[string]string, len(names))
 	for _, k := range names {
-		switch SysctlNamespace(k) {
-		case SysctlNet:
-		case SysctlIPC:
+		switch sysctl.Namespace(k) {
+		case sysctl.Net:
+		case sysctl.IPC:
 			return nil, nil, fmt.Errorf("sysctl %q: %w", k, ErrNotNetSysctl)
 		default:
 			return nil, nil, errdefs.InvalidArgument("sysctl %q is not namespaced: it would change the host", k)
 		}
-		p, err := sysctlPath(k)
+		p, err := sysctl.Path("/proc", k)
 		if err != nil {
 			return nil, nil, err
 		}

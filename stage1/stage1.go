@@ -4,7 +4,8 @@
 // versioned state every backend persists (the bookkeeping the host-side
 // backends share is package stage1/host). A backend owns a pod's
 // isolation only: the connection to the pod's agent is the broker's
-// (package agent/client), given an AgentEndpoint.
+// (package stage1/podconn, over the protocol client agent/client), given
+// an AgentEndpoint.
 //
 // Implementations live in stage1/<name> and import this package, never
 // broker, cri or policy.
@@ -156,7 +157,7 @@ var ErrPodGone = fmt.Errorf("pod is gone")
 // Pod is a running pod's isolation, as its backend holds it. The broker
 // owns the connection to the agent inside it (every container call, the
 // event subscription, exec, attach and port-forward sessions: package
-// agent/client); Agent tells it how to reach the agent and how a
+// stage1/podconn); Agent tells it how to reach the agent and how a
 // container's host paths reach the pod.
 type Pod interface {
 	// State is the backend's opaque, versioned state to persist.

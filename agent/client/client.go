@@ -1,9 +1,9 @@
-// Package client is the daemon's side of a pod's agent: Client makes the
-// protocol's calls (package api) over one stream each, Conn adds what the
-// broker needs around them (a container's host paths made reachable in
-// the pod), Pod is a running pod with its connection. Every host-side
-// caller of an agent, the broker and the backends waiting for their
-// agent, goes through here.
+// Package client is the daemon's side of the agent protocol (package
+// api): Client makes the protocol's calls over one stream each, whatever
+// transport a Dialer opens. It is the protocol client only: it knows
+// nothing of stage1s, pods' host paths or the broker. What a backend adds
+// around the calls (a container's host paths made reachable in the pod,
+// the pod's own figures) is package stage1/podconn's.
 package client
 
 import (

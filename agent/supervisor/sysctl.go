@@ -4,40 +4,23 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/sysctl"
 )
 
-// IsIPCSysctl tells whether the IPC namespace isolates the sysctl name
-// ("kernel.shm_rmid_forced" or "kernel/shm_rmid_forced"), as the kubelet
-// classifies them: kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*.
-func IsIPCSysctl(name string) bool {
-	n := strings.ReplaceAll(name, "/", ".")
-	return strings.HasPrefix(n, "kernel.shm") || strings.HasPrefix(n, "kernel.msg") ||
-		n == "kernel.sem" || strings.HasPrefix(n, "fs.mqueue.")
-}
-
-// ipcSysctlPath is the file of an IPC sysctl beneath a proc mount.
+// ipcSysctlPath is the file of an IPC sysctl beneath a proc mount
+// (sysctl.Path); InvalidArgument for a sysctl the IPC namespace does not
+// isolate (sysctl.Namespace) or a malformed name.
 func ipcSysctlPath(proc, name string) (string, error) {
-	if !IsIPCSysctl(name) {
+	if sysctl.Namespace(name) != sysctl.IPC {
 		return "", errdefs.InvalidArgument("sysctl %q: not isolated by the IPC namespace", name)
 	}
-	sep := "."
-	if strings.Contains(name, "/") {
-		sep = "/"
-	}
-	parts := strings.Split(name, sep)
-	for _, p := range parts {
-		if p == "" || p == "." || p == ".." || strings.ContainsAny(p, "/\x00\n") {
-			return "", errdefs.InvalidArgument("sysctl %q: malformed name", name)
-		}
-	}
-	return filepath.Join(append([]string{proc, "sys"}, parts...)...), nil
+	return sysctl.Path(proc, name)
 }
 
 // setIPCSysctls writes IPC sysctls; they apply to the IPC namespace of

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -74,9 +73,11 @@ func newLinux(exe string, log *slog.Logger, memoryCgroup string, execInit bool) 
 	return l
 }
 
-// withMemory is cg with its memory directory replaced by dir, when dir is
-// set and cg a cgroup v1 cgroup with a memory controller; otherwise cg,
-// with a warning when dir was set.
+// withMemory is cg with its memory directory replaced by dir
+// (cgroups.WithMemory: the pod cgroup's memory cgroup, where the agent
+// itself is charged to the runtime's, cgroups.RuntimeMemoryCgroup), when
+// dir is set, cg a cgroup v1 cgroup with a memory controller and dir a
+// memory cgroup; otherwise cg, with a warning when dir was set.
 func withMemory(cg *cgroups.Cgroup, dir string, log *slog.Logger) *cgroups.Cgroup {
 	if dir == "" {
 		return cg
@@ -89,9 +90,7 @@ func withMemory(cg *cgroups.Cgroup, dir string, log *slog.Logger) *cgroups.Cgrou
 		log.Warn("not a memory cgroup: the apps' memory cgroups stay beneath the agent's", "memoryCgroup", dir, "err", err)
 		return cg
 	}
-	out := &cgroups.Cgroup{Paths: maps.Clone(cg.Paths)}
-	out.Paths["memory"] = dir
-	return out
+	return cgroups.WithMemory(cg, &cgroups.Cgroup{Paths: map[string]string{"memory": dir}})
 }
 
 func (l *linuxSystem) podCgroup() cgroup {

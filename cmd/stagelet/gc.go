@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/stagelet/stagelet/broker"
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/stage1/host"
@@ -24,7 +25,7 @@ func toolBroker(log *slog.Logger, cfg *config.Config, state, run string) (*broke
 	systemd := cfg.CgroupDriver == config.CgroupDriverSystemd
 	slice := ""
 	if systemd {
-		slice = host.SliceOf(cfg.PodCgroupParent())
+		slice = cgroups.SliceOf(cfg.PodCgroupParent())
 	}
 	l, err := host.NewLauncher(log, systemd, slice)
 	if err != nil {

@@ -354,7 +354,7 @@ func systemdServiceRoot() string {
 func placePods(log *slog.Logger, cfg *config.Config) (host.Launcher, string, error) {
 	parent := cfg.PodCgroupParent()
 	if cfg.CgroupDriver == config.CgroupDriverSystemd {
-		l, err := host.NewLauncher(log, true, host.SliceOf(parent))
+		l, err := host.NewLauncher(log, true, cgroups.SliceOf(parent))
 		return l, parent, err
 	}
 	l, _ := host.NewLauncher(log, false, "")

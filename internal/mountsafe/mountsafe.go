@@ -1,6 +1,9 @@
 // Package mountsafe removes directory trees without ever reaching through
 // a mount: what is mounted at or beneath the tree belongs to someone else
-// (a volume, the host's root, a container's rootfs) and stays.
+// (a volume, the host's root, a container's rootfs) and stays. It also
+// lists and detaches the mounts beneath a directory the daemon made
+// (MountsUnder, UnmountAll), so that the directory can go
+// (RemoveUnmounted).
 package mountsafe
 
 import (

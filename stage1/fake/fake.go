@@ -3,7 +3,8 @@
 // in-process over in-memory streams with a toy System beneath it
 // (supervisor.Toy): no process, namespace or cgroup is made. Whoever talks
 // to a fake pod goes through the same code as with a real one:
-// AgentEndpoint, package agent/client, the agent's request handling.
+// AgentEndpoint, packages stage1/podconn and agent/client, the agent's
+// request handling.
 //
 // An app's or exec's command is read by a toy shell (shell.go): a started
 // app runs until its command ends, the test makes it exit (Pod.Exit), it

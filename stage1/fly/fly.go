@@ -6,7 +6,7 @@
 // pod is a cgroup holding the agent and its apps; the agent is launched
 // detached so that pods outlive the daemon. On a cgroup v1 host the agent
 // is charged to a memory cgroup of the runtime's instead
-// (host.RuntimeMemoryCgroup) and makes its apps' memory cgroups beneath
+// (cgroups.RuntimeMemoryCgroup) and makes its apps' memory cgroups beneath
 // the pod's: the pod's memory limit is its apps'.
 //
 // Every host resource a pod takes (its cgroup, the agent's unit and
@@ -99,7 +99,7 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 	if b.UnitLaunch() {
 		return host.CollectUnits(ctx, b.Launcher, keep)
 	}
-	done, err := host.CollectEmptyPodCgroups(host.RuntimeMemoryParent(), keep)
+	done, err := cgroups.CollectEmptyPodCgroups(cgroups.RuntimeMemoryParent(), keep)
 	if err != nil {
 		return done, fmt.Errorf("fly: %w", err)
 	}
@@ -163,7 +163,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if spec.HostNetwork && spec.NetNSPath != "" {
 		return nil, errdefs.InvalidArgument("fly: a pod in the host network has no network namespace (got %s)", spec.NetNSPath)
 	}
-	cg, err := host.PodCgroup(spec)
+	cg, err := cgroups.PodCgroup(spec.CgroupParent, spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("fly: pod cgroup: %w", err)
 	}
@@ -173,7 +173,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	var mem *cgroups.Cgroup
 	if !unitLaunch {
-		if mem = host.RuntimeMemoryCgroup(spec); mem != nil {
+		if mem = cgroups.RuntimeMemoryCgroup(spec.CgroupParent, spec.ID); mem != nil {
 			st.Record(host.Resource{Kind: host.KindCgroup, Role: roleRuntimeMemory, Cgroup: mem})
 		}
 	}
@@ -210,8 +210,8 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		Path:    spec.AgentBinary,
 		Args:    args,
 		LogPath: filepath.Join(spec.RunDir, "agent.log"),
-		Cgroup:  host.WithMemory(cg, mem),
-		Slice:   host.PodSlice(spec),
+		Cgroup:  cgroups.WithMemory(cg, mem),
+		Slice:   cgroups.SliceOf(spec.CgroupParent),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fly: %w", err)
@@ -255,10 +255,10 @@ func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateByt
 func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) error {
 	return host.Destroy(ctx, b.Log, Name, spec, stateBytes, parseState, func(st *state) {
 		if spec.ID != "" {
-			if cg, err := host.PodCgroup(spec); err == nil {
+			if cg, err := cgroups.PodCgroup(spec.CgroupParent, spec.ID); err == nil {
 				st.Default(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 			}
-			if mem := host.RuntimeMemoryCgroup(spec); mem != nil && !b.UnitLaunch() {
+			if mem := cgroups.RuntimeMemoryCgroup(spec.CgroupParent, spec.ID); mem != nil && !b.UnitLaunch() {
 				st.Default(host.Resource{Kind: host.KindCgroup, Role: roleRuntimeMemory, Cgroup: mem})
 			}
 			st.Default(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)})

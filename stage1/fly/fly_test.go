@@ -19,10 +19,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -165,7 +166,7 @@ func TestPodNetNS(t *testing.T) {
 	}
 	// The netns directory is a shared bind of itself while pods may use
 	// it (as /run/netns is); the test owns it and releases it.
-	t.Cleanup(func() { host.UnmountAll(filepath.Join(netRun, "netns")) })
+	t.Cleanup(func() { mountsafe.UnmountAll(filepath.Join(netRun, "netns")) })
 	nsPath, err := nets.NewNetNS("flyns")
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +188,7 @@ func TestPodNetNS(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	pod, err := client.Opened(b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil }))
+	pod, err := podconn.Opened(b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +253,7 @@ func TestAgentInPodCgroup(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	pod, err := client.Opened(b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil }))
+	pod, err := podconn.Opened(b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -80,7 +80,7 @@ func TestPodUnderSystemd(t *testing.T) {
 	}()
 
 	start := time.Now()
-	pod, err := client.Opened(b.StartPod(ctx, spec, persist))
+	pod, err := podconn.Opened(b.StartPod(ctx, spec, persist))
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(runDir, "agent.log"))
 		t.Fatalf("StartPod: %v\nagent log:\n%s", err, log)
@@ -124,7 +124,7 @@ func TestPodUnderSystemd(t *testing.T) {
 	l2 := bed.Launcher(testLogger(t))
 	defer l2.Close()
 	b2 := NewWithLauncher(testLogger(t), l2)
-	pod2, err := client.Opened(b2.RecoverPod(ctx, spec, last()))
+	pod2, err := podconn.Opened(b2.RecoverPod(ctx, spec, last()))
 	if err != nil {
 		t.Fatalf("RecoverPod: %v", err)
 	}

@@ -190,10 +190,11 @@ func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, di
 	argv := append([]string{criu}, args...)
 	if its, mine := nsInode(proc+"/ns/cgroup"), nsInode("/proc/self/ns/cgroup"); its != "" && its != mine && !app.IsV2() {
 		// On cgroup v1 an nspawn pod's cgroup namespace is rooted at its
-		// agent's memory cgroup, beside the pod's (RuntimeMemoryCgroup):
-		// criu, which reads the tree's cgroups from inside its namespace
-		// and from its own, finds them consistent only from inside, and
-		// the layout it would save cannot be walked from there. A
+		// agent's memory cgroup, beside the pod's
+		// (cgroups.RuntimeMemoryCgroup): criu, which reads the tree's
+		// cgroups from inside its namespace and from its own, finds them
+		// consistent only from inside, and the layout it would save
+		// cannot be walked from there. A
 		// restore ignores cgroups (the pod makes them): so does the dump.
 		argv = append([]string{"nsenter", "--target", strconv.Itoa(pid), "--cgroup", "--"}, append(argv, "--manage-cgroups=ignore")...)
 	}

@@ -74,9 +74,10 @@ type PlainLauncher struct {
 var _ Launcher = (*PlainLauncher)(nil)
 
 // NewLauncher returns the launcher for a node's cgroup driver: with
-// systemd, a SystemdLauncher whose units go into slice (DefaultSlice when
-// empty), which needs systemd as PID 1 answering on the system bus (an
-// error says what is missing); otherwise the plain launcher.
+// systemd, a SystemdLauncher whose units go into slice
+// (cgroups.DefaultSlice when empty), which needs systemd as PID 1
+// answering on the system bus (an error says what is missing); otherwise
+// the plain launcher.
 func NewLauncher(log *slog.Logger, systemd bool, slice string) (Launcher, error) {
 	if log == nil {
 		log = slog.Default()
@@ -193,7 +194,7 @@ func cgroupString(c *cgroups.Cgroup) string {
 // LaunchName is the launcher's name of a pod's main host process (its
 // transient unit's under a UnitLauncher): "stagelet-pod-<id>", the name
 // of its cgroup under the plain launcher as well.
-func LaunchName(podID string) string { return podCgroupPrefix + podID }
+func LaunchName(podID string) string { return cgroups.PodCgroupName(podID) }
 
 // BackendDefaults fills in a backend constructor's nil arguments: the
 // default logger, and the plain launcher (the cgroupfs driver).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 )
 
 // Kind is what sort of host resource a ledger entry is, which says how it
@@ -30,7 +31,8 @@ const (
 	// when its record still names it, then reaped.
 	KindProcess Kind = "process"
 	// KindDir is a directory of the pod's (Path): every mount beneath it
-	// detached, then removed, never across a mount (RemoveUnmounted).
+	// detached, then removed, never across a mount
+	// (mountsafe.RemoveUnmounted).
 	KindDir Kind = "dir"
 	// KindFile is a file, or an empty directory, made for the pod by
 	// another program (Path): removed.
@@ -217,7 +219,7 @@ func releaseOne(ctx context.Context, rel Releaser, r Resource) error {
 		}
 	case KindDir:
 		if r.Path != "" {
-			return RemoveUnmounted(r.Path)
+			return mountsafe.RemoveUnmounted(r.Path)
 		}
 	case KindFile:
 		if r.Path != "" {

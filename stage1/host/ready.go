@@ -18,13 +18,13 @@ import (
 const ProbeTimeout = 2 * time.Second
 
 // WaitAgentReady waits until the pod's agent answers Info (over the
-// broker's connection to it, package client), the pod's host
+// protocol client, package agent/client), the pod's host
 // process proc (the agent, systemd-nspawn, qemu) exits, or timeout passes.
 // what names proc in the error. Errors: Unavailable (proc exited first),
 // DeadlineExceeded (no answer in time), or what info returned that is
 // neither (an agent answering with an error).
 func WaitAgentReady(ctx context.Context, pod stage1.Pod, proc *Process, timeout time.Duration, what string) error {
-	info := client.Connect(pod, nil).Info
+	info := client.NewClient(pod.Agent().Dial).Info
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	exited := make(chan struct{})
@@ -77,7 +77,7 @@ func CheckRecovered(ctx context.Context, proc *Process, what string, pod stage1.
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := client.Connect(pod, nil).Info(pctx); err != nil {
+	if _, err := client.NewClient(pod.Agent().Dial).Info(pctx); err != nil {
 		return fmt.Errorf("agent does not answer: %v: %w", err, stage1.ErrPodGone)
 	}
 	return nil

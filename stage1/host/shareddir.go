@@ -5,19 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -47,8 +44,8 @@ type SharedDir struct {
 	UnbindSourcesOnStart bool
 	// UserNS, when set, opens the pod's user namespace: the binds of a
 	// container's rootfs, log directory and mount sources are then
-	// idmapped with it (BindIDMapped), so that the pod's root owns what
-	// the host's root owns; a mount source whose file system cannot be
+	// idmapped with it (bindmount.BindIDMapped), so that the pod's root
+	// owns what the host's root owns; a mount source whose file system cannot be
 	// idmapped is bound as it is (its files then show as the overflow ID
 	// in the pod). The directories beneath Host are made traversable by
 	// the pod's IDs.
@@ -70,7 +67,7 @@ func (d SharedDir) Prepare() error {
 			return err
 		}
 	}
-	ms, err := MountsUnder(d.Host)
+	ms, err := mountsafe.MountsUnder(d.Host)
 	if err != nil {
 		return err
 	}
@@ -87,7 +84,7 @@ func (d SharedDir) Prepare() error {
 
 // Release unmounts everything beneath the directory, and the directory
 // itself, and removes it. Idempotent; never removes across a mount.
-func (d SharedDir) Release() error { return RemoveUnmounted(d.Host) }
+func (d SharedDir) Release() error { return mountsafe.RemoveUnmounted(d.Host) }
 
 // Map is the pod's PathMapper: a host path beneath the directory maps to
 // the same path beneath InPod; any other path is not reachable from inside
@@ -130,7 +127,7 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 		if known {
 			return nil, errdefs.AlreadyExists("container %q already exists", spec.ID)
 		}
-		if err := RemoveUnmounted(dir); err != nil {
+		if err := mountsafe.RemoveUnmounted(dir); err != nil {
 			return nil, fmt.Errorf("container %s: %w", spec.ID, err)
 		}
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -141,11 +138,11 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 	}
 	defer func() {
 		if retErr != nil {
-			RemoveUnmounted(dir)
+			mountsafe.RemoveUnmounted(dir)
 		}
 	}()
-	bindOwn := Bind // the rootfs and log directory: idmapped in a user namespace
-	bindSource := Bind
+	bindOwn := bindmount.Bind // the rootfs and log directory: idmapped in a user namespace
+	bindSource := bindmount.Bind
 	if d.UserNS != nil {
 		ns, err := d.UserNS()
 		if err != nil {
@@ -160,9 +157,9 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 		// (overlayfs itself cannot be), a volume whose files then show
 		// as the overflow ID in the pod.
 		bindOwn = func(src, dst string) error {
-			err := BindIDMapped(src, dst, ns)
-			if errors.Is(err, errNoIDMap) {
-				return Bind(src, dst)
+			err := bindmount.BindIDMapped(src, dst, ns)
+			if errors.Is(err, bindmount.ErrNoIDMap) {
+				return bindmount.Bind(src, dst)
 			}
 			return err
 		}
@@ -199,7 +196,7 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 					return nil, errdefs.InvalidArgument("container %s: mount %s: bidirectional mount propagation cannot reach this pod", spec.ID, m.Destination)
 				}
 				bind = func(src, dst string) error {
-					if err := makeTarget(src, dst); err != nil {
+					if err := bindmount.MakeTarget(src, dst); err != nil {
 						return err
 					}
 					return d.BindShared(src, dst)
@@ -220,142 +217,7 @@ func (d SharedDir) UnbindContainer(id string) error {
 	if err != nil {
 		return err
 	}
-	return RemoveUnmounted(dir)
-}
-
-// MountsUnder returns the mount points of the calling thread's mount
-// namespace at dir or beneath it, deepest (latest) first. The thread's,
-// not /proc/self's: that is the main thread's view, which is another
-// namespace when the main thread ever joined one.
-func MountsUnder(dir string) ([]string, error) {
-	dir = filepath.Clean(dir)
-	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(ms))
-	for _, m := range ms {
-		out = append(out, m.Mountpoint)
-	}
-	// Later lines are mounted later: unmount them first; deeper paths
-	// before their parents.
-	slices.Reverse(out)
-	sort.SliceStable(out, func(i, j int) bool {
-		return strings.Count(out[i], "/") > strings.Count(out[j], "/")
-	})
-	return out, nil
-}
-
-// UnmountAll detaches every mount at dir or beneath it. Mounts already
-// gone are not errors. They are made private first: a bind of a shared
-// mount (a volume on a host whose root is shared, as under systemd) is a
-// peer of its source, and unmounting what lies beneath a peer unmounts it
-// beneath the source too: the host's own mounts inside a volume would go
-// with the daemon's bind of it.
-func UnmountAll(dir string) error {
-	for range 3 { // a detached parent may take children with it
-		ms, err := MountsUnder(dir)
-		if err != nil {
-			return err
-		}
-		if len(ms) == 0 {
-			return nil
-		}
-		for _, m := range ms {
-			err := unix.Mount("", m, "", unix.MS_PRIVATE|unix.MS_REC, "")
-			if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("make %s private before unmounting it: %w", m, err)
-			}
-		}
-		for _, m := range ms {
-			err := unix.Unmount(m, unix.MNT_DETACH)
-			if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("unmount %s: %w", m, err)
-			}
-		}
-	}
-	ms, err := MountsUnder(dir)
-	if err != nil {
-		return err
-	}
-	if len(ms) > 0 {
-		return fmt.Errorf("mounts left beneath %s: %v", dir, ms)
-	}
-	return nil
-}
-
-// RemoveUnmounted unmounts everything at dir or beneath it and removes
-// dir. It never removes across a mount: when a mount remains (or one
-// appeared in the meantime), it fails and leaves the files beneath it
-// (mountsafe.RemoveAll). A missing dir is not an error.
-func RemoveUnmounted(dir string) error {
-	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err := UnmountAll(dir); err != nil {
-		return err
-	}
-	return mountsafe.RemoveAll(dir)
-}
-
-// Bind binds src (recursively) onto dst, creating dst as a directory or an
-// empty file to match src.
-func Bind(src, dst string) error {
-	if err := makeTarget(src, dst); err != nil {
-		return err
-	}
-	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
-	}
-	return nil
-}
-
-// errNoIDMap says a file system cannot be mounted idmapped.
-var errNoIDMap = errors.New("the file system cannot be idmapped")
-
-// BindIDMapped binds src (recursively) onto dst, creating dst as Bind
-// does, with the ID mapping of the user namespace userns: a file the host
-// sees owned by ID n is owned by n inside that namespace (n mapped to the
-// host's n+base: the pod's root owns what the host's root owns). The
-// bind is a detached copy of src moved into place (open_tree,
-// mount_setattr, move_mount). errNoIDMap (wrapped) when src's file
-// system does not support idmapped mounts.
-func BindIDMapped(src, dst string, userns *os.File) error {
-	if err := makeTarget(src, dst); err != nil {
-		return err
-	}
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if err != nil {
-		return fmt.Errorf("clone %s: %w", src, err)
-	}
-	defer unix.Close(fd)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTSUP) {
-			return fmt.Errorf("idmap %s: %v: %w", src, err, errNoIDMap)
-		}
-		return fmt.Errorf("idmap %s: %w", src, err)
-	}
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
-	}
-	return nil
-}
-
-// makeTarget creates dst as a directory or an empty file to match src.
-func makeTarget(src, dst string) error {
-	fi, err := os.Stat(src)
-	if err != nil {
-		return errdefs.FailedPrecondition("mount source: %w", err)
-	}
-	if fi.IsDir() {
-		return os.MkdirAll(dst, 0o755)
-	}
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	return f.Close()
+	return mountsafe.RemoveUnmounted(dir)
 }
 
 // Share implements stage1.ContainerPaths: BindContainer, then the spec's paths
@@ -416,55 +278,10 @@ func (d SharedDir) UnbindSources(id string) error {
 	var errs []error
 	for _, e := range ents {
 		if n := e.Name(); len(n) > 1 && n[0] == 'm' && strings.Trim(n[1:], "0123456789") == "" {
-			if err := RemoveUnmounted(filepath.Join(dir, n)); err != nil {
+			if err := mountsafe.RemoveUnmounted(filepath.Join(dir, n)); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// UserNSFile opens a user namespace with mapping m (users and groups
-// alike), for idmapped mounts: any namespace with the same mapping maps
-// files the same way. It is made by a short-lived child (sleep) that is
-// gone when UserNSFile returns; the namespace lives as long as the file.
-func UserNSFile(m stage1.IDMapping) (*os.File, error) { return userNSFile(m, false) }
-
-// ServedUserNSFile is UserNSFile for the idmapped mounts a host process
-// running as root serves to a pod: qemu's 9p server creates each file
-// and directory a kvm pod makes as root, then gives it the owner the
-// guest asked for. An idmapped mount lets only an ID it maps create
-// files, so the namespace also maps the host's root, to UnownedID on
-// disk: a file keeps that owner only if the second step failed, and
-// shows as the guest's root (outside the pod's range) in the VM.
-func ServedUserNSFile(m stage1.IDMapping) (*os.File, error) { return userNSFile(m, true) }
-
-// UnownedID is the user and group ID that files created through a
-// ServedUserNSFile mount by the host's root get on disk until they are
-// given their owner: (uid_t)-2, the highest valid ID, which no ordinary
-// user holds (old NFS set-ups named it nfsnobody).
-const UnownedID = 1<<32 - 2
-
-func userNSFile(m stage1.IDMapping, served bool) (*os.File, error) {
-	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}}
-	if served {
-		ids = append(ids, syscall.SysProcIDMap{ContainerID: UnownedID, HostID: 0, Size: 1})
-	}
-	cmd := exec.Command("sleep", "60")
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: ids,
-		GidMappings: ids,
-		Pdeathsig:   syscall.SIGKILL,
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("user namespace of %d IDs from %d: %w", m.Size, m.HostID, err)
-	}
-	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	if err != nil {
-		return nil, fmt.Errorf("user namespace of %d IDs from %d: %w", m.Size, m.HostID, err)
-	}
-	return f, nil
 }

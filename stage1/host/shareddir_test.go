@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/internal/testutil"
 )
 
@@ -56,7 +57,7 @@ func TestUnbindKeepsTheHostsMounts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ms, _ := MountsUnder(in.Mounts[0].Source); !slices.Contains(ms, filepath.Join(in.Mounts[0].Source, "tmpfs")) {
+		if ms, _ := mountsafe.MountsUnder(in.Mounts[0].Source); !slices.Contains(ms, filepath.Join(in.Mounts[0].Source, "tmpfs")) {
 			t.Fatalf("the bind of the volume lacks the host's tmpfs inside it: %v", ms)
 		}
 	}
@@ -69,7 +70,7 @@ func TestUnbindKeepsTheHostsMounts(t *testing.T) {
 	if err := d.Release(); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := MountsUnder(vol)
+	ms, err := mountsafe.MountsUnder(vol)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,10 +21,6 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 )
 
-// DefaultSlice is the systemd slice that holds the pods' units unless a
-// SystemdLauncher or a LaunchSpec names another.
-const DefaultSlice = "stagelet.slice"
-
 // UnitLauncher is a Launcher that runs each process as a unit of a service
 // manager (systemd), which supervises it and chooses its cgroup:
 // LaunchSpec.Cgroup is then only read as "give the process a cgroup of its
@@ -76,8 +72,8 @@ func ReleaseLaunched(ctx context.Context, l Launcher, name string) error {
 // opened on first use and again after it broke.
 type SystemdLauncher struct {
 	Log *slog.Logger // nil: slog.Default()
-	// Slice holds the units; empty means DefaultSlice. systemd creates it
-	// on first use.
+	// Slice holds the units; empty means cgroups.DefaultSlice. systemd
+	// creates it on first use.
 	Slice string
 	// Dial opens one authenticated connection to systemd (Hello done,
 	// where a bus needs it); each call must return a new connection. nil
@@ -129,7 +125,7 @@ func (l *SystemdLauncher) log() *slog.Logger {
 
 func (l *SystemdLauncher) slice() string {
 	if l.Slice == "" {
-		return DefaultSlice
+		return cgroups.DefaultSlice
 	}
 	return l.Slice
 }
@@ -191,20 +187,6 @@ func (l *SystemdLauncher) Ping(ctx context.Context) error {
 // UnitName is the unit a launch under name runs as.
 func UnitName(name string) string { return name + ".service" }
 
-// validUnitName reports whether name+".service" is a unit name systemd
-// accepts without escaping.
-func validUnitName(name string) bool {
-	if name == "" || len(name)+len(".service") > 255 {
-		return false
-	}
-	for _, r := range name {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(":_.-", r)) {
-			return false
-		}
-	}
-	return true
-}
-
 // properties are the transient unit's settings for spec.
 func (l *SystemdLauncher) properties(spec LaunchSpec) []sddbus.Property {
 	dir := spec.Dir
@@ -250,7 +232,7 @@ func (l *SystemdLauncher) properties(spec LaunchSpec) []sddbus.Property {
 // (a runtime property: no file is written). systemd loads the slice when
 // it is not yet, and makes its cgroup when a unit first runs in it.
 func (l *SystemdLauncher) LimitSlice(ctx context.Context, slice string, memoryMax int64) error {
-	if !ValidSlice(slice) {
+	if !cgroups.ValidSlice(slice) {
 		return errdefs.InvalidArgument("limit slice %q: not a systemd slice name", slice)
 	}
 	c, err := l.connect(ctx)
@@ -267,49 +249,6 @@ func (l *SystemdLauncher) LimitSlice(ctx context.Context, slice string, memoryMa
 	return nil
 }
 
-// ValidSlice reports whether name is a slice unit name systemd accepts
-// without escaping ("kubepods-burstable-pod<uid>.slice").
-func ValidSlice(name string) bool {
-	base, ok := strings.CutSuffix(name, ".slice")
-	return ok && base != "" && !strings.HasPrefix(base, "-") && !strings.HasSuffix(base, "-") &&
-		!strings.Contains(base, "--") && validUnitName(base)
-}
-
-// SliceOf returns the slice a cgroup parent names for the systemd driver:
-// a slice unit name ("kubepods-burstable-pod<uid>.slice"), or the cgroup
-// path systemd gives it, as the kubelet sends it
-// ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice");
-// "" when parent is neither. A path must be the slice's own: a slice's
-// place in the tree follows from its name, so a path that puts it
-// elsewhere cannot be honoured.
-func SliceOf(parent string) string {
-	if ValidSlice(parent) {
-		return parent
-	}
-	if !strings.HasPrefix(parent, "/") {
-		return ""
-	}
-	name := parent[strings.LastIndexByte(parent, '/')+1:]
-	if !ValidSlice(name) || slicePath(name) != parent {
-		return ""
-	}
-	return name
-}
-
-// slicePath is the cgroup path of a valid slice name: each dash opens a
-// level ("a-b.slice" is "/a.slice/a-b.slice").
-func slicePath(name string) string {
-	base := strings.TrimSuffix(name, ".slice")
-	var b strings.Builder
-	for i := range base {
-		if base[i] == '-' {
-			b.WriteString("/" + base[:i] + ".slice")
-		}
-	}
-	b.WriteString("/" + name)
-	return b.String()
-}
-
 // Launch implements Launcher: it starts the transient unit and waits for
 // its start job. Errors: InvalidArgument (a spec it cannot run: no path,
 // no log, a name that is not a unit name, ExtraFiles), AlreadyExists (the
@@ -320,13 +259,13 @@ func (l *SystemdLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process
 	if spec.Path == "" || spec.LogPath == "" {
 		return nil, errdefs.InvalidArgument("launch %s: path and log path are required", spec.Name)
 	}
-	if !validUnitName(spec.Name) {
+	if !cgroups.ValidUnitName(spec.Name) {
 		return nil, errdefs.InvalidArgument("launch %q: not a valid systemd unit name", spec.Name)
 	}
 	if len(spec.ExtraFiles) > 0 {
 		return nil, errdefs.InvalidArgument("launch %s: a systemd unit cannot be given extra files", spec.Name)
 	}
-	if spec.Slice != "" && !ValidSlice(spec.Slice) {
+	if spec.Slice != "" && !cgroups.ValidSlice(spec.Slice) {
 		return nil, errdefs.InvalidArgument("launch %s: %q is not a systemd slice name", spec.Name, spec.Slice)
 	}
 	if err := os.MkdirAll(filepath.Dir(spec.LogPath), 0o755); err != nil {
@@ -461,7 +400,7 @@ func (l *SystemdLauncher) releaseAfterFailure(unit string) {
 // a stop job waited for, and a reset of its failed state. Each step treats
 // a unit systemd no longer knows as done.
 func (l *SystemdLauncher) Release(ctx context.Context, name string) error {
-	if !validUnitName(name) {
+	if !cgroups.ValidUnitName(name) {
 		return errdefs.InvalidArgument("release %q: not a valid systemd unit name", name)
 	}
 	c, err := l.connect(ctx)

@@ -145,12 +145,12 @@ func TestSystemdLauncher(t *testing.T) {
 	for k, want := range map[string]any{
 		"ActiveState":  "active",
 		"SubState":     "running",
-		"Slice":        host.DefaultSlice,
+		"Slice":        cgroups.DefaultSlice,
 		"Delegate":     true,
 		"KillMode":     "mixed",
 		"CollectMode":  "inactive-or-failed",
 		"Type":         "exec",
-		"ControlGroup": "/" + host.DefaultSlice + "/" + unit,
+		"ControlGroup": "/" + cgroups.DefaultSlice + "/" + unit,
 	} {
 		if got := props[k]; got != want {
 			t.Errorf("%s = %v, want %v", k, got, want)

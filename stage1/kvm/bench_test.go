@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Benchmarks of the kvm stage1 (root, qemu; run with -benchtime 10x):
@@ -62,7 +62,7 @@ func medianMS(ds []time.Duration) float64 {
 // benchPod is a pod started for a benchmark.
 type benchPod struct {
 	spec  *stage1.PodSpec
-	pod   *client.Pod
+	pod   *podconn.Pod
 	mu    sync.Mutex
 	state []byte
 }
@@ -98,7 +98,7 @@ func startBenchPod(b *testing.B, be *Backend, i int) *benchPod {
 		b.Fatalf("StartPod: %v", err)
 	}
 	bp.mu.Lock()
-	bp.pod = client.Open(pod, nil)
+	bp.pod = podconn.Open(pod, nil)
 	bp.state = pod.State()
 	bp.mu.Unlock()
 	return bp
@@ -154,7 +154,7 @@ func benchRootfsDir(b *testing.B) string {
 	return root
 }
 
-func startContainer(b *testing.B, pod *client.Pod, rootfs, id string, args ...string) {
+func startContainer(b *testing.B, pod *podconn.Pod, rootfs, id string, args ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: id, Name: id, Rootfs: rootfs, Args: args, Env: []string{"PATH=/bin"},

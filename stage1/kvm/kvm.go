@@ -290,13 +290,13 @@ func New(log *slog.Logger, cfg Config) *Backend {
 // Collect implements stage1.Collector: under the systemd driver, the
 // units of pods no record names (host.CollectUnits), in the pods' slices
 // and the overhead slice alike; under the plain launcher, their cgroups
-// in the overhead cgroup (host.CollectPodCgroups), with the qemu in
+// in the overhead cgroup (cgroups.CollectPodCgroups), with the qemu in
 // each. Their pod cgroups are the broker's to collect.
 func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]string, error) {
 	if b.UnitLaunch() {
 		return host.CollectUnits(ctx, b.Launcher, keep)
 	}
-	found, err := host.CollectPodCgroups(b.cfg.OverheadCgroup, keep)
+	found, err := cgroups.CollectPodCgroups(b.cfg.OverheadCgroup, keep)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: %w", err)
 	}
@@ -446,7 +446,7 @@ func parseState(b []byte) (*state, error) {
 // takes them.
 func layout(spec *stage1.PodSpec, podCgroup bool) *state {
 	st := &state{Version: stateVersion}
-	if cg, err := host.PodCgroup(spec); err == nil && podCgroup {
+	if cg, err := cgroups.PodCgroup(spec.CgroupParent, spec.ID); err == nil && podCgroup {
 		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
 	st.Record(host.Resource{Kind: host.KindDir, Role: roleDir, Path: filepath.Join(spec.RunDir, "vm")})
@@ -637,7 +637,7 @@ func qemuLaunch(spec *stage1.PodSpec, st *state, res *tools, vs vmSpec, cg *cgro
 		Dir:     st.sockDir(),
 		LogPath: filepath.Join(st.dir(), "qemu.log"),
 		Cgroup:  cg,
-		Slice:   host.PodSlice(spec),
+		Slice:   cgroups.SliceOf(spec.CgroupParent),
 	}
 	if vs.tap == "fd" {
 		launch.ExtraFiles = []*os.File{tap}
@@ -751,7 +751,7 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 	}
 	ready = time.Now()
 	if tpl != nil {
-		if err := client.Connect(pod, b.Log).Setup(ctx, gcfg.Cmdline(), time.Now(), seed()); err != nil {
+		if err := client.NewClient(pod.Agent().Dial).Setup(ctx, gcfg.Cmdline(), time.Now(), seed()); err != nil {
 			return restored, ready, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", console, err)
 		}
 	}

@@ -19,14 +19,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -192,7 +193,7 @@ func killQemu(t *testing.T, b []byte) {
 // vmPod is a started pod for the tests below; cleanup destroys it.
 type vmPod struct {
 	spec *stage1.PodSpec
-	pod  *client.Pod
+	pod  *podconn.Pod
 
 	mu    sync.Mutex
 	state []byte
@@ -238,7 +239,7 @@ func startVM(t *testing.T, b *Backend, netns string, opts map[string]string) *vm
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pod, err := client.Opened(b.StartPod(ctx, vp.spec, persist))
+	pod, err := podconn.Opened(b.StartPod(ctx, vp.spec, persist))
 	if err != nil {
 		t.Fatalf("StartPod: %v", err)
 	}
@@ -458,7 +459,7 @@ func TestReconnect(t *testing.T) {
 	for i := range 2 {
 		b.CloseSessions() // the old daemon's connection dies with it
 		nb := New(testLogger(t), Config{AssetsDir: assetsDir, Accelerator: vp.pod.Details()["accelerator"]})
-		pod, err := client.Opened(nb.RecoverPod(ctx, vp.spec, state))
+		pod, err := podconn.Opened(nb.RecoverPod(ctx, vp.spec, state))
 		if err != nil {
 			t.Fatalf("RecoverPod #%d: %v", i+1, err)
 		}
@@ -730,7 +731,7 @@ func TestStopAndTeardown(t *testing.T) {
 			t.Errorf("%s left after DestroyPod (%v)", p, err)
 		}
 	}
-	if ms, err := host.MountsUnder(vp.spec.RunDir); err != nil || len(ms) != 0 {
+	if ms, err := mountsafe.MountsUnder(vp.spec.RunDir); err != nil || len(ms) != 0 {
 		t.Errorf("mounts left beneath the run dir: %v, %v", ms, err)
 	}
 	if err := st.cgroup().Delete(); err != nil {
@@ -764,7 +765,7 @@ func daemonMain(arg string) int {
 	b := New(slog.New(slog.NewTextHandler(os.Stderr, nil)), Config{AssetsDir: da.Assets})
 	ctx := context.Background()
 	persist := func(st []byte) error { return os.WriteFile(da.StateFile, st, 0o600) }
-	pod, err := client.Opened(b.StartPod(ctx, &da.Spec, persist))
+	pod, err := podconn.Opened(b.StartPod(ctx, &da.Spec, persist))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "StartPod:", err)
 		return 1
@@ -833,7 +834,7 @@ func TestDaemonKill9(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pod, err := client.Opened(b.RecoverPod(ctx, &da.Spec, state))
+	pod, err := podconn.Opened(b.RecoverPod(ctx, &da.Spec, state))
 	if err != nil {
 		t.Fatalf("RecoverPod after kill -9: %v", err)
 	}

@@ -117,12 +117,12 @@ func (p vmPlan) describe(b *Backend) string {
 }
 
 // podBudget is the memory limit of the cgroup that bounds what the pod
-// runs on the host (host.PodBudget; 0: none), unless the spec says it.
+// runs on the host (cgroups.PodBudget; 0: none), unless the spec says it.
 func podBudget(spec *stage1.PodSpec) (uint64, error) {
 	if spec.CgroupMemoryLimit != nil {
 		return *spec.CgroupMemoryLimit, nil
 	}
-	budget, err := host.PodBudget(spec)
+	budget, err := cgroups.PodBudget(spec.CgroupParent, spec.ID)
 	if err != nil {
 		return 0, fmt.Errorf("kvm: pod cgroup: %w", err)
 	}
@@ -210,11 +210,11 @@ func capOrNone(bytes int64) int64 {
 }
 
 // vmmCgroup is where qemu runs under the plain launcher: the pod cgroup
-// (host.PodCgroup), or with overhead placement "stagelet-pod-<id>"
+// (cgroups.PodCgroup), or with overhead placement "stagelet-pod-<id>"
 // beneath the overhead cgroup (made when first needed).
 func (b *Backend) vmmCgroup(spec *stage1.PodSpec, overhead bool) (*cgroups.Cgroup, error) {
 	if !overhead {
-		cg, err := host.PodCgroup(spec)
+		cg, err := cgroups.PodCgroup(spec.CgroupParent, spec.ID)
 		if err != nil {
 			return nil, fmt.Errorf("kvm: pod cgroup: %w", err)
 		}
@@ -224,5 +224,5 @@ func (b *Backend) vmmCgroup(spec *stage1.PodSpec, overhead bool) (*cgroups.Cgrou
 	if err != nil {
 		return nil, err
 	}
-	return parent.Child(host.PodCgroupName(spec.ID)), nil
+	return parent.Child(cgroups.PodCgroupName(spec.ID)), nil
 }

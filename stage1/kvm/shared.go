@@ -4,6 +4,7 @@ import (
 	"os"
 
 	"github.com/stagelet/stagelet/agent/guest"
+	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/stage1/host"
 )
 
@@ -16,7 +17,7 @@ func (st *state) shared() host.SharedDir {
 	d := host.SharedDir{Host: st.mounts(), InPod: guest.Mounts}
 	if m := st.UserNS; m != nil {
 		// qemu's 9p server, the host's root, makes the pod's files.
-		d.UserNS = func() (*os.File, error) { return host.ServedUserNSFile(*m) }
+		d.UserNS = func() (*os.File, error) { return bindmount.ServedUserNSFile(m.HostID, m.Size) }
 	}
 	return d
 }

@@ -39,6 +39,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/agent/guest"
@@ -193,7 +194,7 @@ func (b *Backend) removeStaleTemplates(assets string) {
 		} else if info, err := readTemplateInfo(dir); err == nil && info.Assets == assets {
 			continue
 		}
-		if err := host.RemoveUnmounted(dir); err != nil {
+		if err := mountsafe.RemoveUnmounted(dir); err != nil {
 			b.Log.Warn("kvm: removing a stale VM template", "dir", dir, "err", err)
 		} else {
 			b.Log.Info("kvm: removed a stale VM template", "dir", dir)
@@ -221,7 +222,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	}
 	defer func() {
 		if retErr != nil {
-			if err := host.RemoveUnmounted(tmp); err != nil {
+			if err := mountsafe.RemoveUnmounted(tmp); err != nil {
 				b.Log.WarnContext(ctx, "kvm: removing a failed template build", "dir", tmp, "err", err)
 			}
 		}
@@ -351,7 +352,7 @@ func publishTemplate(tmp, dir string, info templateInfo) error {
 	if err := os.Rename(tmp, dir); err != nil {
 		// A directory of this key that is no complete template (template
 		// found none): replaced.
-		if rerr := host.RemoveUnmounted(dir); rerr != nil {
+		if rerr := mountsafe.RemoveUnmounted(dir); rerr != nil {
 			return fmt.Errorf("kvm: template: %w (removing the incomplete %s: %v)", err, dir, rerr)
 		}
 		if err := os.Rename(tmp, dir); err != nil {
@@ -366,7 +367,7 @@ func publishTemplate(tmp, dir string, info templateInfo) error {
 func (b *Backend) discardTemplate(tpl *template, cause error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := host.RemoveUnmounted(tpl.dir); err != nil {
+	if err := mountsafe.RemoveUnmounted(tpl.dir); err != nil {
 		b.Log.Warn("kvm: removing a VM template no VM could be restored from", "dir", tpl.dir, "err", err)
 		return
 	}

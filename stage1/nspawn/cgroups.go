@@ -22,7 +22,7 @@ import (
 // hybrid host: name=systemd and the hybrid cgroup2 mount, which
 // systemd-nspawn itself moves processes in (into payload/ and
 // supervisor/) and where no controller stagelet uses is attached; and the
-// memory hierarchy (host.RuntimeMemoryCgroup), so that the pod's memory
+// memory hierarchy (cgroups.RuntimeMemoryCgroup), so that the pod's memory
 // limit bounds its apps only, the agent making their memory cgroups
 // beneath the pod's, bound into the pod at podMemoryCgroup. It is
 // "stagelet-pod-<id>" beneath the daemon's own cgroup there (the spec's
@@ -34,7 +34,7 @@ func systemdCgroup(spec *stage1.PodSpec) (*cgroups.Cgroup, error) {
 	if err != nil {
 		return nil, err
 	}
-	return host.WithMemory(parent.Child(host.LaunchName(spec.ID)), host.RuntimeMemoryCgroup(spec)), nil
+	return cgroups.WithMemory(parent.Child(host.LaunchName(spec.ID)), cgroups.RuntimeMemoryCgroup(spec.CgroupParent, spec.ID)), nil
 }
 
 // systemdParent is the daemon's own cgroup in the hierarchies of
@@ -111,7 +111,7 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 	}
 	// Only empty ones: a lost pod's processes went with its pod cgroup
 	// (the broker's collection, first).
-	done, err := host.CollectEmptyPodCgroups(host.WithMemory(parent, host.RuntimeMemoryParent()), keep)
+	done, err := cgroups.CollectEmptyPodCgroups(cgroups.WithMemory(parent, cgroups.RuntimeMemoryParent()), keep)
 	if err != nil {
 		return done, fmt.Errorf("nspawn: collect: %w", err)
 	}

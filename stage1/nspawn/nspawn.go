@@ -20,7 +20,7 @@
 // hierarchies, which the cgroups package does not manage: the pod gets its
 // own cgroup there too, joined by a /bin/sh shim that then execs nspawn
 // (same PID), so nothing is created in the daemon's cgroups. The shim
-// joins the pod's runtime memory cgroup as well (host.RuntimeMemoryCgroup),
+// joins the pod's runtime memory cgroup as well (cgroups.RuntimeMemoryCgroup),
 // and the agent makes its apps' memory cgroups beneath the pod's, bound
 // into the pod: the pod's memory limit is its apps'. Where systemd
 // is PID 1 (a host.UnitLauncher) nspawn is the main process of the
@@ -51,6 +51,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"golang.org/x/sys/unix"
@@ -228,7 +229,7 @@ func parseState(b []byte) (*state, error) {
 // them.
 func layout(spec *stage1.PodSpec) *state {
 	st := &state{Version: stateVersion, Machine: machineName(spec.ID)}
-	if cg, err := host.PodCgroup(spec); err == nil {
+	if cg, err := cgroups.PodCgroup(spec.CgroupParent, spec.ID); err == nil {
 		st.Record(host.Resource{Kind: host.KindCgroup, Role: rolePodCgroup, Cgroup: cg})
 	}
 	if cg, err := systemdCgroup(spec); err == nil {
@@ -447,7 +448,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("nspawn: systemd-nspawn is not installed: %w", err)
 	}
-	cg, err := host.PodCgroup(spec)
+	cg, err := cgroups.PodCgroup(spec.CgroupParent, spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("nspawn: pod cgroup: %w", err)
 	}
@@ -532,7 +533,7 @@ func nspawnLaunch(spec *stage1.PodSpec, st *state, nspawnPath string, cg *cgroup
 		Env:     nspawnEnv(cgroups.PureV2()),
 		LogPath: filepath.Join(spec.RunDir, "nspawn.log"),
 		Cgroup:  cg,
-		Slice:   host.PodSlice(spec),
+		Slice:   cgroups.SliceOf(spec.CgroupParent),
 	}
 	if spec.UserNS != nil && spec.NetNSPath != "" {
 		var err error
@@ -579,7 +580,7 @@ func prepareHost(st *state, cg *cgroups.Cgroup, unitLaunch bool) error {
 	}
 	if st.memoryApart() {
 		// Unmounted with the shared directory (Release).
-		if err := host.Bind(cg.Paths["memory"], filepath.Join(st.mounts(), podMemoryCgroup)); err != nil {
+		if err := bindmount.Bind(cg.Paths["memory"], filepath.Join(st.mounts(), podMemoryCgroup)); err != nil {
 			return fmt.Errorf("nspawn: the pod's memory cgroup: %w", err)
 		}
 	}

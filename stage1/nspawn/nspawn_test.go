@@ -25,10 +25,11 @@ import (
 	"github.com/stagelet/stagelet/stage1/host"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -240,7 +241,7 @@ type pod struct {
 	t    testing.TB
 	b    stage1.Backend
 	spec *stage1.PodSpec
-	pod  *client.Pod
+	pod  *podconn.Pod
 
 	mu    sync.Mutex
 	state []byte
@@ -285,7 +286,7 @@ func startPod(tb testing.TB, b stage1.Backend, mut func(*stage1.PodSpec)) *pod {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sp, err := client.Opened(b.StartPod(ctx, p.spec, persist))
+	sp, err := podconn.Opened(b.StartPod(ctx, p.spec, persist))
 	if err != nil {
 		tb.Fatalf("StartPod: %v", err)
 	}
@@ -468,7 +469,7 @@ func TestSurvivesDaemonKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	pod, err := client.Opened(b.RecoverPod(ctx, spec, state))
+	pod, err := podconn.Opened(b.RecoverPod(ctx, spec, state))
 	if err != nil {
 		t.Fatalf("RecoverPod after the daemon's SIGKILL: %v", err)
 	}
@@ -498,7 +499,7 @@ func TestHelperDaemon(t *testing.T) {
 	}
 	persist := func(s []byte) error { return os.WriteFile(stateFile, s, 0o600) }
 	ctx := context.Background()
-	pod, err := client.Opened(New(nil).StartPod(ctx, spec, persist))
+	pod, err := podconn.Opened(New(nil).StartPod(ctx, spec, persist))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -572,7 +573,7 @@ func TestLateMounts(t *testing.T) {
 	// app holds its own mounts of the sources.
 	st, _ := parseState(p.pod.State())
 	dir := filepath.Join(st.mounts(), "late")
-	if ms, _ := host.MountsUnder(dir); len(ms) != 1 || ms[0] != filepath.Join(dir, "rootfs") {
+	if ms, _ := mountsafe.MountsUnder(dir); len(ms) != 1 || ms[0] != filepath.Join(dir, "rootfs") {
 		t.Errorf("host mounts of the running container: %v, want the rootfs only", ms)
 	}
 	if _, err := p.pod.StopContainer(ctx, "late", time.Second); err != nil {
@@ -581,7 +582,7 @@ func TestLateMounts(t *testing.T) {
 	if err := p.pod.RemoveContainer(ctx, "late"); err != nil {
 		t.Fatal(err)
 	}
-	if ms, _ := host.MountsUnder(dir); len(ms) != 0 {
+	if ms, _ := mountsafe.MountsUnder(dir); len(ms) != 0 {
 		t.Errorf("mounts left after RemoveContainer: %v", ms)
 	}
 	if _, err := os.Stat(filepath.Join(src, "hello")); err != nil {
@@ -607,7 +608,7 @@ func TestCreateContainerErrors(t *testing.T) {
 		t.Fatal("create with a missing mount source succeeded")
 	}
 	st, _ := parseState(p.pod.State())
-	if ms, _ := host.MountsUnder(filepath.Join(st.mounts(), "bad")); len(ms) != 0 {
+	if ms, _ := mountsafe.MountsUnder(filepath.Join(st.mounts(), "bad")); len(ms) != 0 {
 		t.Errorf("binds left after a failed create: %v", ms)
 	}
 	p.run("dup", rootfs, nil, "/bin/sleep", "1000")
@@ -661,7 +662,7 @@ func TestStopReleases(t *testing.T) {
 	if err := b.DestroyPod(ctx, p.spec, p.pod.State()); err != nil {
 		t.Fatalf("DestroyPod: %v", err)
 	}
-	if ms, _ := host.MountsUnder(p.spec.RunDir); len(ms) != 0 {
+	if ms, _ := mountsafe.MountsUnder(p.spec.RunDir); len(ms) != 0 {
 		t.Errorf("mounts left under the run dir: %v", ms)
 	}
 	for _, c := range []map[string]string{st.cgroup().Paths, sysPaths(st)} {
@@ -719,7 +720,7 @@ func TestStartPodNSpawnFails(t *testing.T) {
 			t.Errorf("pod cgroup %s left behind: %v", d, err)
 		}
 	}
-	if ms, _ := host.MountsUnder(spec.RunDir); len(ms) != 0 {
+	if ms, _ := mountsafe.MountsUnder(spec.RunDir); len(ms) != 0 {
 		t.Errorf("mounts left: %v", ms)
 	}
 }
@@ -913,7 +914,7 @@ func sharedSource(t *testing.T) string {
 
 func hostMounted(t *testing.T, path string) bool {
 	t.Helper()
-	ms, err := host.MountsUnder(path)
+	ms, err := mountsafe.MountsUnder(path)
 	if err != nil {
 		t.Fatal(err)
 	}

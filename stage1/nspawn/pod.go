@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/internal/osthread"
 )
 
@@ -19,7 +20,7 @@ import (
 func (st *state) shared() host.SharedDir {
 	d := host.SharedDir{Host: st.mounts(), InPod: podMounts}
 	if m := st.UserNS; m != nil {
-		d.UserNS = func() (*os.File, error) { return host.UserNSFile(*m) }
+		d.UserNS = func() (*os.File, error) { return bindmount.UserNSFile(m.HostID, m.Size) }
 	}
 	return d
 }

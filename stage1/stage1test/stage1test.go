@@ -23,10 +23,10 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
-	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Env is what the suite needs from the backend's test.
@@ -83,8 +83,8 @@ var podSeq atomic.Int64
 type testPod struct {
 	spec *stage1.PodSpec
 	pod  stage1.Pod
-	conn *client.Conn // the broker's side of the pod's agent
-	cg   string       // cgroup parent
+	conn *podconn.Conn // the broker's side of the pod's agent
+	cg   string        // cgroup parent
 
 	mu    sync.Mutex
 	state []byte // last persisted
@@ -92,7 +92,7 @@ type testPod struct {
 
 // set makes pod the test's pod, with a connection to its agent.
 func (p *testPod) set(pod stage1.Pod) {
-	p.pod, p.conn = pod, client.Connect(pod, nil)
+	p.pod, p.conn = pod, podconn.Connect(pod, nil)
 }
 
 // stop stops the pod, its agent shut down through the connection.
@@ -205,7 +205,7 @@ func (s *suite) waitFor(t *testing.T, what string, cond func() (bool, error)) {
 	}
 }
 
-func (s *suite) waitState(t *testing.T, pod *client.Conn, id, state string) *api.AppStatus {
+func (s *suite) waitState(t *testing.T, pod *podconn.Conn, id, state string) *api.AppStatus {
 	t.Helper()
 	var st *api.AppStatus
 	s.waitFor(t, fmt.Sprintf("container %s %s", id, state), func() (bool, error) {

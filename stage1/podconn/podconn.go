@@ -1,12 +1,17 @@
-package client
-
-// Conn is the broker's side of a running pod's agent: the connection
-// every container call, the event subscription and every exec, attach
-// and port-forward session go over, whatever isolation the pod has, and
-// the one a backend waits for its agent's readiness on. A backend only
+// Package podconn is a running pod as the daemon drives it: a backend's
+// stage1.Pod and the connection to its agent, the protocol client
+// (package agent/client) with what the pod's AgentEndpoint adds around
+// its calls: the backend's ContainerPaths around container calls, and
+// the backend's own figures for the whole pod (stage1.HostStatser). The
+// broker holds its pods as Pod; the conformance suite (stage1test) and
+// the backends' tests drive pods through it the same way. A backend only
 // tells how to reach its agent and how a container's host paths reach
-// the pod (stage1.AgentEndpoint); the calls themselves are the same for
-// every stage1, and written once here.
+// the pod; the calls are the same for every stage1, and written once
+// here.
+//
+// It links neither D-Bus nor a backend's host bookkeeping (stage1/host):
+// the broker imports it.
+package podconn
 
 import (
 	"context"
@@ -16,6 +21,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/api"
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -26,7 +32,7 @@ import (
 // Shutdown) are used as they are; the container calls below add the
 // mapping of host paths.
 type Conn struct {
-	*Client
+	*client.Client
 	paths stage1.ContainerPaths
 	log   *slog.Logger
 }
@@ -37,7 +43,7 @@ func New(ep stage1.AgentEndpoint, log *slog.Logger) *Conn {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Conn{Client: NewClient(ep.Dial), paths: ep.Paths, log: log}
+	return &Conn{Client: client.NewClient(ep.Dial), paths: ep.Paths, log: log}
 }
 
 // Connect returns a connection to pod's agent.
