@@ -9,9 +9,11 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -63,6 +65,9 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *ap
 	}
 	conn, err := c.dial(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, nil, ended(ctx, req.Op+": dial")
+		}
 		return nil, nil, nil, fmt.Errorf("agent: dial: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	if dl, ok := ctx.Deadline(); ok {
@@ -75,13 +80,16 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *ap
 		return nil, nil, nil, err
 	}
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		if endedBy(ctx, err) {
+			return fail(ended(ctx, req.Op))
+		}
 		return fail(fmt.Errorf("agent: %s: send: %v: %w", req.Op, err, errdefs.ErrUnavailable))
 	}
 	dec := json.NewDecoder(conn)
 	var resp api.Response
 	if err := dec.Decode(&resp); err != nil {
-		if ctx.Err() != nil {
-			return fail(fmt.Errorf("agent: %s: %v: %w", req.Op, ctx.Err(), errdefs.ErrDeadlineExceeded))
+		if endedBy(ctx, err) {
+			return fail(ended(ctx, req.Op))
 		}
 		return fail(fmt.Errorf("agent: %s: receive: %v: %w", req.Op, err, errdefs.ErrUnavailable))
 	}
@@ -92,6 +100,24 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *ap
 	}
 	conn.SetDeadline(time.Time{})
 	return conn, &resp, io.MultiReader(dec.Buffered(), conn), nil
+}
+
+// endedBy reports whether err, of an exchange on a stream whose deadline
+// is ctx's, is ctx's end: ctx is done, or the stream's deadline (set from
+// ctx) passed, which its timer may tell before ctx's own does. Taking
+// that for the agent being gone would have the broker declare a slow
+// agent's pod gone.
+func endedBy(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// ended is the error of an exchange ctx ended: Canceled when the caller
+// went away, DeadlineExceeded at its deadline.
+func ended(ctx context.Context, op string) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return fmt.Errorf("agent: %s: %w", op, context.Canceled)
+	}
+	return fmt.Errorf("agent: %s: %v: %w", op, context.DeadlineExceeded, errdefs.ErrDeadlineExceeded)
 }
 
 // Info asks the agent who it is.
