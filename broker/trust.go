@@ -8,6 +8,7 @@ import (
 
 	crierrors "k8s.io/cri-api/pkg/errors"
 
+	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/trust"
 )
@@ -51,8 +52,9 @@ func (b *Broker) pullVerifier(namespace, ref string) (image.Verify, error) {
 	}
 	r, err := pullReference(ref)
 	if err != nil {
-		// The store refuses the reference with InvalidArgument.
-		return nil, nil
+		// Never pulled unchecked: a reference the policy cannot place
+		// is refused, as the store would refuse it.
+		return nil, errdefs.InvalidArgument("pull %q: bad image reference: %v", ref, err)
 	}
 	dec, err := b.opts.Trust.Decide(namespace, r)
 	if err != nil {
