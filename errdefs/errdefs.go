@@ -2,6 +2,20 @@
 // boundaries. Code deep in the stack wraps one of these sentinels with %w;
 // the CRI layer maps the class to a gRPC code exactly once. Nothing in
 // stagelet classifies an error by its text.
+//
+// The idiom for a classed error with a cause is New (or a shorthand) with
+// the cause wrapped by %w:
+//
+//	errdefs.New(errdefs.ErrUnavailable, "agent %s: dial: %w", id, err)
+//	errdefs.InvalidArgument("config.devices[%d].host_path: %w", i, err)
+//
+// The message is the user's, the class is the outermost one whatever the
+// cause's own class was, and errors.Is and errors.As still reach the
+// cause (syscall.ENOSPC, an *os.PathError). Context added above a classed
+// error is fmt.Errorf("...: %w", err), which keeps both. A cause formatted
+// with %v is lost to errors.Is; fmt.Errorf("...: %v: %w", err,
+// errdefs.ErrX), an older form, loses it too and is being replaced. A
+// write that may meet a full file system goes through Storage.
 package errdefs
 
 import (
