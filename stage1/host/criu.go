@@ -165,7 +165,7 @@ func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, di
 	}
 	status, err := os.ReadFile(proc + "/status")
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
+		return nil, errdefs.FailedPrecondition("checkpoint: process %d: %w", pid, err)
 	}
 	if ids := nsPIDs(status); len(ids) > 1 && ids[len(ids)-1] != "1" {
 		if its := nsInode(proc + "/ns/pid"); its != "" {
@@ -176,7 +176,7 @@ func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, di
 	}
 	mounts, err := readMountinfo(proc + "/mountinfo")
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("checkpoint: process %d: %v", pid, err)
+		return nil, errdefs.FailedPrecondition("checkpoint: process %d: %w", pid, err)
 	}
 	for _, point := range externalMounts(mounts) {
 		args = append(args, "--ext-mount-map", point+":"+MountKey(point))
@@ -200,7 +200,7 @@ func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, di
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("checkpoint: %v", err)
+		return nil, errdefs.FailedPrecondition("checkpoint: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, path, argv[1:]...)
 	out, err := cmd.CombinedOutput()
@@ -209,7 +209,7 @@ func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, di
 	}
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, CRIUDumpLog))
-		return nil, errdefs.FailedPrecondition("checkpoint: criu dump of process %d: %v: %s%s", pid, err, bytes.TrimSpace(out), tail(log, 1024))
+		return nil, errdefs.FailedPrecondition("checkpoint: criu dump of process %d: %w: %s%s", pid, err, bytes.TrimSpace(out), tail(log, 1024))
 	}
 	return img, nil
 }

@@ -93,7 +93,7 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 		"unshare", "--mount", "--mount-proc", "--propagation", "slave", "--"}, args...)
 	path, err := exec.LookPath(args[0])
 	if err != nil {
-		return 0, errdefs.FailedPrecondition("restore: %v", err)
+		return 0, errdefs.FailedPrecondition("restore: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, path, args[1:]...)
 	var out bytes.Buffer
@@ -107,7 +107,7 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 	}
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(r.Images, CRIURestoreLog))
-		return 0, errdefs.FailedPrecondition("restore: criu restore: %v: %s%s", err, bytes.TrimSpace(out.Bytes()), tail(log, 1024))
+		return 0, errdefs.FailedPrecondition("restore: criu restore: %w: %s%s", err, bytes.TrimSpace(out.Bytes()), tail(log, 1024))
 	}
 	return readPIDFile(pidfile)
 }

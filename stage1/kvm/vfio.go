@@ -96,7 +96,7 @@ func (p *Pod) plugPCI(ctx context.Context, ctr string, addrs []string) error {
 			for _, done := range ids {
 				q.run(ctx, "device_del", map[string]any{"id": done})
 			}
-			return errdefs.FailedPrecondition("kvm: pass PCI device %s through to the VM: %v", addr, err)
+			return errdefs.FailedPrecondition("kvm: pass PCI device %s through to the VM: %w", addr, err)
 		}
 		ids = append(ids, id)
 	}
