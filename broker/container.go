@@ -92,38 +92,11 @@ func validateContainerConfig(c *ContainerConfig) error {
 // image, makes the container's rootfs and registers the app with the pod's
 // agent. A retry with the same configuration returns the same container.
 func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *ContainerConfig) (string, error) {
-	if err := validateContainerConfig(cfg); err != nil {
-		return "", err
-	}
-	p, err := b.lookupPod(podID)
+	p, restore, err := b.admitContainer(ctx, podID, cfg)
 	if err != nil {
 		return "", err
 	}
-	if err := waitCreated(ctx, p.created); err != nil {
-		return "", err
-	}
-	if p.err != nil {
-		return "", errdefs.NotFound("pod sandbox %q not found", podID)
-	}
 	podID = p.rec.ID
-	if err := b.checkPrivileged(p, cfg); err != nil {
-		return "", err
-	}
-	if err := b.checkCpuset(p, &cfg.Resources, "config.linux.resources"); err != nil {
-		return "", err
-	}
-	b.mu.Lock()
-	podNS := p.rec.Config.UserNS
-	b.mu.Unlock()
-	restore := b.isCheckpoint(cfg.Image)
-	if restore {
-		if err := b.checkRestorable(ctx, p); err != nil {
-			return "", err
-		}
-	}
-	if !sameUserNS(cfg.Security.UserNS, podNS) {
-		return "", errdefs.InvalidArgument("config.linux.security_context.namespace_options.userns_options: the container asks for %s, and its pod runs in %s: a container shares its pod's user namespace", describeUserNS(cfg.Security.UserNS), describeUserNS(podNS))
-	}
 	key := ctrNameKey(podID, cfg.Metadata)
 	hash := hashOf(cfg)
 
@@ -135,17 +108,71 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 		if !same {
 			return "", errdefs.AlreadyExists("container name %q is reserved for %s", key, id)
 		}
-		if err := waitCreated(ctx, existing.created); err != nil {
+		if err := awaitContainer(ctx, existing); err != nil {
 			return "", err
-		}
-		if existing.err != nil {
-			return "", existing.err
 		}
 		return id, nil
 	}
 	id := newID()
 	ctx = logctx.With(ctx, "container", id)
-	c := &container{
+	c := b.newContainer(id, podID, cfg, hash)
+	b.ctrNames[key] = c
+	b.ctrs[id] = c
+	b.mu.Unlock()
+
+	// Created in the background, like pods: a retry after the caller's
+	// timeout gets this container.
+	go b.createInBackground(ctx, p, c, cfg, key, restore)
+	if err := awaitContainer(ctx, c); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// admitContainer checks a CreateContainer request for cfg in pod podID
+// before anything is reserved: cfg is valid, the pod was created (else
+// NotFound), and the policy, the pod's stage1 and its user namespace
+// allow the container. It returns the pod and whether cfg's image is a
+// checkpoint to restore (isCheckpoint).
+func (b *Broker) admitContainer(ctx context.Context, podID string, cfg *ContainerConfig) (*pod, bool, error) {
+	if err := validateContainerConfig(cfg); err != nil {
+		return nil, false, err
+	}
+	p, err := b.lookupPod(podID)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := waitCreated(ctx, p.created); err != nil {
+		return nil, false, err
+	}
+	if p.err != nil {
+		return nil, false, errdefs.NotFound("pod sandbox %q not found", podID)
+	}
+	if err := b.checkPrivileged(p, cfg); err != nil {
+		return nil, false, err
+	}
+	if err := b.checkCpuset(p, &cfg.Resources, "config.linux.resources"); err != nil {
+		return nil, false, err
+	}
+	b.mu.Lock()
+	podNS := p.rec.Config.UserNS
+	b.mu.Unlock()
+	restore := b.isCheckpoint(cfg.Image)
+	if restore {
+		if err := b.checkRestorable(ctx, p); err != nil {
+			return nil, false, err
+		}
+	}
+	if !sameUserNS(cfg.Security.UserNS, podNS) {
+		return nil, false, errdefs.InvalidArgument("config.linux.security_context.namespace_options.userns_options: the container asks for %s, and its pod runs in %s: a container shares its pod's user namespace", describeUserNS(cfg.Security.UserNS), describeUserNS(podNS))
+	}
+	return p, restore, nil
+}
+
+// newContainer is container id of cfg (whose hash is hash) in pod podID,
+// being created: its creation ends when its created channel closes.
+func (b *Broker) newContainer(id, podID string, cfg *ContainerConfig, hash string) *container {
+	return &container{
 		rec: &ContainerRecord{
 			ID:         id,
 			PodID:      podID,
@@ -158,36 +185,39 @@ func (b *Broker) CreateContainer(ctx context.Context, podID string, cfg *Contain
 		},
 		created: make(chan struct{}),
 	}
-	b.ctrNames[key] = c
-	b.ctrs[id] = c
-	b.mu.Unlock()
+}
 
-	// Created in the background, like pods: a retry after the caller's
-	// timeout gets this container.
-	go func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
-		defer cancel()
-		p.op.Lock()
-		err := b.createContainer(cctx, p, c, restore)
-		p.op.Unlock()
-		if err != nil {
-			b.mu.Lock()
-			delete(b.ctrNames, key)
-			delete(b.ctrs, id)
-			b.mu.Unlock()
-		} else {
-			b.log.InfoContext(ctx, "container created", "pod", podID, "container", id, "name", cfg.Metadata.Name, "image", cfg.Image)
-		}
-		c.err = err
-		close(c.created)
-	}()
+// createInBackground creates container c of cfg, reserved under name key,
+// in pod p (createContainer) holding the pod's op lock, bounded by
+// createTimeout and not by ctx, and then ends c's creation: c.err is set
+// and c.created closed. A failed container's name and ID are released,
+// for a retry to create it anew.
+func (b *Broker) createInBackground(ctx context.Context, p *pod, c *container, cfg *ContainerConfig, key string, restore bool) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	defer cancel()
+	p.op.Lock()
+	err := b.createContainer(cctx, p, c, restore)
+	p.op.Unlock()
+	id := c.rec.ID
+	if err != nil {
+		b.mu.Lock()
+		delete(b.ctrNames, key)
+		delete(b.ctrs, id)
+		b.mu.Unlock()
+	} else {
+		b.log.InfoContext(ctx, "container created", "pod", c.rec.PodID, "container", id, "name", cfg.Metadata.Name, "image", cfg.Image)
+	}
+	c.err = err
+	close(c.created)
+}
+
+// awaitContainer waits until the creation of c ends, and returns why it
+// failed, or ctx's error when ctx ends first.
+func awaitContainer(ctx context.Context, c *container) error {
 	if err := waitCreated(ctx, c.created); err != nil {
-		return "", err
+		return err
 	}
-	if c.err != nil {
-		return "", c.err
-	}
-	return id, nil
+	return c.err
 }
 
 // checkPrivileged rechecks the policy when a container is privileged but
@@ -315,23 +345,61 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	if err := b.rec.saveContainer(rec); err != nil {
 		return fmt.Errorf("persist container record: %w", err)
 	}
-	defer func() {
-		if err == nil {
-			return
-		}
-		if uerr := b.opts.Images.UnmountRootfs(rec.Dir); uerr != nil {
-			b.log.ErrorContext(ctx, "releasing rootfs of a container that failed to be created", "container", rec.ID, "err", uerr)
-		}
-		b.rec.deleteContainer(rec.ID)
-	}()
-	rootfs, err := b.mountRootfs(p, img, rec)
-	if err != nil {
-		return fmt.Errorf("container rootfs: %w", err)
-	}
-	cfg, err := b.mountImageVolumes(&rec.Config, rec.Dir)
+	defer b.releaseFailedRootfs(ctx, rec, &err)
+	rootfs, cfg, err := b.mountContainerFS(p, img, rec)
 	if err != nil {
 		return err
 	}
+	app, pci, err := b.containerApp(p, img, rec, cfg, rootfs)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			lsm.ReleaseSELinux(app.SELinuxProcessLabel)
+		}
+	}()
+	b.recordApp(p, rec, app, rootfs)
+	return b.createInPod(ctx, h, p, c, app, pci)
+}
+
+// releaseFailedRootfs undoes, when *err is set (createContainer failed),
+// what createContainer did for container rec since it saved its record:
+// it unmounts its rootfs and deletes its record.
+func (b *Broker) releaseFailedRootfs(ctx context.Context, rec *ContainerRecord, err *error) {
+	if *err == nil {
+		return
+	}
+	if uerr := b.opts.Images.UnmountRootfs(rec.Dir); uerr != nil {
+		b.log.ErrorContext(ctx, "releasing rootfs of a container that failed to be created", "container", rec.ID, "err", uerr)
+	}
+	b.rec.deleteContainer(rec.ID)
+}
+
+// mountContainerFS mounts container rec's file systems in pod p: its
+// rootfs from img (mountRootfs) and its image volumes
+// (mountImageVolumes). It returns the rootfs and rec's config with the
+// image volumes' paths; what it mounted before failing is left to
+// releaseFailedRootfs.
+func (b *Broker) mountContainerFS(p *pod, img *image.Image, rec *ContainerRecord) (string, *ContainerConfig, error) {
+	rootfs, err := b.mountRootfs(p, img, rec)
+	if err != nil {
+		return "", nil, fmt.Errorf("container rootfs: %w", err)
+	}
+	cfg, err := b.mountImageVolumes(&rec.Config, rec.Dir)
+	if err != nil {
+		return "", nil, err
+	}
+	return rootfs, cfg, nil
+}
+
+// containerApp builds the app spec of container rec in pod p from cfg
+// (rec's config with its image volumes mounted), img and rootfs, and
+// picks the PCI devices it gets: NotFound when the container whose PID
+// namespace it asks to share is not in its pod. When it fails after
+// buildAppSpec, the app's SELinux label is released; once it returns the
+// app, releasing it is the caller's.
+func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cfg *ContainerConfig, rootfs string) (*api.AppSpec, []string, error) {
 	b.mu.Lock()
 	podCfg := p.rec.Config
 	var target *ContainerRecord
@@ -342,22 +410,23 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	}
 	b.mu.Unlock()
 	if rec.Config.Security.PIDMode == PIDModeTarget && target == nil {
-		return errdefs.NotFound("config.linux.security_context.namespace_options.target_id: container %q is not in pod sandbox %s", rec.Config.Security.PIDTarget, rec.PodID)
+		return nil, nil, errdefs.NotFound("config.linux.security_context.namespace_options.target_id: container %q is not in pod sandbox %s", rec.Config.Security.PIDTarget, rec.PodID)
 	}
 	app, err := buildAppSpec(rec.ID, &podCfg, cfg, img, rootfs)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	pci, err := b.appDevices(p, &rec.Config, app)
 	if err != nil {
 		lsm.ReleaseSELinux(app.SELinuxProcessLabel)
-		return err
+		return nil, nil, err
 	}
-	defer func() {
-		if err != nil {
-			lsm.ReleaseSELinux(app.SELinuxProcessLabel)
-		}
-	}()
+	return app, pci, nil
+}
+
+// recordApp adds pod p's files (resolv.conf, hostname, hosts) to app's
+// mounts and records app and rootfs in container rec, under b.mu.
+func (b *Broker) recordApp(p *pod, rec *ContainerRecord, app *api.AppSpec, rootfs string) {
 	b.mu.Lock()
 	podRec := *p.rec
 	b.mu.Unlock()
@@ -367,6 +436,14 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	rec.LogPath = app.LogPath
 	rec.App = app
 	b.mu.Unlock()
+}
+
+// createInPod has pod p's agent (h) create container c from app, with the
+// PCI devices pci, then records c created, publishes EventCreated and
+// saves c's record; when the record cannot be saved, the agent removes
+// the container again.
+func (b *Broker) createInPod(ctx context.Context, h *podconn.Pod, p *pod, c *container, app *api.AppSpec, pci []string) error {
+	rec := c.rec
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
 	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app, PCIDevices: pci})

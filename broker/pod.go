@@ -127,11 +127,8 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		if !sameHash {
 			return "", errdefs.AlreadyExists("pod sandbox name %q is reserved for %s", key, id)
 		}
-		if err := waitCreated(ctx, existing.created); err != nil {
+		if err := awaitPod(ctx, existing); err != nil {
 			return "", err
-		}
-		if existing.err != nil {
-			return "", existing.err
 		}
 		b.log.DebugContext(ctx, "RunPodSandbox retry answered with the existing pod", "pod", id)
 		return id, nil
@@ -144,7 +141,25 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 	be := b.opts.Backends[dec.Stage1]
 	id := newID()
 	ctx = logctx.With(ctx, "pod", id)
-	p := &pod{
+	p := b.newPod(id, cfg, hash, dec, runAt)
+	b.podNames[key] = p
+	b.pods[id] = p
+	b.mu.Unlock()
+
+	// The pod is created in the background: when the kubelet's call times
+	// out, creation goes on and the kubelet's retry gets this pod.
+	go b.startInBackground(ctx, p, be, key, dec)
+	if err := awaitPod(ctx, p); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// newPod is pod id of cfg (whose hash is hash), placed by dec, being
+// created for a RunPod call made at runAt: its creation ends when its
+// created channel closes.
+func (b *Broker) newPod(id string, cfg *PodConfig, hash string, dec policy.Decision, runAt time.Time) *pod {
+	return &pod{
 		rec: &PodRecord{
 			ID:         id,
 			State:      PodCreating,
@@ -163,37 +178,40 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		created: make(chan struct{}),
 		runAt:   runAt,
 	}
-	b.podNames[key] = p
-	b.pods[id] = p
-	b.mu.Unlock()
+}
 
-	// The pod is created in the background: when the kubelet's call times
-	// out, creation goes on and the kubelet's retry gets this pod.
-	go func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
-		defer cancel()
-		p.op.Lock()
-		err := b.startPod(cctx, p, be)
-		p.op.Unlock()
-		if err != nil {
-			b.mu.Lock()
-			delete(b.podNames, key)
-			delete(b.pods, id)
-			b.mu.Unlock()
-			b.log.WarnContext(ctx, "pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
-		} else {
-			b.log.InfoContext(ctx, "pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
-		}
-		p.err = err
-		close(p.created)
-	}()
+// startInBackground starts pod p, reserved under name key, on stage1 be
+// as dec chose (startPod) holding the pod's op lock, bounded by
+// createTimeout and not by ctx, and then ends p's creation: p.err is set
+// and p.created closed. A failed pod's name and ID are released, for a
+// retry to create it anew.
+func (b *Broker) startInBackground(ctx context.Context, p *pod, be stage1.Backend, key string, dec policy.Decision) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	defer cancel()
+	p.op.Lock()
+	err := b.startPod(cctx, p, be)
+	p.op.Unlock()
+	id := p.rec.ID
+	if err != nil {
+		b.mu.Lock()
+		delete(b.podNames, key)
+		delete(b.pods, id)
+		b.mu.Unlock()
+		b.log.WarnContext(ctx, "pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
+	} else {
+		b.log.InfoContext(ctx, "pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
+	}
+	p.err = err
+	close(p.created)
+}
+
+// awaitPod waits until the creation of p ends, and returns why it failed,
+// or ctx's error when ctx ends first.
+func awaitPod(ctx context.Context, p *pod) error {
 	if err := waitCreated(ctx, p.created); err != nil {
-		return "", err
+		return err
 	}
-	if p.err != nil {
-		return "", p.err
-	}
-	return id, nil
+	return p.err
 }
 
 // createTimeout bounds the creation of a pod or container that goes on

@@ -40,89 +40,135 @@ func ExportLayer(dir string, w io.Writer) (deleted []string, err error) {
 	if fi, err := os.Lstat(upper); err != nil || !fi.IsDir() {
 		return nil, errdefs.FailedPrecondition("container layer %s: no writable layer", dir)
 	}
-	tw := tar.NewWriter(w)
-	links := map[[2]uint64]string{} // (dev, inode) of a multiply linked file -> its first name
-	err = filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(upper, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*unix.Stat_t)
-		if !ok {
-			st = &unix.Stat_t{}
-			if err := unix.Lstat(p, st); err != nil {
-				return err
-			}
-		}
-		mode := fi.Mode()
-		switch {
-		case mode&fs.ModeCharDevice != 0 && st.Rdev == 0:
-			// An overlay whiteout: the image's entry is deleted.
-			deleted = append(deleted, "/"+rel)
-			return writeMarker(tw, path.Join(path.Dir(rel), whiteoutPrefix+path.Base(rel)), fi.ModTime())
-		case mode&fs.ModeSocket != 0:
-			return nil
-		}
-		var link string
-		if mode&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return fmt.Errorf("%s: %w", rel, err)
-		}
-		hdr.Name, hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = rel, int(st.Uid), int(st.Gid), "", ""
-		hdr.Format = tar.FormatPAX
-		if mode.IsDir() {
-			hdr.Name += "/"
-		}
-		if mode.IsRegular() && st.Nlink > 1 {
-			key := [2]uint64{st.Dev, st.Ino}
-			if first, ok := links[key]; ok {
-				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-			} else {
-				links[key] = rel
-			}
-		}
-		if hdr.PAXRecords, err = layerXattrs(p); err != nil {
-			return fmt.Errorf("%s: %w", rel, err)
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
-			if err := copyFile(tw, p, hdr.Size); err != nil {
-				return fmt.Errorf("%s: %w", rel, err)
-			}
-		}
-		if mode.IsDir() {
-			v, err := getXattr(p, "trusted.overlay.opaque")
-			if err != nil {
-				return fmt.Errorf("%s: %w", rel, err)
-			}
-			if string(v) == "y" {
-				return writeMarker(tw, rel+"/"+whiteoutOpaque, fi.ModTime())
-			}
-		}
-		return nil
-	})
+	x := &layerExport{upper: upper, tw: tar.NewWriter(w), links: map[[2]uint64]string{}}
+	err = filepath.WalkDir(upper, x.add)
 	if err != nil {
 		return nil, fmt.Errorf("export container layer %s: %w", dir, err)
 	}
-	if err := tw.Close(); err != nil {
+	if err := x.tw.Close(); err != nil {
 		return nil, fmt.Errorf("export container layer %s: %w", dir, err)
 	}
-	return deleted, nil
+	return x.deleted, nil
+}
+
+// layerExport is an ExportLayer under way: the tar it writes of the
+// upper directory, and what it has seen so far.
+type layerExport struct {
+	upper   string
+	tw      *tar.Writer
+	links   map[[2]uint64]string // (dev, inode) of a multiply linked file -> its first name
+	deleted []string             // the paths whited out, absolute in the container
+}
+
+// add writes the entry of p, in the upper directory, to the layer (a
+// filepath.WalkDir callback): an overlay whiteout as a ".wh." marker, a
+// socket as nothing, anything else as itself (entryHeader) with its
+// content, and an opaque directory's marker after it.
+func (x *layerExport) add(p string, d fs.DirEntry, err error) error {
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(x.upper, p)
+	if err != nil || rel == "." {
+		return err
+	}
+	rel = filepath.ToSlash(rel)
+	fi, err := d.Info()
+	if err != nil {
+		return err
+	}
+	st, err := statOf(p, fi)
+	if err != nil {
+		return err
+	}
+	mode := fi.Mode()
+	switch {
+	case mode&fs.ModeCharDevice != 0 && st.Rdev == 0:
+		// An overlay whiteout: the image's entry is deleted.
+		x.deleted = append(x.deleted, "/"+rel)
+		return writeMarker(x.tw, path.Join(path.Dir(rel), whiteoutPrefix+path.Base(rel)), fi.ModTime())
+	case mode&fs.ModeSocket != 0:
+		return nil
+	}
+	hdr, err := x.entryHeader(p, rel, fi, st)
+	if err != nil {
+		return err
+	}
+	if err := x.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
+		if err := copyFile(x.tw, p, hdr.Size); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+	}
+	if mode.IsDir() {
+		return x.opaqueMarker(p, rel, fi)
+	}
+	return nil
+}
+
+// statOf is the stat of p, whose file info is fi: fi's own, or lstat's
+// when fi carries none.
+func statOf(p string, fi fs.FileInfo) (*unix.Stat_t, error) {
+	if st, ok := fi.Sys().(*unix.Stat_t); ok {
+		return st, nil
+	}
+	st := &unix.Stat_t{}
+	if err := unix.Lstat(p, st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// entryHeader is the tar header of p (rel in the layer; fi and st its
+// file info and stat): PAX, with p's numeric owner, its link target, its
+// user.* and trusted.* extended attributes, and, for a multiply linked
+// file seen before under another name, a hard link to that name.
+func (x *layerExport) entryHeader(p, rel string, fi fs.FileInfo, st *unix.Stat_t) (*tar.Header, error) {
+	mode := fi.Mode()
+	var link string
+	if mode&fs.ModeSymlink != 0 {
+		var err error
+		if link, err = os.Readlink(p); err != nil {
+			return nil, err
+		}
+	}
+	hdr, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", rel, err)
+	}
+	hdr.Name, hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = rel, int(st.Uid), int(st.Gid), "", ""
+	hdr.Format = tar.FormatPAX
+	if mode.IsDir() {
+		hdr.Name += "/"
+	}
+	if mode.IsRegular() && st.Nlink > 1 {
+		key := [2]uint64{st.Dev, st.Ino}
+		if first, ok := x.links[key]; ok {
+			hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+		} else {
+			x.links[key] = rel
+		}
+	}
+	if hdr.PAXRecords, err = layerXattrs(p); err != nil {
+		return nil, fmt.Errorf("%s: %w", rel, err)
+	}
+	return hdr, nil
+}
+
+// opaqueMarker writes the ".wh..wh..opq" marker of directory p (rel in
+// the layer, fi its file info) when the container replaced the image's
+// directory (its overlay marked it opaque).
+func (x *layerExport) opaqueMarker(p, rel string, fi fs.FileInfo) error {
+	v, err := getXattr(p, "trusted.overlay.opaque")
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	if string(v) == "y" {
+		return writeMarker(x.tw, rel+"/"+whiteoutOpaque, fi.ModTime())
+	}
+	return nil
 }
 
 // ImportLayer makes the writable layer of a container rootfs in dir from

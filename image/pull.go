@@ -197,18 +197,9 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, verify Verify)
 		return nil, err
 	}
 	top := desc.Digest.String()
-	var sigs []trust.Signature
-	if verify != nil {
-		fetch := func() ([]trust.Signature, error) {
-			sigs, err := trust.Fetch(ctx, src.Context(), top, opts...)
-			if err != nil {
-				return nil, fmt.Errorf("pull %s: signatures: %w: %v", ref, classify(ctx, err), err)
-			}
-			return sigs, nil
-		}
-		if sigs, err = verify(ctx, top, s.keptSignatures(top), fetch); err != nil {
-			return nil, err
-		}
+	sigs, err := s.verifyPull(ctx, ref, top, src, opts, verify)
+	if err != nil {
+		return nil, err
 	}
 
 	s.gcMu.RLock()
@@ -219,6 +210,41 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, verify Verify)
 		return img, nil
 	}
 
+	rec, err := s.fetchImage(ctx, ref, desc, src, opts)
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.commit(rec, p, top, sigs)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	s.log.InfoContext(ctx, "image pulled", "ref", ref, "from", src.Context().RegistryStr(), "id", out.ID, "layers", len(rec.Layers), "took", time.Since(start))
+	return out, nil
+}
+
+// verifyPull asks verify (nil: none) whether ref, resolved to top (the
+// digest of its manifest or index) at src, may be pulled, and returns the
+// signatures to keep beside the image. The signatures verify asks for are
+// fetched from src with opts.
+func (s *Store) verifyPull(ctx context.Context, ref, top string, src name.Reference, opts []remote.Option, verify Verify) ([]trust.Signature, error) {
+	if verify == nil {
+		return nil, nil
+	}
+	fetch := func() ([]trust.Signature, error) {
+		sigs, err := trust.Fetch(ctx, src.Context(), top, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: signatures: %w: %v", ref, classify(ctx, err), err)
+		}
+		return sigs, nil
+	}
+	return verify(ctx, top, s.keptSignatures(top), fetch)
+}
+
+// fetchImage fetches the image desc names at src (its linux/GOARCH entry
+// when desc is an index): its manifest, its config and the layers the
+// store lacks, which it unpacks, and it stores the image's blobs. It
+// returns the image's record, not yet committed. The caller holds gcMu.
+func (s *Store) fetchImage(ctx context.Context, ref string, desc *remote.Descriptor, src name.Reference, opts []remote.Option) (*record, error) {
 	blobs := map[string][]byte{}
 	img, err := platformImage(ctx, ref, desc, src, opts, blobs)
 	if err != nil {
@@ -253,13 +279,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, verify Verify)
 			return nil, fmt.Errorf("pull %s: store blob: %w", ref, err)
 		}
 	}
-	rec := newRecord(cfgDigest, mdig.String(), size, diffIDs, cf, blobs)
-	out, err := s.commit(rec, p, top, sigs)
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", ref, err)
-	}
-	s.log.InfoContext(ctx, "image pulled", "ref", ref, "from", src.Context().RegistryStr(), "id", out.ID, "layers", len(diffIDs), "took", time.Since(start))
-	return out, nil
+	return newRecord(cfgDigest, mdig.String(), size, diffIDs, cf, blobs), nil
 }
 
 // newRecord is the store's record of a pulled image.

@@ -15,7 +15,6 @@ import (
 	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/osthread"
 	"github.com/stagelet/stagelet/seccomp"
 )
@@ -216,15 +215,20 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 	if err := enterApp(d); err != nil {
 		return 0, -1, nil, err
 	}
-	// The directory is entered as the agent (it may be reachable by root
-	// only); where that fails the command tries again as the app's user.
-	cwd, dir := app.Cwd, ""
-	if cwd == "" {
-		cwd = "/"
-	}
-	if unix.Chdir(cwd) != nil {
-		dir = cwd
-	}
+	// The last step: the terminal's slave it opens is closed when it
+	// returns, before the deferred release and unlock above run.
+	return l.forkInApp(d, cgroupFD)
+}
+
+// forkInApp is forkDirect's last step, on its thread, which has taken on
+// the app's cgroup, labels, capabilities and namespaces: it enters the
+// working directory, finds the command, opens its terminal, restricts the
+// thread (no_new_privs, the app's filter) and forks the command, into
+// cgroupFD unless -1. It returns what forkDirect does; the terminal's
+// slave is closed when it returns, its master on failure.
+func (l *linuxSystem) forkInApp(d *directExec, cgroupFD int) (pid, master int, wait <-chan syscall.WaitStatus, err error) {
+	app := d.app
+	dir := enterDirectCwd(app.Cwd)
 	env := execEnv(app.Env, d.tty)
 	path, err := lookPath(d.args[0], env)
 	if err != nil {
@@ -250,15 +254,8 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 		master = m
 		files = []uintptr{uintptr(slave), uintptr(slave), uintptr(slave)}
 	}
-	if app.NoNewPrivs {
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			return fail(fmt.Errorf("no_new_privs: %w", err))
-		}
-	}
-	if d.filter != nil {
-		if err := seccomp.InstallThread(d.filter); err != nil {
-			return fail(failedPrecondition(err))
-		}
+	if err := restrictThread(app.NoNewPrivs, d.filter); err != nil {
+		return fail(err)
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   dir,
@@ -286,6 +283,36 @@ func (l *linuxSystem) forkDirect(d *directExec) (pid, master int, wait <-chan sy
 	return pid, master, wait, nil
 }
 
+// enterDirectCwd enters the app's working directory cwd ("" is /) as the
+// agent: it may be reachable by root only. Where that fails it returns
+// the directory, for the command to try again as the app's user (else "").
+func enterDirectCwd(cwd string) (dir string) {
+	if cwd == "" {
+		cwd = "/"
+	}
+	if unix.Chdir(cwd) != nil {
+		dir = cwd
+	}
+	return dir
+}
+
+// restrictThread sets no_new_privs on the calling thread when asked, then
+// installs filter (nil: none) on it alone, as the last step before the
+// fork.
+func restrictThread(noNewPrivs bool, filter *seccomp.Filter) error {
+	if noNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("no_new_privs: %w", err)
+		}
+	}
+	if filter != nil {
+		if err := seccomp.InstallThread(filter); err != nil {
+			return failedPrecondition(err)
+		}
+	}
+	return nil
+}
+
 // takeOnAgentSide gives the calling thread, while it is still in the
 // agent's mount namespace (its /proc and cgroup file systems), the app's
 // cgroup (home is where it goes back to), security module exec labels and
@@ -305,11 +332,8 @@ func takeOnAgentSide(d *directExec, home *cgroups.Cgroup) (placed *cgroups.Threa
 			}
 		}()
 	}
-	if err := lsm.SetSELinuxExec(app.SELinuxProcessLabel); err != nil {
-		return placed, failedPrecondition(err)
-	}
-	if err := lsm.SetAppArmorExec(app.AppArmorProfile); err != nil {
-		return placed, failedPrecondition(err)
+	if err := setExecLabels(app); err != nil {
+		return placed, err
 	}
 	// The bounding set only bounds what execve grants: the thread keeps
 	// the rights it needs until the fork. The inheritable and ambient

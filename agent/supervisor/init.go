@@ -167,37 +167,18 @@ func setOOMScoreAdj(asked int, target string, warn func(string, ...any)) {
 	}
 }
 
+// runChild is the child's work after reading spec: it enters the app's
+// root (cmdInit: builds it; cmdExecInit: joins the app's namespaces),
+// takes the terminal, sets the security module labels, credentials,
+// working directory, no_new_privs and filter, reports "exec" through
+// execNow and executes the command. It returns only on failure.
 func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY func(master int) error, execNow func()) error {
 	app := spec.App
 	if app == nil || len(spec.Args) == 0 {
 		return &childError{code: api.CodeInvalidArgument, err: errors.New("empty spec")}
 	}
-	switch cmd {
-	case cmdInit:
-		if err := setupRoot(app, warn); err != nil {
-			return err
-		}
-		if app.Hostname != "" {
-			if err := unix.Sethostname([]byte(app.Hostname)); err != nil {
-				return fmt.Errorf("sethostname: %w", err)
-			}
-		}
-		setOOMScoreAdj(app.Resources.OOMScoreAdj, ownOOMScoreAdj, warn)
-	case cmdExecInit:
-		if spec.JoinUTS {
-			if err := unix.Setns(utsFD, unix.CLONE_NEWUTS); err != nil {
-				return fmt.Errorf("join uts namespace: %w", err)
-			}
-			unix.Close(utsFD)
-		}
-		if err := joinMountNS(mntFD); err != nil {
-			return failedPrecondition(fmt.Errorf("enter the app's mount namespace: %w", err))
-		}
-		unix.Close(mntFD)
-		// An exec'd command scores as its app does, as runc's exec does.
-		setOOMScoreAdj(app.Resources.OOMScoreAdj, ownOOMScoreAdj, warn)
-	default:
-		return fmt.Errorf("unknown child command %q", cmd)
+	if err := enterAppRoot(cmd, spec, warn); err != nil {
+		return err
 	}
 	if spec.TTY {
 		if err := takeTerminal(app.UID, spec.Size, sendPTY); err != nil {
@@ -217,11 +198,8 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 	// Security module labels take effect at execve. They are written while
 	// the process is still root and dumpable: after the switch to the
 	// app's user its /proc files belong to root.
-	if err := lsm.SetSELinuxExec(app.SELinuxProcessLabel); err != nil {
-		return failedPrecondition(err)
-	}
-	if err := lsm.SetAppArmorExec(app.AppArmorProfile); err != nil {
-		return failedPrecondition(err)
+	if err := setExecLabels(app); err != nil {
+		return err
 	}
 	early := filter != nil && seccompBeforeCreds(app)
 	if early {
@@ -229,16 +207,8 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 			return failedPrecondition(err)
 		}
 	}
-	// Change directory with the agent's credentials first (the directory
-	// may be reachable by root only), and again as the app's user.
-	cwdErr := unix.Chdir(cwd)
-	if err := applyCreds(app, warn); err != nil {
+	if err := becomeAppUser(app, cwd, warn); err != nil {
 		return err
-	}
-	if cwdErr != nil {
-		if err := unix.Chdir(cwd); err != nil {
-			return failedPrecondition(fmt.Errorf("chdir %s: %w", cwd, err))
-		}
 	}
 	if app.NoNewPrivs {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
@@ -259,6 +229,83 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 	}
 	err = unix.Exec(path, spec.Args, env)
 	return failedPrecondition(fmt.Errorf("exec %s: %w", spec.Args[0], err))
+}
+
+// enterAppRoot puts the child where its command runs, as cmd says: an
+// app's init builds the app's root (setupRoot), sets its hostname and
+// OOM score; an exec'd command joins the running app's namespaces.
+func enterAppRoot(cmd string, spec *procSpec, warn func(string, ...any)) error {
+	switch cmd {
+	case cmdInit:
+		return setupAppInit(spec.App, warn)
+	case cmdExecInit:
+		return joinAppNamespaces(spec, warn)
+	default:
+		return fmt.Errorf("unknown child command %q", cmd)
+	}
+}
+
+// setupAppInit builds the app's root and pivots into it, sets the app's
+// hostname, when it has one, and gives the process the app's OOM score.
+func setupAppInit(app *api.AppSpec, warn func(string, ...any)) error {
+	if err := setupRoot(app, warn); err != nil {
+		return err
+	}
+	if app.Hostname != "" {
+		if err := unix.Sethostname([]byte(app.Hostname)); err != nil {
+			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	setOOMScoreAdj(app.Resources.OOMScoreAdj, ownOOMScoreAdj, warn)
+	return nil
+}
+
+// joinAppNamespaces moves an exec'd command's child into the app's UTS
+// namespace (fd utsFD, when spec.JoinUTS) and mount namespace (fd mntFD),
+// closing each fd once joined, and gives it the app's OOM score.
+func joinAppNamespaces(spec *procSpec, warn func(string, ...any)) error {
+	if spec.JoinUTS {
+		if err := unix.Setns(utsFD, unix.CLONE_NEWUTS); err != nil {
+			return fmt.Errorf("join uts namespace: %w", err)
+		}
+		unix.Close(utsFD)
+	}
+	if err := joinMountNS(mntFD); err != nil {
+		return failedPrecondition(fmt.Errorf("enter the app's mount namespace: %w", err))
+	}
+	unix.Close(mntFD)
+	// An exec'd command scores as its app does, as runc's exec does.
+	setOOMScoreAdj(spec.App.Resources.OOMScoreAdj, ownOOMScoreAdj, warn)
+	return nil
+}
+
+// setExecLabels sets the app's SELinux process label and AppArmor profile
+// for the calling thread's next execve. Errors are FailedPrecondition.
+func setExecLabels(app *api.AppSpec) error {
+	if err := lsm.SetSELinuxExec(app.SELinuxProcessLabel); err != nil {
+		return failedPrecondition(err)
+	}
+	if err := lsm.SetAppArmorExec(app.AppArmorProfile); err != nil {
+		return failedPrecondition(err)
+	}
+	return nil
+}
+
+// becomeAppUser enters the working directory cwd and switches to the
+// app's credentials (applyCreds). The directory is entered with the
+// agent's credentials first (it may be reachable by root only) and, where
+// that failed, again as the app's user.
+func becomeAppUser(app *api.AppSpec, cwd string, warn func(string, ...any)) error {
+	cwdErr := unix.Chdir(cwd)
+	if err := applyCreds(app, warn); err != nil {
+		return err
+	}
+	if cwdErr != nil {
+		if err := unix.Chdir(cwd); err != nil {
+			return failedPrecondition(fmt.Errorf("chdir %s: %w", cwd, err))
+		}
+	}
+	return nil
 }
 
 // joinMountNS moves the calling thread into the mount namespace fd, whose
@@ -476,77 +523,33 @@ func mountSys(rootfs string, privileged bool) error {
 // setupRoot builds the app's root in the fresh mount namespace and pivots
 // into it.
 func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
-	// A bidirectional (rshared) mount must be a peer of its source's
-	// mount, so that the app's mounts beneath it reach the source's
-	// other peers (the host's). This fresh namespace's copies of shared
-	// mounts are such peers: clone the sources now, before / turns
-	// rslave below and the copies with it.
+	// The clones of the rshared mounts' sources are closed when the root
+	// is built.
 	shared := map[int]int{}
 	defer func() {
 		for _, fd := range shared {
 			unix.Close(fd)
 		}
 	}()
-	for i, m := range app.Mounts {
-		if m.Propagation != "rshared" {
-			continue
-		}
-		fd, err := unix.OpenTree(unix.AT_FDCWD, m.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-		if err != nil {
-			return failedPrecondition(fmt.Errorf("mount %s: clone its source %s: %w", m.Destination, m.Source, err))
-		}
-		shared[i] = fd
+	if err := cloneSharedSources(app.Mounts, shared); err != nil {
+		return err
 	}
 	// Nothing mounted from here on propagates back to the agent's namespace.
 	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("make / rslave: %w", err)
 	}
-	rootfs, err := filepath.Abs(app.Rootfs)
-	if err == nil {
-		rootfs, err = filepath.EvalSymlinks(rootfs)
-	}
+	rootfs, err := bindRootfs(app.Rootfs)
 	if err != nil {
-		return failedPrecondition(fmt.Errorf("rootfs: %w", err))
-	}
-	if err := unix.Mount(rootfs, rootfs, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind rootfs: %w", err)
-	}
-	const nsx = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	if err := mountIn(rootfs, "/proc", true, func(t string) error {
-		return unix.Mount("proc", t, "proc", nsx, "")
-	}); err != nil {
 		return err
 	}
-	if err := mountSys(rootfs, app.Privileged); err != nil {
+	if err := mountSystemFS(rootfs, app, warn); err != nil {
 		return err
 	}
-	// A privileged app's /dev is made as anyone's: the host's devices
-	// it is given, where its stage1 gives them, are among app.Devices;
-	// the pod's own, elsewhere, PodDevices.
-	if err := setupDev(rootfs, app.SELinuxMountLabel, warn); err != nil {
+	if err := bindAppMounts(rootfs, app.Mounts, shared); err != nil {
 		return err
 	}
-	for i, m := range app.Mounts {
-		tree, ok := shared[i]
-		if !ok {
-			tree = -1
-		}
-		if err := bindMount(rootfs, m, tree); err != nil {
-			return err
-		}
-	}
-	nodes := app.Devices
-	if app.PodDevices {
-		own, err := devices.Host("/dev")
-		if err != nil {
-			return fmt.Errorf("the pod's devices: %w", err)
-		}
-		nodes = append(own, nodes...)
-	}
-	for _, d := range nodes {
-		if err := makeDevice(rootfs, d); err != nil {
-			return err
-		}
+	if err := makeAppDevices(rootfs, app); err != nil {
+		return err
 	}
 	if !app.Privileged {
 		if err := maskPaths(app, rootfs); err != nil {
@@ -559,6 +562,97 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 	if app.ReadonlyRootfs {
 		if err := remountReadonly("/", false); err != nil {
 			return fmt.Errorf("read-only rootfs: %w", err)
+		}
+	}
+	return nil
+}
+
+// cloneSharedSources clones the source of each bidirectional (rshared)
+// mount into shared, by its index in mounts; the caller closes the clones,
+// those made before a failure too.
+//
+// A bidirectional mount must be a peer of its source's mount, so that the
+// app's mounts beneath it reach the source's other peers (the host's).
+// This fresh namespace's copies of shared mounts are such peers: the
+// sources are cloned before / turns rslave, and the copies with it.
+func cloneSharedSources(mounts []api.Mount, shared map[int]int) error {
+	for i, m := range mounts {
+		if m.Propagation != "rshared" {
+			continue
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, m.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return failedPrecondition(fmt.Errorf("mount %s: clone its source %s: %w", m.Destination, m.Source, err))
+		}
+		shared[i] = fd
+	}
+	return nil
+}
+
+// bindRootfs resolves the app's rootfs to an absolute path without
+// symbolic links and binds it onto itself, to become a mount that
+// pivot_root takes. It returns the resolved path.
+func bindRootfs(path string) (string, error) {
+	rootfs, err := filepath.Abs(path)
+	if err == nil {
+		rootfs, err = filepath.EvalSymlinks(rootfs)
+	}
+	if err != nil {
+		return "", failedPrecondition(fmt.Errorf("rootfs: %w", err))
+	}
+	if err := unix.Mount(rootfs, rootfs, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return "", fmt.Errorf("bind rootfs: %w", err)
+	}
+	return rootfs, nil
+}
+
+// mountSystemFS mounts /proc, /sys and /dev inside rootfs.
+func mountSystemFS(rootfs string, app *api.AppSpec, warn func(string, ...any)) error {
+	const nsx = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := mountIn(rootfs, "/proc", true, func(t string) error {
+		return unix.Mount("proc", t, "proc", nsx, "")
+	}); err != nil {
+		return err
+	}
+	if err := mountSys(rootfs, app.Privileged); err != nil {
+		return err
+	}
+	// A privileged app's /dev is made as anyone's: the host's devices
+	// it is given, where its stage1 gives them, are among app.Devices;
+	// the pod's own, elsewhere, PodDevices.
+	return setupDev(rootfs, app.SELinuxMountLabel, warn)
+}
+
+// bindAppMounts binds the app's mounts inside rootfs, in order; shared
+// holds, by index, the clones of the rshared mounts' sources to attach.
+func bindAppMounts(rootfs string, mounts []api.Mount, shared map[int]int) error {
+	for i, m := range mounts {
+		tree, ok := shared[i]
+		if !ok {
+			tree = -1
+		}
+		if err := bindMount(rootfs, m, tree); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// makeAppDevices makes the app's device nodes inside rootfs: with
+// PodDevices the pod's own (those of the agent's /dev) first, then the
+// app's Devices.
+func makeAppDevices(rootfs string, app *api.AppSpec) error {
+	nodes := app.Devices
+	if app.PodDevices {
+		own, err := devices.Host("/dev")
+		if err != nil {
+			return fmt.Errorf("the pod's devices: %w", err)
+		}
+		nodes = append(own, nodes...)
+	}
+	for _, d := range nodes {
+		if err := makeDevice(rootfs, d); err != nil {
+			return err
 		}
 	}
 	return nil

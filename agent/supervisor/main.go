@@ -45,33 +45,24 @@ func Main(args []string) int {
 			return childMain(args[0])
 		}
 	}
-	fset := flag.NewFlagSet("stagelet agent", flag.ContinueOnError)
-	socket := fset.String("socket", "", "unix socket to serve the agent protocol on")
-	stateDir := fset.String("state-dir", "", "directory for the apps' records")
-	level := fset.String("log-level", "info", "log level: debug, info, warn, error")
-	stopTimeout := fset.Duration("shutdown-timeout", 10*time.Second, "how long apps get between SIGTERM and SIGKILL when the agent is terminated by a signal")
-	netns := fset.String("netns", "", "network namespace to run in (a bind-mounted netns file); the agent re-executes itself inside it")
-	hostname := fset.String("hostname", "", "hostname to set in the agent's UTS namespace, which must be the pod's own (nspawn's)")
-	memoryCgroup := fset.String("memory-cgroup", "", "cgroup v1: the pod's memory cgroup directory, beneath which the apps' memory cgroups go when the agent itself is charged to another")
-	execInit := fset.Bool("exec-init", false, "start every exec'd command through `stagelet agent exec-init`, never straight from the agent (to tell the two apart when debugging)")
-	privateIPC := fset.Bool("private-ipc", false, "run in a new IPC namespace (the agent re-executes itself in it): for a pod that does not share the host's")
-	if err := fset.Parse(args); err != nil {
+	opts, fset, err := parseAgentFlags(args)
+	if err != nil {
 		return 2
 	}
-	if *netns != "" || *privateIPC {
+	if opts.netns != "" || opts.privateIPC {
 		// Does not return on success.
-		err := reexecInNamespaces(*netns, *privateIPC, args)
-		fmt.Fprintf(os.Stderr, "stagelet agent: --netns %q --private-ipc=%v: %v\n", *netns, *privateIPC, err)
+		err := reexecInNamespaces(opts.netns, opts.privateIPC, args)
+		fmt.Fprintf(os.Stderr, "stagelet agent: --netns %q --private-ipc=%v: %v\n", opts.netns, opts.privateIPC, err)
 		return 1
 	}
-	if *socket == "" || *stateDir == "" || fset.NArg() != 0 {
+	if opts.socket == "" || opts.stateDir == "" || fset.NArg() != 0 {
 		fmt.Fprintln(os.Stderr, "stagelet agent: --socket and --state-dir are required, and no arguments")
 		fset.Usage()
 		return 2
 	}
 	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(strings.ToLower(*level))); err != nil {
-		fmt.Fprintf(os.Stderr, "stagelet agent: bad --log-level %q\n", *level)
+	if err := lvl.UnmarshalText([]byte(strings.ToLower(opts.level))); err != nil {
+		fmt.Fprintf(os.Stderr, "stagelet agent: bad --log-level %q\n", opts.level)
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("component", "agent")
@@ -81,16 +72,57 @@ func Main(args []string) int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, unix.SIGTERM, unix.SIGINT)
 
-	if *hostname != "" {
-		if err := unix.Sethostname([]byte(*hostname)); err != nil {
-			log.Error("set the pod's hostname", "hostname", *hostname, "err", err)
-			return 1
+	if !prepareAgentProcess(log, opts.hostname) {
+		return 1
+	}
+	return serveAgent(opts, log, term)
+}
+
+// agentOptions are the flags of `stagelet agent`.
+type agentOptions struct {
+	socket, stateDir, level string
+	stopTimeout             time.Duration
+	netns, hostname         string
+	memoryCgroup            string
+	execInit, privateIPC    bool
+}
+
+// parseAgentFlags parses the flags of `stagelet agent`. The flag set is
+// returned for its remaining arguments and usage; a parse error has
+// already been reported on stderr.
+func parseAgentFlags(args []string) (*agentOptions, *flag.FlagSet, error) {
+	var o agentOptions
+	fset := flag.NewFlagSet("stagelet agent", flag.ContinueOnError)
+	fset.StringVar(&o.socket, "socket", "", "unix socket to serve the agent protocol on")
+	fset.StringVar(&o.stateDir, "state-dir", "", "directory for the apps' records")
+	fset.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn, error")
+	fset.DurationVar(&o.stopTimeout, "shutdown-timeout", 10*time.Second, "how long apps get between SIGTERM and SIGKILL when the agent is terminated by a signal")
+	fset.StringVar(&o.netns, "netns", "", "network namespace to run in (a bind-mounted netns file); the agent re-executes itself inside it")
+	fset.StringVar(&o.hostname, "hostname", "", "hostname to set in the agent's UTS namespace, which must be the pod's own (nspawn's)")
+	fset.StringVar(&o.memoryCgroup, "memory-cgroup", "", "cgroup v1: the pod's memory cgroup directory, beneath which the apps' memory cgroups go when the agent itself is charged to another")
+	fset.BoolVar(&o.execInit, "exec-init", false, "start every exec'd command through `stagelet agent exec-init`, never straight from the agent (to tell the two apart when debugging)")
+	fset.BoolVar(&o.privateIPC, "private-ipc", false, "run in a new IPC namespace (the agent re-executes itself in it): for a pod that does not share the host's")
+	if err := fset.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	return &o, fset, nil
+}
+
+// prepareAgentProcess sets the pod's hostname, when given, and readies
+// the process to start apps: as PID 1 it mounts /proc if missing and
+// makes its cgroups writable, otherwise it becomes the child subreaper.
+// It logs what goes wrong; false means the agent cannot start.
+func prepareAgentProcess(log *slog.Logger, hostname string) bool {
+	if hostname != "" {
+		if err := unix.Sethostname([]byte(hostname)); err != nil {
+			log.Error("set the pod's hostname", "hostname", hostname, "err", err)
+			return false
 		}
 	}
 	if os.Getpid() == 1 {
 		if err := ensureProc(); err != nil {
 			log.Error("mount /proc", "err", err)
-			return 1
+			return false
 		}
 		if err := writableCgroups(); err != nil {
 			log.Warn("cannot make the agent's cgroups writable: app limits and stats may be off", "err", err)
@@ -98,28 +130,34 @@ func Main(args []string) int {
 	} else if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		log.Warn("cannot become child subreaper: orphans of apps are not reaped by the agent", "err", err)
 	}
+	return true
+}
 
-	a, err := New(Config{StateDir: *stateDir, Logger: log, MemoryCgroup: *memoryCgroup, ExecInit: *execInit})
+// serveAgent starts the agent and serves its protocol on o.socket until
+// OpShutdown or a signal on term (which stops every app first), then
+// removes the socket. It returns the process exit code.
+func serveAgent(o *agentOptions, log *slog.Logger, term <-chan os.Signal) int {
+	a, err := New(Config{StateDir: o.stateDir, Logger: log, MemoryCgroup: o.memoryCgroup, ExecInit: o.execInit})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1
 	}
-	l, err := listenUnix(*socket)
+	l, err := listenUnix(o.socket)
 	if err != nil {
-		log.Error("listen", "socket", *socket, "err", err)
+		log.Error("listen", "socket", o.socket, "err", err)
 		return 1
 	}
-	defer os.Remove(*socket)
+	defer os.Remove(o.socket)
 	go func() {
 		select {
 		case s := <-term:
 			log.Info("terminating: stopping every app", "signal", s.String())
-			a.StopAll(*stopTimeout)
+			a.StopAll(o.stopTimeout)
 			a.Close()
 		case <-a.Done():
 		}
 	}()
-	log.Info("agent serving", "socket", *socket, "pid", os.Getpid())
+	log.Info("agent serving", "socket", o.socket, "pid", os.Getpid())
 	if err := a.Serve(l); err != nil {
 		log.Error("serve", "err", err)
 		return 1

@@ -153,52 +153,15 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	}()
 
 	if bin == "" {
-		dir, err := os.MkdirTemp("", "stagelet-bench-bin-")
-		if err != nil {
-			return err
-		}
-		tb.Cleanup(func() { os.RemoveAll(dir) })
-		fmt.Fprintln(os.Stderr, "building stagelet ...")
-		if bin, err = harness.Build(ctx, dir); err != nil {
+		if bin, err = buildStagelet(ctx, tb); err != nil {
 			return err
 		}
 	}
-
-	var reg *testregistry.Registry
-	var ref string
-	if err := tb.do(func() {
-		reg = testregistry.Start(tb)
-		ref = reg.PushBusybox(tb, "bench/busybox", "latest")
-	}); err != nil {
-		return err
-	}
-
-	d, err := harness.New(harness.Options{
-		Bin:                bin,
-		InsecureRegistries: []string{reg.Host},
-		Policy:             "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n  kvm: {stage1: kvm}\n",
-		LogLevel:           "info",
-		Logger:             log,
-		KVMNoTemplate:      noTemplate,
-		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
-	})
+	d, ref, err := newBenchDaemon(tb, bin, noTemplate, log)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		tctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		left, terr := d.Teardown(tctx)
-		if !left.Empty() {
-			fmt.Fprintf(os.Stderr, "left over after teardown (released now):\n%s\n", left)
-		}
-		if err != nil || terr != nil {
-			fmt.Fprintf(os.Stderr, "daemon log, last lines:\n%s\n", d.LogTail(60))
-		}
-		if terr != nil {
-			err = errors.Join(err, fmt.Errorf("teardown: %w", terr))
-		}
-	}()
+	defer teardownDaemon(d, &err)
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	err = d.Start(sctx)
 	cancel()
@@ -235,6 +198,65 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	}
 	report(os.Stdout, n, stage1+", "+network, res)
 	return nil
+}
+
+// buildStagelet builds ./cmd/stagelet into a temporary directory that
+// tb's cleanup removes, and returns the binary's path.
+func buildStagelet(ctx context.Context, tb *fixtureTB) (string, error) {
+	dir, err := os.MkdirTemp("", "stagelet-bench-bin-")
+	if err != nil {
+		return "", err
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	fmt.Fprintln(os.Stderr, "building stagelet ...")
+	return harness.Build(ctx, dir)
+}
+
+// newBenchDaemon starts, under tb, a registry holding the busybox image
+// and makes the daemon (of bin, not started yet) that pulls from it and
+// runs pods on fly, nspawn or kvm by their handler. It returns the daemon
+// and the image's reference.
+func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger) (*harness.Daemon, string, error) {
+	var reg *testregistry.Registry
+	var ref string
+	if err := tb.do(func() {
+		reg = testregistry.Start(tb)
+		ref = reg.PushBusybox(tb, "bench/busybox", "latest")
+	}); err != nil {
+		return nil, "", err
+	}
+
+	d, err := harness.New(harness.Options{
+		Bin:                bin,
+		InsecureRegistries: []string{reg.Host},
+		Policy:             "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n  kvm: {stage1: kvm}\n",
+		LogLevel:           "info",
+		Logger:             log,
+		KVMNoTemplate:      noTemplate,
+		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return d, ref, nil
+}
+
+// teardownDaemon tears d down, within 3 minutes, and says what it had to
+// release that the run left; when the run (*err) or the teardown failed,
+// it prints the daemon log's last lines. A teardown's failure joins *err.
+func teardownDaemon(d *harness.Daemon, err *error) {
+	tctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	left, terr := d.Teardown(tctx)
+	if !left.Empty() {
+		fmt.Fprintf(os.Stderr, "left over after teardown (released now):\n%s\n", left)
+	}
+	if *err != nil || terr != nil {
+		fmt.Fprintf(os.Stderr, "daemon log, last lines:\n%s\n", d.LogTail(60))
+	}
+	if terr != nil {
+		*err = errors.Join(*err, fmt.Errorf("teardown: %w", terr))
+	}
 }
 
 // limitPods, with -memory-limit, sets podLimit to make each measured pod

@@ -1,7 +1,7 @@
 // Command stagelet-lint runs the project's own static checks (make lint):
 // durable, which reports dropped errors of fsync, syncfs, rename, mount and
 // unmount calls and of the functions that wrap them; and funclen, which
-// reports functions over 100 lines outside tests.
+// reports functions over 80 lines outside tests.
 package main
 
 import (

@@ -136,34 +136,11 @@ func splitProblems(err error) (errs, warns []string) {
 }
 
 func policyExplain(args []string, out io.Writer) int {
-	fs := flag.NewFlagSet("stagelet policy explain", flag.ContinueOnError)
-	file := fs.String("policy", "", "policy file (default: the embedded default)")
-	cfgFile := fs.String("config", "", "node config whose policy and stage1 settings to use (its policy: or policy_file:)")
-	handler := fs.String("handler", "", "RuntimeClass handler, for a CRI PodSandboxConfig")
-	overhead := fs.String("overhead", "", "the RuntimeClass overhead's memory (overhead.podFixed.memory, 192Mi) of a Pod manifest without spec.overhead")
-	imageRef := fs.String("image", "", "an image reference: say which signature requirement applies to it")
-	namespace := fs.String("namespace", "default", "the Kubernetes namespace of --image")
-	if err := fs.Parse(args); err != nil {
+	f, ok := parseExplainFlags(args)
+	if !ok {
 		return 2
 	}
-	if fs.NArg() == 0 && *imageRef == "" {
-		fmt.Fprint(os.Stderr, policyUsage)
-		return 2
-	}
-	var over int64
-	if *overhead != "" {
-		q, err := resource.ParseQuantity(*overhead)
-		if err != nil || q.Value() < 0 {
-			fmt.Fprintf(os.Stderr, "stagelet policy explain: --overhead %q: want a size such as 192Mi\n", *overhead)
-			return 2
-		}
-		over = q.Value()
-	}
-	if *file != "" && *cfgFile != "" {
-		fmt.Fprintln(os.Stderr, "stagelet policy explain: give --policy or --config, not both")
-		return 2
-	}
-	cfg, p, err := explainPolicy(*cfgFile, *file)
+	cfg, p, err := explainPolicy(f.cfgFile, f.file)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -174,62 +151,137 @@ func policyExplain(args []string, out io.Writer) int {
 		return 1
 	}
 	rc := 0
-	if *imageRef != "" {
-		if !explainImage(out, signatures, *namespace, *imageRef) {
+	if f.imageRef != "" {
+		if !explainImage(out, signatures, f.namespace, f.imageRef) {
 			rc = 1
 		}
-		if fs.NArg() > 0 {
+		if len(f.pods) > 0 {
 			fmt.Fprintln(out)
 		}
 	}
-	backends := builtinBackends(quietLog, cfg, nil, true, "")
-	caps := capabilitiesOf(backends)
-	if fs.NArg() > 0 && !policyLoads(out, p, caps) {
+	e := &podExplainer{out: out, policy: p, signatures: signatures}
+	e.backends = builtinBackends(quietLog, cfg, nil, true, "")
+	e.caps = capabilitiesOf(e.backends)
+	if len(f.pods) > 0 && !policyLoads(out, p, e.caps) {
 		return 1
 	}
-	for i, name := range fs.Args() {
-		var data []byte
-		var err error
-		if name == "-" {
-			data, err = io.ReadAll(os.Stdin)
-		} else {
-			data, err = os.ReadFile(name)
-		}
+	for i, name := range f.pods {
+		pp, err := readPodForPolicy(name, f.handler, f.overhead)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		pp, err := parsePodForPolicy(data, *handler, over)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 			return 1
 		}
 		if i > 0 {
 			fmt.Fprintln(out)
 		}
-		fmt.Fprintf(out, "pod:     %s\n", pp.title)
-		d, err := p.Decide(pp.pod, caps)
-		var ref *policy.Refusal
-		switch {
-		case err == nil:
-			fmt.Fprint(out, p.Explain(d))
-			if !explainPlan(out, backends[d.Stage1], d, pp) {
-				rc = 1
-			}
-			for _, img := range pp.images {
-				if !explainImage(out, signatures, pp.pod.Namespace, img) {
-					rc = 1
-				}
-			}
-		case errors.As(err, &ref):
-			fmt.Fprint(out, ref.Explain())
-			rc = 1
-		default:
-			fmt.Fprintf(out, "refused: %v\n", err)
+		if !e.explain(pp) {
 			rc = 1
 		}
 	}
 	return rc
+}
+
+// explainFlags is the command line of policy explain.
+type explainFlags struct {
+	file, cfgFile, handler string
+	imageRef, namespace    string
+	overhead               int64    // --overhead, in bytes
+	pods                   []string // the POD arguments
+}
+
+// parseExplainFlags parses the arguments of policy explain; false: they
+// are wrong, which it reported (exit status 2).
+func parseExplainFlags(args []string) (*explainFlags, bool) {
+	fs := flag.NewFlagSet("stagelet policy explain", flag.ContinueOnError)
+	file := fs.String("policy", "", "policy file (default: the embedded default)")
+	cfgFile := fs.String("config", "", "node config whose policy and stage1 settings to use (its policy: or policy_file:)")
+	handler := fs.String("handler", "", "RuntimeClass handler, for a CRI PodSandboxConfig")
+	overhead := fs.String("overhead", "", "the RuntimeClass overhead's memory (overhead.podFixed.memory, 192Mi) of a Pod manifest without spec.overhead")
+	imageRef := fs.String("image", "", "an image reference: say which signature requirement applies to it")
+	namespace := fs.String("namespace", "default", "the Kubernetes namespace of --image")
+	if err := fs.Parse(args); err != nil {
+		return nil, false
+	}
+	if fs.NArg() == 0 && *imageRef == "" {
+		fmt.Fprint(os.Stderr, policyUsage)
+		return nil, false
+	}
+	var over int64
+	if *overhead != "" {
+		q, err := resource.ParseQuantity(*overhead)
+		if err != nil || q.Value() < 0 {
+			fmt.Fprintf(os.Stderr, "stagelet policy explain: --overhead %q: want a size such as 192Mi\n", *overhead)
+			return nil, false
+		}
+		over = q.Value()
+	}
+	if *file != "" && *cfgFile != "" {
+		fmt.Fprintln(os.Stderr, "stagelet policy explain: give --policy or --config, not both")
+		return nil, false
+	}
+	return &explainFlags{
+		file: *file, cfgFile: *cfgFile, handler: *handler,
+		imageRef: *imageRef, namespace: *namespace,
+		overhead: over, pods: fs.Args(),
+	}, true
+}
+
+// readPodForPolicy reads and parses the pod in file name (- : standard
+// input) as parsePodForPolicy does; an error in its content names the
+// file.
+func readPodForPolicy(name, handler string, overhead int64) (explainedPod, error) {
+	var data []byte
+	var err error
+	if name == "-" {
+		data, err = io.ReadAll(os.Stdin)
+	} else {
+		data, err = os.ReadFile(name)
+	}
+	if err != nil {
+		return explainedPod{}, err
+	}
+	pp, err := parsePodForPolicy(data, handler, overhead)
+	if err != nil {
+		return explainedPod{}, fmt.Errorf("%s: %v", name, err)
+	}
+	return pp, nil
+}
+
+// podExplainer explains pods under one policy, with the stage1s and the
+// signature policy of one node config.
+type podExplainer struct {
+	out        io.Writer
+	policy     *policy.Policy
+	backends   stage1.Registry
+	caps       map[string]stage1.Capabilities
+	signatures *trust.Source
+}
+
+// explain prints the stage1 the policy gives pp and why, how that stage1
+// would run it (explainPlan) and the signature requirement of each of its
+// containers' images, or why the policy refuses it. It reports whether
+// all of that is fine.
+func (e *podExplainer) explain(pp explainedPod) bool {
+	fmt.Fprintf(e.out, "pod:     %s\n", pp.title)
+	d, err := e.policy.Decide(pp.pod, e.caps)
+	var ref *policy.Refusal
+	switch {
+	case err == nil:
+		fmt.Fprint(e.out, e.policy.Explain(d))
+		ok := explainPlan(e.out, e.backends[d.Stage1], d, pp)
+		for _, img := range pp.images {
+			if !explainImage(e.out, e.signatures, pp.pod.Namespace, img) {
+				ok = false
+			}
+		}
+		return ok
+	case errors.As(err, &ref):
+		fmt.Fprint(e.out, ref.Explain())
+		return false
+	default:
+		fmt.Fprintf(e.out, "refused: %v\n", err)
+		return false
+	}
 }
 
 // explainPolicy is the node config and the isolation policy explain uses:

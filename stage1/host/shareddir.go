@@ -119,21 +119,7 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o700); errors.Is(err, os.ErrExist) {
-		known, err := exists(ctx, spec.ID)
-		if err != nil {
-			return nil, err
-		}
-		if known {
-			return nil, errdefs.AlreadyExists("container %q already exists", spec.ID)
-		}
-		if err := mountsafe.RemoveUnmounted(dir); err != nil {
-			return nil, fmt.Errorf("container %s: %w", spec.ID, err)
-		}
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			return nil, err
-		}
-	} else if err != nil {
+	if err := makeContainerDir(ctx, dir, spec.ID, exists); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -141,74 +127,132 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 			mountsafe.RemoveUnmounted(dir)
 		}
 	}()
-	bindOwn := bindmount.Bind // the rootfs and log directory: idmapped in a user namespace
-	bindSource := bindmount.Bind
-	if d.UserNS != nil {
-		ns, err := d.UserNS()
-		if err != nil {
-			return nil, fmt.Errorf("container %s: the pod's user namespace: %w", spec.ID, err)
-		}
-		defer ns.Close()
-		if err := os.Chmod(dir, 0o711); err != nil {
-			return nil, err
-		}
-		// A file system that cannot be idmapped is bound as it is: a
-		// container rootfs the image store mounted over idmapped layers
-		// (overlayfs itself cannot be), a volume whose files then show
-		// as the overflow ID in the pod.
-		bindOwn = func(src, dst string) error {
-			err := bindmount.BindIDMapped(src, dst, ns)
-			if errors.Is(err, bindmount.ErrNoIDMap) {
-				return bindmount.Bind(src, dst)
-			}
-			return err
-		}
-		bindSource = bindOwn
+	bind, closeNS, err := d.binder(spec.ID, dir)
+	if err != nil {
+		return nil, err
 	}
+	defer closeNS()
 	inPod := *spec
 	inPod.Rootfs = filepath.Join(dir, "rootfs")
-	if err := bindOwn(spec.Rootfs, inPod.Rootfs); err != nil {
+	if err := bind(spec.Rootfs, inPod.Rootfs); err != nil {
 		return nil, fmt.Errorf("container %s: rootfs: %w", spec.ID, err)
 	}
 	if spec.LogPath != "" {
-		if !filepath.IsAbs(spec.LogPath) {
-			return nil, errdefs.InvalidArgument("container %s: log path %q is not absolute", spec.ID, spec.LogPath)
+		if inPod.LogPath, err = bindLogDir(spec, dir, bind); err != nil {
+			return nil, err
 		}
-		logDir := filepath.Dir(spec.LogPath)
-		if err := os.MkdirAll(logDir, 0o755); err != nil {
-			return nil, fmt.Errorf("container %s: log: %w", spec.ID, err)
-		}
-		if err := bindOwn(logDir, filepath.Join(dir, "log")); err != nil {
-			return nil, fmt.Errorf("container %s: log: %w", spec.ID, err)
-		}
-		inPod.LogPath = filepath.Join(dir, "log", filepath.Base(spec.LogPath))
 	}
 	if len(spec.Mounts) > 0 {
-		inPod.Mounts = append([]api.Mount(nil), spec.Mounts...)
-		for i, m := range spec.Mounts {
-			if !filepath.IsAbs(m.Source) {
-				return nil, errdefs.InvalidArgument("container %s: mount source %q is not absolute", spec.ID, m.Source)
-			}
-			target := filepath.Join(dir, "m"+strconv.Itoa(i))
-			bind := bindSource
-			if m.Propagation == "rshared" {
-				if d.BindShared == nil {
-					return nil, errdefs.InvalidArgument("container %s: mount %s: bidirectional mount propagation cannot reach this pod", spec.ID, m.Destination)
-				}
-				bind = func(src, dst string) error {
-					if err := bindmount.MakeTarget(src, dst); err != nil {
-						return err
-					}
-					return d.BindShared(src, dst)
-				}
-			}
-			if err := bind(m.Source, target); err != nil {
-				return nil, fmt.Errorf("container %s: mount %s: %w", spec.ID, m.Destination, err)
-			}
-			inPod.Mounts[i].Source = target
+		if inPod.Mounts, err = d.bindSources(spec, dir, bind); err != nil {
+			return nil, err
 		}
 	}
 	return &inPod, nil
+}
+
+// makeContainerDir creates dir, the directory of container id. When it
+// is there already, exists asks whether the agent knows the container:
+// if so AlreadyExists (dir is left as it is); if not it was left by a
+// create that did not finish, and is released and made again.
+func makeContainerDir(ctx context.Context, dir, id string, exists func(context.Context, string) (bool, error)) error {
+	if err := os.Mkdir(dir, 0o700); errors.Is(err, os.ErrExist) {
+		known, err := exists(ctx, id)
+		if err != nil {
+			return err
+		}
+		if known {
+			return errdefs.AlreadyExists("container %q already exists", id)
+		}
+		if err := mountsafe.RemoveUnmounted(dir); err != nil {
+			return fmt.Errorf("container %s: %w", id, err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// binder is how a container's rootfs, log directory and mount sources
+// are bound beneath dir, its directory: as they are, or with UserNS
+// idmapped with the pod's user namespace (dir is then made traversable
+// by the pod's IDs). The caller calls closeNS once it is done binding;
+// on error there is nothing to close.
+func (d SharedDir) binder(id, dir string) (bind func(src, dst string) error, closeNS func(), err error) {
+	if d.UserNS == nil {
+		return bindmount.Bind, func() {}, nil
+	}
+	ns, err := d.UserNS()
+	if err != nil {
+		return nil, nil, fmt.Errorf("container %s: the pod's user namespace: %w", id, err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		ns.Close()
+		return nil, nil, err
+	}
+	// A file system that cannot be idmapped is bound as it is: a
+	// container rootfs the image store mounted over idmapped layers
+	// (overlayfs itself cannot be), a volume whose files then show
+	// as the overflow ID in the pod.
+	bind = func(src, dst string) error {
+		err := bindmount.BindIDMapped(src, dst, ns)
+		if errors.Is(err, bindmount.ErrNoIDMap) {
+			return bindmount.Bind(src, dst)
+		}
+		return err
+	}
+	return bind, func() { ns.Close() }, nil
+}
+
+// bindLogDir binds the directory of spec's log path (made first) at
+// <dir>/log and returns the log path beneath it. InvalidArgument: a
+// relative log path.
+func bindLogDir(spec *stage1.ContainerSpec, dir string, bind func(src, dst string) error) (string, error) {
+	if !filepath.IsAbs(spec.LogPath) {
+		return "", errdefs.InvalidArgument("container %s: log path %q is not absolute", spec.ID, spec.LogPath)
+	}
+	logDir := filepath.Dir(spec.LogPath)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return "", fmt.Errorf("container %s: log: %w", spec.ID, err)
+	}
+	if err := bind(logDir, filepath.Join(dir, "log")); err != nil {
+		return "", fmt.Errorf("container %s: log: %w", spec.ID, err)
+	}
+	return filepath.Join(dir, "log", filepath.Base(spec.LogPath)), nil
+}
+
+// bindSources binds the source of each of spec's mounts at <dir>/m<N>, a
+// bidirectional (rshared) one with BindShared, and returns a copy of the
+// mounts with those sources, in order. It stops at the first that fails;
+// what it bound stays for the caller to release. InvalidArgument: a
+// relative source, or an rshared mount without BindShared.
+func (d SharedDir) bindSources(spec *stage1.ContainerSpec, dir string, bindSource func(src, dst string) error) ([]api.Mount, error) {
+	mounts := append([]api.Mount(nil), spec.Mounts...)
+	for i, m := range spec.Mounts {
+		if !filepath.IsAbs(m.Source) {
+			return nil, errdefs.InvalidArgument("container %s: mount source %q is not absolute", spec.ID, m.Source)
+		}
+		target := filepath.Join(dir, "m"+strconv.Itoa(i))
+		bind := bindSource
+		if m.Propagation == "rshared" {
+			if d.BindShared == nil {
+				return nil, errdefs.InvalidArgument("container %s: mount %s: bidirectional mount propagation cannot reach this pod", spec.ID, m.Destination)
+			}
+			bind = func(src, dst string) error {
+				if err := bindmount.MakeTarget(src, dst); err != nil {
+					return err
+				}
+				return d.BindShared(src, dst)
+			}
+		}
+		if err := bind(m.Source, target); err != nil {
+			return nil, fmt.Errorf("container %s: mount %s: %w", spec.ID, m.Destination, err)
+		}
+		mounts[i].Source = target
+	}
+	return mounts, nil
 }
 
 // UnbindContainer undoes BindContainer. Idempotent.

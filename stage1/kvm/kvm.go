@@ -503,22 +503,14 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
-	vm := plan.vm
 	unitLaunch := b.UnitLaunch()
 	cg, err := b.vmmCgroup(spec, plan.overhead && !unitLaunch)
 	if err != nil {
 		return nil, err
 	}
 
-	// Under a UnitLauncher qemu's cgroup is the unit's, recorded once
-	// qemu runs.
-	st := layout(spec, false)
+	st := podState(spec, plan, cg, unitLaunch)
 	save := func() error { return persist(st.marshal()) }
-	if !unitLaunch {
-		st.Record(host.Resource{Kind: host.KindCgroup, Role: cgroupRole(plan.overhead), Cgroup: cg})
-	}
-	st.VM = vm
-	st.UserNS = spec.UserNS
 	undo, err := host.Starting(ctx, log, Name, save, func(ctx context.Context) error { return b.release(ctx, st) })
 	if err != nil {
 		return nil, err
@@ -528,30 +520,16 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		return nil, err
 	}
 
-	gcfg := &guest.Config{
-		Port:     guest.DefaultPort,
-		Hostname: spec.Hostname,
-		FSTag:    fsTag,
-		FSType:   guest.FSVirtio9P,
-	}
-	if u := spec.UserNS; u != nil {
-		gcfg.UserNSHost, gcfg.UserNSSize = u.HostID, u.Size
-	}
-	gcfg.Sysctls = spec.NetSysctls
+	gcfg := guestConfig(spec)
 	tap, tapMode, err := attachTap(spec, st, save, unitLaunch, gcfg)
 	if err != nil {
 		return nil, err
 	}
 	defer tap.Close() // qemu holds its own copy, or opens it by name
 
-	var tpl *template
-	if b.cfg.TemplateDir != "" {
-		if tpl, err = b.template(ctx, res, vm); err != nil {
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			log.WarnContext(ctx, "kvm: no VM template: booting the guest kernel", "err", err)
-		}
+	tpl, err := b.podTemplate(ctx, log, res, plan.vm)
+	if err != nil {
+		return nil, err
 	}
 	vs := podVMSpec(spec, st, gcfg, tpl, tapMode)
 	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
@@ -573,13 +551,69 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
+	logStarted(ctx, log, pod, qemu, plan.vm, tpl != nil, launched, restored, ready)
+	return pod, nil
+}
+
+// podState is a new pod's state, before anything is taken: its layout,
+// qemu's cgroup under the plain launcher (under a UnitLauncher qemu's
+// cgroup is the unit's, recorded once qemu runs), the planned VM and the
+// pod's user namespace.
+func podState(spec *stage1.PodSpec, plan vmPlan, cg *cgroups.Cgroup, unitLaunch bool) *state {
+	st := layout(spec, false)
+	if !unitLaunch {
+		st.Record(host.Resource{Kind: host.KindCgroup, Role: cgroupRole(plan.overhead), Cgroup: cg})
+	}
+	st.VM = plan.vm
+	st.UserNS = spec.UserNS
+	return st
+}
+
+// guestConfig is the guest's configuration from spec, before the pod
+// network (attachTap) adds its addresses: the agent's port, the hostname,
+// the shared directory, the user namespace's IDs and the network sysctls.
+func guestConfig(spec *stage1.PodSpec) *guest.Config {
+	gcfg := &guest.Config{
+		Port:     guest.DefaultPort,
+		Hostname: spec.Hostname,
+		FSTag:    fsTag,
+		FSType:   guest.FSVirtio9P,
+	}
+	if u := spec.UserNS; u != nil {
+		gcfg.UserNSHost, gcfg.UserNSSize = u.HostID, u.Size
+	}
+	gcfg.Sysctls = spec.NetSysctls
+	return gcfg
+}
+
+// podTemplate is the template the pod's VM (vm) is restored from, built
+// first when there is none; nil without a template directory. A template
+// that cannot be had is logged and the VM boots its kernel: the error is
+// returned only when ctx ended.
+func (b *Backend) podTemplate(ctx context.Context, log *slog.Logger, res *tools, vm vmInfo) (*template, error) {
+	if b.cfg.TemplateDir == "" {
+		return nil, nil
+	}
+	tpl, err := b.template(ctx, res, vm)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		log.WarnContext(ctx, "kvm: no VM template: booting the guest kernel", "err", err)
+	}
+	return tpl, nil
+}
+
+// logStarted logs a pod whose VM is up: the VM, where qemu runs and how
+// long each stage took, from qemu's launch to its restore (or boot),
+// the agent's answer, and the setup since.
+func logStarted(ctx context.Context, log *slog.Logger, pod *Pod, qemu *host.Process, vm vmInfo, template bool, launched, restored, ready time.Time) {
 	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
 	log.InfoContext(ctx, "kvm pod started", "qemuPID", qemu.PID, "accelerator", vm.Accelerator,
-		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", tpl != nil,
+		"machine", vm.Machine, "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs, "template", template,
 		"qemuCgroup", qemu.Cgroup.String(), "overheadCapMiB", vm.CapMiB,
 		"network", pod.Details()["network"], "launch+restore", ms(restored.Sub(launched)),
 		"agent", ms(ready.Sub(restored)), "setup", ms(time.Since(ready)))
-	return pod, nil
 }
 
 // prepareHost makes what a pod needs on the host before qemu runs: its

@@ -12,11 +12,11 @@ import (
 )
 
 // MaxLines is the longest a function may be.
-const MaxLines = 100
+const MaxLines = 80
 
 var Analyzer = &analysis.Analyzer{
 	Name: "funclen",
-	Doc:  "report functions longer than 100 lines outside tests",
+	Doc:  "report functions longer than 80 lines outside tests",
 	Run:  run,
 }
 

@@ -6,28 +6,8 @@ func short() int {
 	return x
 }
 
-func exactly100() int {
+func exactly80() int {
 	x := 0
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
 	x++
 	x++
 	x++
@@ -107,28 +87,8 @@ func exactly100() int {
 	return x
 }
 
-func long() int { // want `long is 101 lines long \(at most 100\): split it along its steps`
+func long() int { // want `long is 81 lines long \(at most 80\): split it along its steps`
 	x := 0
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
-	x++
 	x++
 	x++
 	x++
