@@ -2,11 +2,8 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
-
-	crierrors "k8s.io/cri-api/pkg/errors"
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
@@ -71,13 +68,6 @@ func (b *Broker) pullVerifier(namespace, ref string) (image.Verify, error) {
 	}, nil
 }
 
-func verified(dec *trust.Decision) string {
-	if dec.Requirements.NeedsSignatures() {
-		return VerifyAccepted
-	}
-	return VerifyUnverified
-}
-
 // checkImageTrust checks, at container creation, that the policy of the
 // pod's namespace accepts img, from the signatures kept beside it at pull
 // (no registry is asked). The image is looked up by the name the pod's
@@ -97,7 +87,7 @@ func (b *Broker) checkImageTrust(ctx context.Context, namespace string, cfg *Con
 			err = dec.Check(c, img.Signatures)
 		}
 		if err == nil {
-			b.obs.ImageVerified(VerifyAtCreate, verified(dec))
+			b.obs.ImageVerified(VerifyAtCreate, dec.Acceptance())
 			return nil
 		}
 		if first == nil {
@@ -170,12 +160,6 @@ func isImageID(ref, id string) bool {
 	return len(hex) >= 12 && strings.HasPrefix(strings.TrimPrefix(id, "sha256:"), hex)
 }
 
-// IsSignatureRefusal reports whether err is an image the signature
-// policy refused.
-func IsSignatureRefusal(err error) bool {
-	return errors.Is(err, crierrors.ErrSignatureValidationFailed)
-}
-
 // TrustStatus is the signature policy's state, for verbose Status: its
 // file and directory, and each file read so far; ok is false when no
 // policy is configured.
@@ -223,7 +207,7 @@ func (b *Broker) ImageTrust(img *image.Image) []ImageVerdict {
 				v.File, v.Scope, v.Requires = dec.File, dec.Scope, dec.Requirements.Describe()
 			}
 			if err == nil {
-				v.Result, v.Reason = verified(dec), ""
+				v.Result, v.Reason = dec.Acceptance(), ""
 				break
 			}
 			if v.Reason == "" {

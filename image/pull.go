@@ -412,14 +412,23 @@ func (s *Store) fetchLayers(ctx context.Context, ref string, layers []v1.Layer, 
 	return diffIDs, size, nil
 }
 
+// pulledAsLocked is the stored image whose manifest or pulled digest is
+// top, or nil. s.mu is held.
+func (s *Store) pulledAsLocked(top string) *record {
+	for _, rec := range s.images {
+		if rec.Manifest == top || slices.ContainsFunc(rec.RepoDigests, func(d string) bool { return strings.HasSuffix(d, "@"+top) }) {
+			return rec
+		}
+	}
+	return nil
+}
+
 // keptSignatures are the signatures of the stored image pulled as top.
 func (s *Store) keptSignatures(top string) []trust.Signature {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, rec := range s.images {
-		if rec.Manifest == top || slices.ContainsFunc(rec.RepoDigests, func(d string) bool { return strings.HasSuffix(d, "@"+top) }) {
-			return slices.Clone(rec.Signatures)
-		}
+	if rec := s.pulledAsLocked(top); rec != nil {
+		return slices.Clone(rec.Signatures)
 	}
 	return nil
 }
@@ -428,13 +437,7 @@ func (s *Store) keptSignatures(top string) []trust.Signature {
 // after tagging it with p and keeping sigs, if all its layers are present.
 func (s *Store) cached(p *parsed, top string, sigs []trust.Signature) (*Image, bool) {
 	s.mu.Lock()
-	var found *record
-	for _, rec := range s.images {
-		if rec.Manifest == top || slices.ContainsFunc(rec.RepoDigests, func(d string) bool { return strings.HasSuffix(d, "@"+top) }) {
-			found = rec
-			break
-		}
-	}
+	found := s.pulledAsLocked(top)
 	s.mu.Unlock()
 	if found == nil {
 		return nil, false

@@ -88,12 +88,7 @@ func TestPullVerify(t *testing.T) {
 // without the signature check, alternately, and reports the verified
 // pull's time as a multiple of the unverified one's (x-unverified).
 func BenchmarkPullVerified(b *testing.B) {
-	requireRoot(b)
-	reg := testregistry.Start(b)
-	key := testregistry.NewKey(b)
-	ref := reg.PushBusybox(b, "team/signed", "v1")
-	reg.Sign(b, key, reg.Host+"/team/signed", testregistry.Digest(b, ref))
-	verify := verifier(b, key, ref)
+	ref, verify := signedImage(b)
 	base := b.TempDir()
 	pull := func(v Verify) time.Duration {
 		root := filepath.Join(base, "images")
@@ -116,9 +111,7 @@ func BenchmarkPullVerified(b *testing.B) {
 		plain += pull(nil)
 		verified += pull(verify)
 	}
-	b.ReportMetric(float64(plain.Microseconds())/float64(b.N)/1000, "ms-unverified")
-	b.ReportMetric(float64(verified.Microseconds())/float64(b.N)/1000, "ms-verified")
-	b.ReportMetric(float64(verified)/float64(plain), "x-unverified")
+	reportRatio(b, plain, verified)
 }
 
 // BenchmarkPullPresentVerified pulls a signed image the store has (the
@@ -127,12 +120,7 @@ func BenchmarkPullVerified(b *testing.B) {
 // of the unverified one's: the signatures kept at the first pull answer,
 // the registry is asked for the manifest only.
 func BenchmarkPullPresentVerified(b *testing.B) {
-	requireRoot(b)
-	reg := testregistry.Start(b)
-	key := testregistry.NewKey(b)
-	ref := reg.PushBusybox(b, "team/signed", "v1")
-	reg.Sign(b, key, reg.Host+"/team/signed", testregistry.Digest(b, ref))
-	verify := verifier(b, key, ref)
+	ref, verify := signedImage(b)
 	s := newStore(b, Config{})
 	if _, err := s.Pull(pullCtx(b), ref, nil, verify); err != nil {
 		b.Fatal(err)
@@ -149,6 +137,25 @@ func BenchmarkPullPresentVerified(b *testing.B) {
 		plain += pull(nil)
 		verified += pull(verify)
 	}
+	reportRatio(b, plain, verified)
+}
+
+// signedImage pushes busybox to a registry of its own, signs it as cosign
+// does, and returns its reference and the verifier of a policy that wants
+// it signed with that key.
+func signedImage(b *testing.B) (string, Verify) {
+	b.Helper()
+	requireRoot(b)
+	reg := testregistry.Start(b)
+	key := testregistry.NewKey(b)
+	ref := reg.PushBusybox(b, "team/signed", "v1")
+	reg.Sign(b, key, reg.Host+"/team/signed", testregistry.Digest(b, ref))
+	return ref, verifier(b, key, ref)
+}
+
+// reportRatio reports the mean unverified and verified pull times and the
+// verified one as a multiple of the other (x-unverified).
+func reportRatio(b *testing.B, plain, verified time.Duration) {
 	b.ReportMetric(float64(plain.Microseconds())/float64(b.N)/1000, "ms-unverified")
 	b.ReportMetric(float64(verified.Microseconds())/float64(b.N)/1000, "ms-verified")
 	b.ReportMetric(float64(verified)/float64(plain), "x-unverified")

@@ -12,6 +12,15 @@ const (
 	FetchFailed = "error"
 )
 
+// Acceptance is the result of an image these requirements accept:
+// Accepted when signatures were verified, Unverified when none are asked.
+func (d *Decision) Acceptance() string {
+	if d.Requirements.NeedsSignatures() {
+		return Accepted
+	}
+	return Unverified
+}
+
 // Verify checks img for a pull: with kept, the signatures the node keeps
 // for img's digest already, when they satisfy the requirements (a
 // signature of a digest stays true: the registry need not be asked

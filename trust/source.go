@@ -230,17 +230,28 @@ func (s *Source) Namespaces() []string {
 	if s.dir == "" {
 		return nil
 	}
-	ents, err := os.ReadDir(s.dir)
+	names, _, _ := namespaceFiles(s.dir)
+	return names
+}
+
+// namespaceFiles lists dir's "<namespace>.json" files by namespace, and
+// the .json files not named after a namespace (never used).
+func namespaceFiles(dir string) (names, stray []string, err error) {
+	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil
+		return nil, nil, err
 	}
-	var out []string
 	for _, d := range ents {
-		if n, ok := strings.CutSuffix(d.Name(), ".json"); ok && namespaceRE.MatchString(n) {
-			out = append(out, n)
+		n, ok := strings.CutSuffix(d.Name(), ".json")
+		switch {
+		case !ok:
+		case namespaceRE.MatchString(n):
+			names = append(names, n)
+		default:
+			stray = append(stray, d.Name())
 		}
 	}
-	return out
+	return names, stray, nil
 }
 
 // CheckFiles loads the node's policy and every namespace file in the
@@ -257,23 +268,18 @@ func CheckFiles(file, dir string) (loaded []string, errs []error) {
 	if dir == "" {
 		return loaded, errs
 	}
-	ents, err := os.ReadDir(dir)
+	names, stray, err := namespaceFiles(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return loaded, errs
 	}
 	if err != nil {
 		return loaded, append(errs, err)
 	}
-	for _, d := range ents {
-		n := d.Name()
-		if filepath.Ext(n) != ".json" {
-			continue
-		}
-		p := filepath.Join(dir, n)
-		if !namespaceRE.MatchString(n[:len(n)-len(".json")]) {
-			errs = append(errs, fmt.Errorf("%s: not named after a namespace (<namespace>.json): never used", p))
-			continue
-		}
+	for _, n := range stray {
+		errs = append(errs, fmt.Errorf("%s: not named after a namespace (<namespace>.json): never used", filepath.Join(dir, n)))
+	}
+	for _, n := range names {
+		p := filepath.Join(dir, n+".json")
 		if _, err := Load(p, nil); err != nil {
 			errs = append(errs, err)
 		} else {
