@@ -51,7 +51,7 @@ func (b *Broker) pullVerifier(namespace, ref string) (image.Verify, error) {
 	if err != nil {
 		// Never pulled unchecked: a reference the policy cannot place
 		// is refused, as the store would refuse it.
-		return nil, errdefs.InvalidArgument("pull %q: bad image reference: %v", ref, err)
+		return nil, errdefs.InvalidArgument("pull %q: bad image reference: %w", ref, err)
 	}
 	dec, err := b.opts.Trust.Decide(namespace, r)
 	if err != nil {

@@ -13,9 +13,10 @@
 // cause's own class was, and errors.Is and errors.As still reach the
 // cause (syscall.ENOSPC, an *os.PathError). Context added above a classed
 // error is fmt.Errorf("...: %w", err), which keeps both. A cause formatted
-// with %v is lost to errors.Is; fmt.Errorf("...: %v: %w", err,
-// errdefs.ErrX), an older form, loses it too and is being replaced. A
-// write that may meet a full file system goes through Storage.
+// with %v is lost to errors.Is, and so is one beside a class in
+// fmt.Errorf("...: %v: %w", err, errdefs.ErrX): TestOneIdiom refuses both
+// forms anywhere in the module. A write that may meet a full file system
+// goes through Storage.
 package errdefs
 
 import (

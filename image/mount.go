@@ -105,7 +105,7 @@ func (s *Store) MountRootfs(imageID, dir string, userns *UserNS) (rootfs string,
 	}
 	if err := mountOverlay(rootfs, data); err != nil {
 		if errors.Is(err, unix.EPERM) {
-			return "", fmt.Errorf("mount rootfs at %s: %w: %v", rootfs, errdefs.ErrPermissionDenied, err)
+			return "", errdefs.New(errdefs.ErrPermissionDenied, "mount rootfs at %s: %w", rootfs, err)
 		}
 		return "", fmt.Errorf("mount rootfs at %s: %w", rootfs, err)
 	}

@@ -233,7 +233,7 @@ func (s *Store) verifyPull(ctx context.Context, ref, top string, src name.Refere
 	fetch := func() ([]trust.Signature, error) {
 		sigs, err := trust.Fetch(ctx, src.Context(), top, opts...)
 		if err != nil {
-			return nil, fmt.Errorf("pull %s: signatures: %w: %v", ref, classify(ctx, err), err)
+			return nil, errdefs.New(classify(ctx, err), "pull %s: signatures: %w", ref, err)
 		}
 		return sigs, nil
 	}
@@ -252,11 +252,11 @@ func (s *Store) fetchImage(ctx context.Context, ref string, desc *remote.Descrip
 	}
 	manifestRaw, err := img.RawManifest()
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+		return nil, errdefs.New(classify(ctx, err), "pull %s: %w", ref, err)
 	}
 	mdig, err := img.Digest()
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w: %v", ref, errdefs.ErrInvalidArgument, err)
+		return nil, errdefs.InvalidArgument("pull %s: %w", ref, err)
 	}
 	blobs[mdig.String()] = manifestRaw
 	manifest, cfgDigest, cf, err := imageConfig(ctx, ref, img, blobs)
@@ -265,7 +265,7 @@ func (s *Store) fetchImage(ctx context.Context, ref string, desc *remote.Descrip
 	}
 	layers, err := img.Layers()
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+		return nil, errdefs.New(classify(ctx, err), "pull %s: %w", ref, err)
 	}
 	if len(layers) != len(cf.RootFS.DiffIDs) || len(layers) != len(manifest.Layers) {
 		return nil, errdefs.InvalidArgument("pull %s: manifest has %d layers, config %d diff IDs", ref, len(manifest.Layers), len(cf.RootFS.DiffIDs))
@@ -312,11 +312,11 @@ func newRecord(id, manifest string, size uint64, diffIDs []string, cf *v1.Config
 func imageConfig(ctx context.Context, ref string, img v1.Image, blobs map[string][]byte) (*v1.Manifest, string, *v1.ConfigFile, error) {
 	manifest, err := img.Manifest()
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("pull %s: %w: bad manifest: %v", ref, errdefs.ErrInvalidArgument, err)
+		return nil, "", nil, errdefs.InvalidArgument("pull %s: bad manifest: %w", ref, err)
 	}
 	cfgRaw, err := img.RawConfigFile()
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("pull %s: config: %w: %v", ref, classify(ctx, err), err)
+		return nil, "", nil, errdefs.New(classify(ctx, err), "pull %s: config: %w", ref, err)
 	}
 	cfgDigest := manifest.Config.Digest.String()
 	if sum := sha256.Sum256(cfgRaw); "sha256:"+hex.EncodeToString(sum[:]) != cfgDigest {
@@ -358,11 +358,11 @@ func platformImage(ctx context.Context, ref string, desc *remote.Descriptor, src
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()
 		if err != nil {
-			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+			return nil, errdefs.New(classify(ctx, err), "pull %s: %w", ref, err)
 		}
 		im, err := idx.IndexManifest()
 		if err != nil {
-			return nil, fmt.Errorf("pull %s: %w: bad index: %v", ref, errdefs.ErrInvalidArgument, err)
+			return nil, errdefs.InvalidArgument("pull %s: bad index: %w", ref, err)
 		}
 		var child *v1.Descriptor
 		for i := range im.Manifests {
@@ -378,14 +378,14 @@ func platformImage(ctx context.Context, ref string, desc *remote.Descriptor, src
 		blobs[desc.Digest.String()] = desc.Manifest
 		img, err = remote.Image(src.Context().Digest(child.Digest.String()), opts...)
 		if err != nil {
-			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+			return nil, errdefs.New(classify(ctx, err), "pull %s: %w", ref, err)
 		}
 	} else if desc.MediaType.IsSchema1() {
 		return nil, errdefs.New(errdefs.ErrUnimplemented, "pull %s: docker schema 1 images are not supported", ref)
 	} else {
 		img, err = desc.Image()
 		if err != nil {
-			return nil, fmt.Errorf("pull %s: %w: %v", ref, classify(ctx, err), err)
+			return nil, errdefs.New(classify(ctx, err), "pull %s: %w", ref, err)
 		}
 	}
 	return img, nil
@@ -567,11 +567,11 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("%w: %v", errdefs.ErrDeadlineExceeded, err)
+		return errdefs.New(classify(ctx, err), "%w", err)
 	}
 	rc, err := l.Uncompressed()
 	if err != nil {
-		return fmt.Errorf("%w: %v", classify(ctx, err), err)
+		return errdefs.New(classify(ctx, err), "%w", err)
 	}
 	defer rc.Close()
 	h := sha256.New()
@@ -582,16 +582,16 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 	if err != nil {
 		if src.err != nil {
 			// The download failed, not the archive.
-			return fmt.Errorf("%w: %v", classify(ctx, src.err), src.err)
+			return errdefs.New(classify(ctx, src.err), "%w", src.err)
 		}
 		return err
 	}
 	// Read the archive's padding and let the compressed digest be verified.
 	if _, err := io.Copy(io.Discard, tee); err != nil {
-		return fmt.Errorf("%w: %v", classify(ctx, err), err)
+		return errdefs.New(classify(ctx, err), "%w", err)
 	}
 	if err := rc.Close(); err != nil {
-		return fmt.Errorf("%w: %v", classify(ctx, err), err)
+		return errdefs.New(classify(ctx, err), "%w", err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != hexd {
 		return errdefs.InvalidArgument("layer content has diff ID sha256:%s, want %s", got, d)
@@ -618,10 +618,14 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 	return nil
 }
 
-// classify returns the error class of a registry or network error.
+// classify returns the error class of a registry or network error, or
+// context.Canceled when the caller went away.
 func classify(ctx context.Context, err error) error {
 	if err == nil {
 		return errdefs.ErrUnavailable
+	}
+	if ctx != nil && errors.Is(ctx.Err(), context.Canceled) {
+		return context.Canceled // the caller went away: not the registry's fault
 	}
 	if errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrNotFound) ||
 		errors.Is(err, errdefs.ErrPermissionDenied) || errors.Is(err, errdefs.ErrUnavailable) {

@@ -287,7 +287,7 @@ func checkPodNetwork(pn PodNetwork) error {
 func classify(ctx context.Context, what string, err error) error {
 	if ctx.Err() != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrDeadlineExceeded)
+			return errdefs.New(errdefs.ErrDeadlineExceeded, "%s: %w", what, err)
 		}
 		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}

@@ -379,7 +379,7 @@ func ParseState(backend string, b []byte, want int, s any, migrate ...map[int]Mi
 		Version int `json:"version"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
-		return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+		return errdefs.New(errdefs.ErrInvalidArgument, "%s: bad state: %w", backend, err)
 	}
 	if v.Version > want {
 		return fmt.Errorf("%s: state version %d is newer than this stagelet's %d: %w", backend, v.Version, want, ErrNewerState)
@@ -387,7 +387,7 @@ func ParseState(backend string, b []byte, want int, s any, migrate ...map[int]Mi
 	if v.Version < want {
 		var obj map[string]any
 		if err := json.Unmarshal(b, &obj); err != nil {
-			return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+			return errdefs.New(errdefs.ErrInvalidArgument, "%s: bad state: %w", backend, err)
 		}
 		for n := v.Version; n < want; n++ {
 			var m Migration
@@ -400,17 +400,17 @@ func ParseState(backend string, b []byte, want int, s any, migrate ...map[int]Mi
 				return fmt.Errorf("%s: state version %d cannot be read (no migration to %d), want %d: %w", backend, n, n+1, want, errdefs.ErrInvalidArgument)
 			}
 			if err := m(obj); err != nil {
-				return fmt.Errorf("%s: migrate state from version %d to %d: %v: %w", backend, n, n+1, err, errdefs.ErrInvalidArgument)
+				return errdefs.New(errdefs.ErrInvalidArgument, "%s: migrate state from version %d to %d: %w", backend, n, n+1, err)
 			}
 			obj["version"] = n + 1
 		}
 		var err error
 		if b, err = json.Marshal(obj); err != nil {
-			return fmt.Errorf("%s: migrated state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+			return errdefs.New(errdefs.ErrInvalidArgument, "%s: migrated state: %w", backend, err)
 		}
 	}
 	if err := json.Unmarshal(b, s); err != nil {
-		return fmt.Errorf("%s: bad state: %v: %w", backend, err, errdefs.ErrInvalidArgument)
+		return errdefs.New(errdefs.ErrInvalidArgument, "%s: bad state: %w", backend, err)
 	}
 	return nil
 }

@@ -68,7 +68,7 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *ap
 		if ctx.Err() != nil {
 			return nil, nil, nil, ended(ctx, req.Op+": dial")
 		}
-		return nil, nil, nil, fmt.Errorf("agent: dial: %v: %w", err, errdefs.ErrUnavailable)
+		return nil, nil, nil, errdefs.New(errdefs.ErrUnavailable, "agent: dial: %w", err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
@@ -83,7 +83,7 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *ap
 		if endedBy(ctx, err) {
 			return fail(ended(ctx, req.Op))
 		}
-		return fail(fmt.Errorf("agent: %s: send: %v: %w", req.Op, err, errdefs.ErrUnavailable))
+		return fail(errdefs.New(errdefs.ErrUnavailable, "agent: %s: send: %w", req.Op, err))
 	}
 	dec := json.NewDecoder(conn)
 	var resp api.Response
@@ -91,7 +91,7 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *ap
 		if endedBy(ctx, err) {
 			return fail(ended(ctx, req.Op))
 		}
-		return fail(fmt.Errorf("agent: %s: receive: %v: %w", req.Op, err, errdefs.ErrUnavailable))
+		return fail(errdefs.New(errdefs.ErrUnavailable, "agent: %s: receive: %w", req.Op, err))
 	}
 	stop() // when ctx ended meanwhile, a session on the stream ends with it
 	if resp.Code != api.CodeOK {
@@ -117,7 +117,7 @@ func ended(ctx context.Context, op string) error {
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return fmt.Errorf("agent: %s: %w", op, context.Canceled)
 	}
-	return fmt.Errorf("agent: %s: %v: %w", op, context.DeadlineExceeded, errdefs.ErrDeadlineExceeded)
+	return errdefs.New(errdefs.ErrDeadlineExceeded, "agent: %s: %w", op, context.DeadlineExceeded)
 }
 
 // Info asks the agent who it is.
@@ -266,7 +266,7 @@ func (c *Client) Watch(ctx context.Context, snapshot func([]*api.AppStatus), eve
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("agent: events: %v: %w", err, errdefs.ErrUnavailable)
+			return errdefs.New(errdefs.ErrUnavailable, "agent: events: %w", err)
 		}
 		if ev.App == nil {
 			return fmt.Errorf("agent: events: an event without an app: %w", errdefs.ErrUnavailable)
@@ -361,7 +361,7 @@ func (c *Client) session(ctx context.Context, req *api.Request, sio *StreamIO) (
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("agent: %s: %w", req.Op, ctx.Err())
 			}
-			return nil, fmt.Errorf("agent: %s: session: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+			return nil, errdefs.New(errdefs.ErrUnavailable, "agent: %s: session: %w", req.Op, err)
 		}
 		var w io.Writer
 		switch typ {
@@ -372,7 +372,7 @@ func (c *Client) session(ctx context.Context, req *api.Request, sio *StreamIO) (
 		case api.FrameEnd:
 			var end api.SessionEnd
 			if err := json.Unmarshal(p, &end); err != nil {
-				return nil, fmt.Errorf("agent: %s: bad end of session: %v: %w", req.Op, err, errdefs.ErrUnavailable)
+				return nil, errdefs.New(errdefs.ErrUnavailable, "agent: %s: bad end of session: %w", req.Op, err)
 			}
 			if end.Code != api.CodeOK {
 				return &end, errdefs.New(wire.ClassOf(end.Code), "%s", end.Error)
@@ -425,7 +425,7 @@ func (c *Client) PortForward(ctx context.Context, port int32, stream io.ReadWrit
 				if ctx.Err() != nil {
 					err = ctx.Err()
 				} else {
-					err = fmt.Errorf("session: %v: %w", err, errdefs.ErrUnavailable)
+					err = errdefs.New(errdefs.ErrUnavailable, "session: %w", err)
 				}
 				down <- fmt.Errorf("agent: %s: %w", req.Op, err)
 				return

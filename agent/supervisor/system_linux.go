@@ -254,7 +254,7 @@ func (l *linuxSystem) spawnApp(s *startSpec) (*child, error) {
 	}
 	ns, err := os.Open("/proc/" + strconv.Itoa(s.pid) + "/ns/pid")
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running (%v)", spec.ID, spec.PIDTarget, err)
+		return nil, errdefs.FailedPrecondition("app %s: target %s of its PID namespace is not running: %w", spec.ID, spec.PIDTarget, err)
 	}
 	defer ns.Close()
 	var c *child
@@ -276,14 +276,14 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 	// app's process still exists: its pid cannot have been reused yet.
 	mnt, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
 	if err != nil {
-		return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+		return nil, errdefs.FailedPrecondition("app %s is not running: %w", id, err)
 	}
 	defer mnt.Close()
 	extra := []*os.File{mnt}
 	if spec.OwnUTS() {
 		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
 		if err != nil {
-			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+			return nil, errdefs.FailedPrecondition("app %s is not running: %w", id, err)
 		}
 		defer uts.Close()
 		extra = append(extra, uts)
@@ -295,7 +295,7 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 	if spec.PIDNamespace == api.PIDNamespaceContainer || spec.PIDNamespace == api.PIDNamespaceTarget {
 		pidns, err = os.Open("/proc/" + strconv.Itoa(pid) + "/ns/pid")
 		if err != nil {
-			return nil, errdefs.FailedPrecondition("app %s is not running (%v)", id, err)
+			return nil, errdefs.FailedPrecondition("app %s is not running: %w", id, err)
 		}
 		defer pidns.Close()
 	}

@@ -52,7 +52,7 @@ func BindIDMapped(src, dst string, userns *os.File) error {
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTSUP) {
-			return fmt.Errorf("idmap %s: %v: %w", src, err, ErrNoIDMap)
+			return fmt.Errorf("idmap %s: %w: %w", src, err, ErrNoIDMap)
 		}
 		return fmt.Errorf("idmap %s: %w", src, err)
 	}

@@ -55,7 +55,7 @@ func WaitAgentReady(ctx context.Context, pod stage1.Pod, proc *Process, timeout 
 		case <-exited:
 			return fmt.Errorf("%s exited before the agent answered: %w", what, errdefs.ErrUnavailable)
 		case <-ctx.Done():
-			return fmt.Errorf("agent not answering: %v: %w", err, errdefs.ErrDeadlineExceeded)
+			return errdefs.New(errdefs.ErrDeadlineExceeded, "agent not answering: %w", err)
 		case <-time.After(delay): // retry once the agent had time to listen
 		}
 		if delay < 20*time.Millisecond && time.Since(began) > eager {
@@ -78,6 +78,7 @@ func CheckRecovered(ctx context.Context, proc *Process, what string, pod stage1.
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if _, err := client.NewClient(pod.Agent().Dial).Info(pctx); err != nil {
+		// %v: the agent's error class (Unavailable) is not this error's.
 		return fmt.Errorf("agent does not answer: %v: %w", err, stage1.ErrPodGone)
 	}
 	return nil

@@ -156,7 +156,7 @@ func (l *SystemdLauncher) connect(ctx context.Context) (*sddbus.Conn, error) {
 		c, err = sddbus.NewSystemConnectionContext(context.Background())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("systemd: connect: %v: %w", err, errdefs.ErrUnavailable)
+		return nil, errdefs.New(errdefs.ErrUnavailable, "systemd: connect: %w", err)
 	}
 	l.conn = c
 	return c, nil
@@ -179,7 +179,7 @@ func (l *SystemdLauncher) Ping(ctx context.Context) error {
 		return err
 	}
 	if _, err := c.GetManagerProperty("Version"); err != nil {
-		return fmt.Errorf("systemd: %v: %w", err, errdefs.ErrUnavailable)
+		return errdefs.New(errdefs.ErrUnavailable, "systemd: %w", err)
 	}
 	return nil
 }
@@ -484,9 +484,9 @@ func gone(err error) bool {
 		"org.freedesktop.systemd1.NoSuchProcess":
 		return true
 	}
-	// Older systemd says "Unit x.service not loaded." without a specific
-	// error name.
-	return strings.Contains(err.Error(), "not loaded")
+	// systemd's "Unit x.service not loaded." (every version since 209)
+	// carries NoSuchUnit: the name decides, never the text.
+	return false
 }
 
 // classify gives a bus error its class: a connection that broke is
@@ -496,7 +496,7 @@ func classify(err error) error {
 		return err
 	}
 	if busErrorName(err) == "" {
-		return fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable)
+		return errdefs.New(errdefs.ErrUnavailable, "%w", err)
 	}
 	return err
 }

@@ -1,8 +1,11 @@
 package host
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 
+	"github.com/godbus/dbus/v5"
 	"github.com/stagelet/stagelet/cgroups"
 )
 
@@ -84,5 +87,23 @@ func TestPlainLauncherRefusesNetNS(t *testing.T) {
 	_, err := (&PlainLauncher{}).Launch(t.Context(), LaunchSpec{Name: "n", Path: "/bin/true", LogPath: t.TempDir() + "/log", NetNS: "/run/netns/x"})
 	if err == nil {
 		t.Fatal("launched with a network namespace it cannot join")
+	}
+}
+
+// TestGoneByName: whether a unit is gone is decided by the bus error's
+// name, wrapped or not, never by its text.
+func TestGoneByName(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{dbus.Error{Name: "org.freedesktop.systemd1.NoSuchUnit", Body: []any{"Unit x.service not loaded."}}, true},
+		{fmt.Errorf("reset: %w", &dbus.Error{Name: "org.freedesktop.systemd1.LoadFailed"}), true},
+		{dbus.Error{Name: "org.freedesktop.DBus.Error.AccessDenied", Body: []any{"Unit x.service not loaded."}}, false},
+		{errors.New("Unit x.service not loaded."), false},
+	} {
+		if got := gone(tc.err); got != tc.want {
+			t.Errorf("gone(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

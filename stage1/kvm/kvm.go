@@ -898,7 +898,7 @@ func (b *Backend) resolveTools() (*tools, error) {
 	var err error
 	if t.qemu = b.cfg.QemuPath; t.qemu == "" {
 		if t.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
-			return nil, errdefs.FailedPrecondition("kvm: qemu-system-x86_64 is not installed (Debian: qemu-system-x86): %v", err)
+			return nil, errdefs.FailedPrecondition("kvm: qemu-system-x86_64 is not installed (Debian: qemu-system-x86): %w", err)
 		}
 	}
 	for _, k := range []string{"vmlinux", "vmlinuz"} {

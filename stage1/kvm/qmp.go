@@ -43,7 +43,7 @@ func dialQMP(ctx context.Context, path string, alive func() bool) (*qmp, error) 
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("qmp %s: %v: %w", path, err, errdefs.ErrDeadlineExceeded)
+			return nil, errdefs.New(errdefs.ErrDeadlineExceeded, "qmp %s: %w", path, err)
 		case <-time.After(delay): // polling for qemu to create its socket
 		}
 		if delay < 20*time.Millisecond {

@@ -643,7 +643,7 @@ func inNetNS(l host.LaunchSpec, netns string, unitLaunch bool) (host.LaunchSpec,
 	}
 	nsenter, err := exec.LookPath("nsenter")
 	if err != nil {
-		return l, errdefs.FailedPrecondition("nspawn: a pod in a user namespace of its own needs nsenter (Debian: util-linux): %v", err)
+		return l, errdefs.FailedPrecondition("nspawn: a pod in a user namespace of its own needs nsenter (Debian: util-linux): %w", err)
 	}
 	l.Args = append([]string{"--net=" + netns, "--", l.Path}, l.Args...)
 	l.Path = nsenter
