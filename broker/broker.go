@@ -40,10 +40,10 @@ type Images interface {
 	Pull(ctx context.Context, ref string, auth *image.Auth, verify image.Verify) (*image.Image, error)
 	Get(ref string) (*image.Image, error)
 	List() []*image.Image
-	Remove(ref string) error
+	Remove(ctx context.Context, ref string) error
 	Usage() (bytes, inodes uint64, err error)
 	Root() string
-	MountRootfs(imageID, dir string, userns *image.UserNS) (string, error)
+	MountRootfs(ctx context.Context, imageID, dir string, userns *image.UserNS) (string, error)
 	// MountImageVolume mounts an image read-only beneath dir (a
 	// container's directory, which UnmountRootfs takes away).
 	MountImageVolume(ref, dir, subPath string) (string, error)

@@ -278,9 +278,9 @@ func (b *Broker) checkCpuset(p *pod, r *Resources, field string) error {
 // in a pod with a user namespace of its own, the pod's root owns the
 // image's files as the host's root does. A container restored from a
 // checkpoint gets the checkpoint's writable layer.
-func (b *Broker) mountRootfs(p *pod, img *image.Image, rec *ContainerRecord) (string, error) {
+func (b *Broker) mountRootfs(ctx context.Context, p *pod, img *image.Image, rec *ContainerRecord) (string, error) {
 	if rec.Restore != nil {
-		if err := b.importCheckpointLayer(rec); err != nil {
+		if err := b.importCheckpointLayer(ctx, rec); err != nil {
 			return "", err
 		}
 	}
@@ -296,7 +296,7 @@ func (b *Broker) mountRootfs(p *pod, img *image.Image, rec *ContainerRecord) (st
 		defer f.Close()
 		userns = &image.UserNS{File: f, UID: int(podNS.HostID), GID: int(podNS.HostID)}
 	}
-	return b.opts.Images.MountRootfs(img.ID, rec.Dir, userns)
+	return b.opts.Images.MountRootfs(ctx, img.ID, rec.Dir, userns)
 }
 
 // mountImageVolumes mounts the images of cfg's image volumes beneath the
@@ -346,7 +346,7 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 		return fmt.Errorf("persist container record: %w", err)
 	}
 	defer b.releaseFailedRootfs(ctx, rec, &err)
-	rootfs, cfg, err := b.mountContainerFS(p, img, rec)
+	rootfs, cfg, err := b.mountContainerFS(ctx, p, img, rec)
 	if err != nil {
 		return err
 	}
@@ -381,8 +381,8 @@ func (b *Broker) releaseFailedRootfs(ctx context.Context, rec *ContainerRecord, 
 // (mountImageVolumes). It returns the rootfs and rec's config with the
 // image volumes' paths; what it mounted before failing is left to
 // releaseFailedRootfs.
-func (b *Broker) mountContainerFS(p *pod, img *image.Image, rec *ContainerRecord) (string, *ContainerConfig, error) {
-	rootfs, err := b.mountRootfs(p, img, rec)
+func (b *Broker) mountContainerFS(ctx context.Context, p *pod, img *image.Image, rec *ContainerRecord) (string, *ContainerConfig, error) {
+	rootfs, err := b.mountRootfs(ctx, p, img, rec)
 	if err != nil {
 		return "", nil, fmt.Errorf("container rootfs: %w", err)
 	}
@@ -516,7 +516,7 @@ func (b *Broker) pullCheckpointed(ctx context.Context, cfg *ContainerConfig, nam
 	} else if byID {
 		return nil, errdefs.NotFound("the checkpointed container's image %s is not on this node, and the checkpoint names no reference to pull it by", cfg.Image)
 	}
-	verify, err := b.pullVerifier(namespace, ref)
+	verify, err := b.pullVerifier(ctx, namespace, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -583,11 +583,11 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 	if err != nil {
 		// The agent records a failed start as an exit; keep that truth.
 		if st2, serr := h.ContainerStatus(actx, c.rec.ID); serr == nil && st2.State == api.StateExited {
-			b.applyAppStatus(c, st2)
+			b.applyAppStatus(ctx, c, st2)
 		}
 		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
 	}
-	b.applyAppStatus(c, st)
+	b.applyAppStatus(ctx, c, st)
 	b.log.InfoContext(ctx, "container started", "pod", p.rec.ID, "container", c.rec.ID)
 	return nil
 }
@@ -596,7 +596,7 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 // persists the record if anything changed and publishes the change. A
 // container only moves forward: created, running, exited; a status that
 // arrives late (a start's reply after the exit's event) changes nothing.
-func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
+func (b *Broker) applyAppStatus(ctx context.Context, c *container, st *api.AppStatus) {
 	if st == nil {
 		return
 	}
@@ -637,7 +637,7 @@ func (b *Broker) applyAppStatus(c *container, st *api.AppStatus) {
 	}
 	if changed {
 		if err := b.rec.saveContainer(&cp); err != nil {
-			b.log.Error("persist container record", "container", cp.ID, "err", err)
+			b.log.ErrorContext(ctx, "persist container record", "container", cp.ID, "err", err)
 		}
 	}
 }
@@ -738,20 +738,20 @@ func (b *Broker) stopContainer(ctx context.Context, c *container, timeout time.D
 	defer cancel()
 	st, err := h.StopContainer(actx, c.rec.ID, timeout)
 	if errdefs.IsNotFound(err) {
-		b.markGone(c, "the pod's agent no longer knows the container")
+		b.markGone(ctx, c, "the pod's agent no longer knows the container")
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("stop container %s: %w", c.rec.ID, err)
 	}
-	b.applyAppStatus(c, st)
+	b.applyAppStatus(ctx, c, st)
 	b.log.InfoContext(ctx, "container stopped", "container", c.rec.ID, "exitCode", st.ExitCode)
 	return nil
 }
 
 // markGone records a container as exited when the truth about its end is
 // lost (its pod's agent died or forgot it).
-func (b *Broker) markGone(c *container, why string) {
+func (b *Broker) markGone(ctx context.Context, c *container, why string) {
 	b.mu.Lock()
 	rec := c.rec
 	if rec.State != ContainerRunning && rec.State != ContainerCreated {
@@ -769,13 +769,13 @@ func (b *Broker) markGone(c *container, why string) {
 	}
 	b.mu.Unlock()
 	if err := b.rec.saveContainer(&cp); err != nil {
-		b.log.Error("persist container record", "container", cp.ID, "err", err)
+		b.log.ErrorContext(ctx, "persist container record", "container", cp.ID, "err", err)
 	}
 }
 
-func (b *Broker) markContainersGone(podID, why string) {
+func (b *Broker) markContainersGone(ctx context.Context, podID, why string) {
 	for _, c := range b.containersOf(podID) {
-		b.markGone(c, why)
+		b.markGone(ctx, c, why)
 	}
 }
 
@@ -848,7 +848,7 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 		return err
 	}
 	if p != nil {
-		b.releaseRootfs(p, rec.ID, rec.Dir, unshare)
+		b.releaseRootfs(ctx, p, rec.ID, rec.Dir, unshare)
 	}
 	if rec.App != nil {
 		lsm.ReleaseSELinux(rec.App.SELinuxProcessLabel)
@@ -876,8 +876,10 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 // removal waits for it (and its stage1 releases any bind left), and so
 // does Close. A daemon that stops before it is done finds the directory
 // without a record at its next start, and removes it then
-// (collectOrphans); it never removes through a mount.
-func (b *Broker) releaseRootfs(p *pod, id, dir string, unshare func(string) error) {
+// (collectOrphans); it never removes through a mount. Its logs carry
+// ctx's values (the request's ID), not its end: it outlives the request.
+func (b *Broker) releaseRootfs(ctx context.Context, p *pod, id, dir string, unshare func(string) error) {
+	ctx = context.WithoutCancel(ctx)
 	p.releasing.Add(1)
 	b.releasing.Add(1)
 	go func() {
@@ -888,12 +890,12 @@ func (b *Broker) releaseRootfs(p *pod, id, dir string, unshare func(string) erro
 				// Its overlay stays mounted through a bind: its layer is
 				// left alone, for the next start (collectOrphans), the
 				// binds for the pod's removal.
-				b.log.Error("undoing the binds of a removed container; its file system stays until the next start", "container", id, "err", err)
+				b.log.ErrorContext(ctx, "undoing the binds of a removed container; its file system stays until the next start", "container", id, "err", err)
 				return
 			}
 		}
 		if err := b.opts.Images.UnmountRootfs(dir); err != nil {
-			b.log.Error("releasing a removed container's file system; the next start retries", "container", id, "dir", dir, "err", err)
+			b.log.ErrorContext(ctx, "releasing a removed container's file system; the next start retries", "container", id, "dir", dir, "err", err)
 		}
 	}()
 }
@@ -946,9 +948,9 @@ func (b *Broker) refresh(ctx context.Context, p *pod, cs []*container) {
 	}
 	for _, c := range live {
 		if st, ok := byID[c.rec.ID]; ok {
-			b.applyAppStatus(c, st)
+			b.applyAppStatus(ctx, c, st)
 		} else {
-			b.markGone(c, "the pod's agent no longer knows the container")
+			b.markGone(ctx, c, "the pod's agent no longer knows the container")
 		}
 	}
 }

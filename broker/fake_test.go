@@ -73,7 +73,7 @@ func (f *fakeImages) Get(ref string) (*image.Image, error) {
 	return nil, errdefs.NotFound("image %q", ref)
 }
 func (f *fakeImages) List() []*image.Image { return []*image.Image{fakeImage} }
-func (f *fakeImages) Remove(ref string) error {
+func (f *fakeImages) Remove(_ context.Context, ref string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.removed = true
@@ -81,7 +81,7 @@ func (f *fakeImages) Remove(ref string) error {
 }
 func (f *fakeImages) Usage() (uint64, uint64, error) { return 1, 1, nil }
 func (f *fakeImages) Root() string                   { return "/fake" }
-func (f *fakeImages) MountRootfs(id, dir string, userns *image.UserNS) (string, error) {
+func (f *fakeImages) MountRootfs(_ context.Context, id, dir string, userns *image.UserNS) (string, error) {
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
 		return "", err

@@ -14,7 +14,7 @@ func (b *Broker) PullImage(ctx context.Context, ref string, auth *image.Auth, na
 	if ref == "" {
 		return nil, errdefs.InvalidArgument("image.image: must not be empty")
 	}
-	verify, err := b.pullVerifier(namespace, ref)
+	verify, err := b.pullVerifier(ctx, namespace, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ func (b *Broker) RemoveImage(ctx context.Context, ref string) error {
 		}
 	}
 	b.mu.Unlock()
-	if err := b.opts.Images.Remove(ref); err != nil {
+	if err := b.opts.Images.Remove(ctx, ref); err != nil {
 		return err
 	}
 	b.log.InfoContext(ctx, "image removed", "ref", ref, "image", img.ID)

@@ -511,7 +511,7 @@ func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
 	if err := b.teardownNetwork(ctx, &netRec, false); err != nil {
 		return fmt.Errorf("stop pod %s: %w", podID, err)
 	}
-	b.markContainersGone(podID, "the pod was stopped")
+	b.markContainersGone(ctx, podID, "the pod was stopped")
 	b.mu.Lock()
 	p.rec.NetworkReleased = netRec.NetworkReleased
 	p.handle = nil
@@ -732,7 +732,7 @@ func (b *Broker) podHandle(p *pod) (*podconn.Pod, error) {
 
 // podGone records that a running pod's agent is gone. The pod's resources
 // stay until StopPodSandbox/RemovePodSandbox.
-func (b *Broker) podGone(p *pod, h *podconn.Pod, why error) {
+func (b *Broker) podGone(ctx context.Context, p *pod, h *podconn.Pod, why error) {
 	b.mu.Lock()
 	if p.handle != h || h == nil {
 		b.mu.Unlock()
@@ -745,10 +745,10 @@ func (b *Broker) podGone(p *pod, h *podconn.Pod, why error) {
 	b.publishLocked(EventStopped, p, nil)
 	b.mu.Unlock()
 	b.unwatch(p)
-	b.log.Warn("the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
-	b.markContainersGone(cp.ID, "the pod's agent is gone")
+	b.log.WarnContext(ctx, "the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
+	b.markContainersGone(ctx, cp.ID, "the pod's agent is gone")
 	if err := b.rec.savePod(&cp); err != nil {
-		b.log.Error("persist pod record", "pod", cp.ID, "err", err)
+		b.log.ErrorContext(ctx, "persist pod record", "pod", cp.ID, "err", err)
 	}
 }
 

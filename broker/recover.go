@@ -202,7 +202,7 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	}
 	if p.handle == nil {
 		for _, c := range live {
-			b.markGone(c, "the pod's agent was gone when the daemon restarted")
+			b.markGone(ctx, c, "the pod's agent was gone when the daemon restarted")
 		}
 		return result
 	}

@@ -172,13 +172,13 @@ func (b *Broker) removeUnpacked(ctx context.Context, rec *ContainerRecord, err *
 
 // importCheckpointLayer makes the writable layer of rec's rootfs the
 // checkpoint's, before the rootfs is mounted.
-func (b *Broker) importCheckpointLayer(rec *ContainerRecord) error {
+func (b *Broker) importCheckpointLayer(ctx context.Context, rec *ContainerRecord) error {
 	f, err := os.Open(filepath.Join(rec.Dir, restoreDir, checkpoint.RootfsDiff))
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	defer f.Close()
-	return image.ImportLayer(rec.Dir, f, b.log)
+	return image.ImportLayer(ctx, rec.Dir, f, b.log)
 }
 
 // startRestored starts container c of pod p, created from a checkpoint,

@@ -43,7 +43,7 @@ func pullReference(ref string) (trust.Reference, error) {
 
 // pullVerifier is how a pull of ref for a pod in namespace is checked
 // against the signature policy; nil when no policy is configured.
-func (b *Broker) pullVerifier(namespace, ref string) (image.Verify, error) {
+func (b *Broker) pullVerifier(ctx context.Context, namespace, ref string) (image.Verify, error) {
 	if b.opts.Trust == nil {
 		return nil, nil
 	}
@@ -53,7 +53,7 @@ func (b *Broker) pullVerifier(namespace, ref string) (image.Verify, error) {
 		// is refused, as the store would refuse it.
 		return nil, errdefs.InvalidArgument("pull %q: bad image reference: %w", ref, err)
 	}
-	dec, err := b.opts.Trust.Decide(namespace, r)
+	dec, err := b.opts.Trust.Decide(ctx, namespace, r)
 	if err != nil {
 		b.obs.ImageVerified(VerifyAtPull, VerifyRejected)
 		return nil, err
@@ -82,7 +82,7 @@ func (b *Broker) checkImageTrust(ctx context.Context, namespace string, cfg *Con
 	cands := trustCandidates(cfg, img)
 	var first error
 	for _, c := range cands {
-		dec, err := b.opts.Trust.Decide(namespace, c.Ref)
+		dec, err := b.opts.Trust.Decide(ctx, namespace, c.Ref)
 		if err == nil {
 			err = dec.Check(c, img.Signatures)
 		}
@@ -187,7 +187,7 @@ type ImageVerdict struct {
 // ImageTrust says, for the node's policy and each namespace that has its
 // own, which requirement applies to img and whether the signatures kept
 // beside it satisfy it now, as a container creation would check it.
-func (b *Broker) ImageTrust(img *image.Image) []ImageVerdict {
+func (b *Broker) ImageTrust(ctx context.Context, img *image.Image) []ImageVerdict {
 	if b.opts.Trust == nil {
 		return nil
 	}
@@ -197,7 +197,7 @@ func (b *Broker) ImageTrust(img *image.Image) []ImageVerdict {
 		v := ImageVerdict{Namespace: ns, Result: VerifyRejected}
 		cands := trustCandidates(cfg, img)
 		for i, c := range cands {
-			dec, err := b.opts.Trust.Decide(ns, c.Ref)
+			dec, err := b.opts.Trust.Decide(ctx, ns, c.Ref)
 			if err != nil {
 				v.Reason = err.Error()
 				break

@@ -86,7 +86,7 @@ func (b *Broker) follow(ctx context.Context, p *pod, h *podconn.Pod, synced chan
 			},
 			func(ev *api.Event) {
 				wait = resubscribeMin
-				b.applyEvent(p, ev)
+				b.applyEvent(ctx, p, ev)
 			})
 		if ctx.Err() != nil {
 			return
@@ -125,7 +125,7 @@ func (b *Broker) agentGone(ctx context.Context, p *pod, h *podconn.Pod, why erro
 	if err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
 		return false
 	}
-	b.podGone(p, h, why)
+	b.podGone(ctx, p, h, why)
 	return true
 }
 
@@ -145,7 +145,7 @@ func (b *Broker) poll(ctx context.Context, p *pod, h *podconn.Pod, synced func()
 			b.resync(ctx, p, h, apps)
 			synced()
 		case errors.Is(err, errdefs.ErrUnavailable):
-			b.podGone(p, h, err)
+			b.podGone(ctx, p, h, err)
 			return
 		}
 		select {
@@ -167,7 +167,7 @@ func (b *Broker) resync(ctx context.Context, p *pod, h *podconn.Pod, apps []*api
 	}
 	for _, c := range b.containersOf(p.id()) {
 		if st, ok := byID[c.rec.ID]; ok {
-			b.applyAppStatus(c, st)
+			b.applyAppStatus(ctx, c, st)
 			continue
 		}
 		b.mu.Lock()
@@ -181,9 +181,9 @@ func (b *Broker) resync(ctx context.Context, p *pod, h *podconn.Pod, apps []*api
 		cancel()
 		switch {
 		case err == nil:
-			b.applyAppStatus(c, st)
+			b.applyAppStatus(ctx, c, st)
 		case errdefs.IsNotFound(err):
-			b.markGone(c, "the pod's agent no longer knows the container")
+			b.markGone(ctx, c, "the pod's agent no longer knows the container")
 		}
 	}
 }
@@ -191,7 +191,7 @@ func (b *Broker) resync(ctx context.Context, p *pod, h *podconn.Pod, apps []*api
 // applyEvent applies one event of the pod's agent to the container's
 // record. Events for containers whose creation has not finished are left
 // to the create call, which records what the agent answered.
-func (b *Broker) applyEvent(p *pod, ev *api.Event) {
+func (b *Broker) applyEvent(ctx context.Context, p *pod, ev *api.Event) {
 	if ev.Type == api.EventRemoved {
 		return // only the broker removes containers
 	}
@@ -209,5 +209,5 @@ func (b *Broker) applyEvent(p *pod, ev *api.Event) {
 	default:
 		return
 	}
-	b.applyAppStatus(c, ev.App)
+	b.applyAppStatus(ctx, c, ev.App)
 }

@@ -76,7 +76,7 @@ func (s *Server) ImageStatus(ctx context.Context, r *runtimeapi.ImageStatusReque
 		resp.Info = map[string]string{"layers": strconv.Itoa(len(img.Layers))}
 		// Which signature requirement applies to the image in each
 		// namespace with a policy of its own, and in the others.
-		if v := s.b.ImageTrust(img); v != nil {
+		if v := s.b.ImageTrust(ctx, img); v != nil {
 			b, _ := json.Marshal(v)
 			resp.Info["signaturePolicy"] = string(b)
 			// Where the signatures kept beside the image were found.

@@ -57,7 +57,7 @@ func FuzzUnpackLayer(f *testing.F) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_, _ = unpackLayer(bytes.NewReader(layer), target, discard)
+			_, _ = unpackLayer(t.Context(), bytes.NewReader(layer), target, discard)
 		}()
 		select {
 		case <-done:

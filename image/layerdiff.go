@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -176,7 +177,7 @@ func (x *layerExport) opaqueMarker(p, rel string, fi fs.FileInfo) error {
 // exist yet, or be empty. The tar is checked as an image layer's is (no
 // entry outside the layer, no device nodes). On failure dir/upper is
 // removed again.
-func ImportLayer(dir string, r io.Reader, log *slog.Logger) error {
+func ImportLayer(ctx context.Context, dir string, r io.Reader, log *slog.Logger) error {
 	upper := filepath.Join(dir, "upper")
 	if err := os.MkdirAll(upper, 0o755); err != nil {
 		return fmt.Errorf("import container layer: %w", err)
@@ -190,9 +191,9 @@ func ImportLayer(dir string, r io.Reader, log *slog.Logger) error {
 	if err == nil {
 		return errdefs.FailedPrecondition("import container layer: %s is not empty", upper)
 	}
-	if _, err := unpackLayer(r, upper, log); err != nil {
+	if _, err := unpackLayer(ctx, r, upper, log); err != nil {
 		if rerr := os.RemoveAll(upper); rerr != nil {
-			log.Warn("import container layer: remove partial layer", "dir", upper, "err", rerr)
+			log.WarnContext(ctx, "import container layer: remove partial layer", "dir", upper, "err", rerr)
 		}
 		return fmt.Errorf("import container layer: %w", err)
 	}

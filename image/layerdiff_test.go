@@ -33,7 +33,7 @@ func TestExportImportLayer(t *testing.T) {
 	}
 	mount := func(dir string) string {
 		t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
-		rootfs, err := s.MountRootfs(img.ID, dir, nil)
+		rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func TestExportImportLayer(t *testing.T) {
 	}
 
 	dir2 := filepath.Join(t.TempDir(), "ctr2")
-	must(ImportLayer(dir2, bytes.NewReader(buf.Bytes()), slog.New(slog.DiscardHandler)))
+	must(ImportLayer(t.Context(), dir2, bytes.NewReader(buf.Bytes()), slog.New(slog.DiscardHandler)))
 	root2 := mount(dir2)
 	if a, b := treeOf(t, root1), treeOf(t, root2); !slices.Equal(a, b) {
 		t.Errorf("imported tree differs:\n%q\n%q", a, b)
@@ -109,7 +109,7 @@ func TestExportImportLayer(t *testing.T) {
 	}
 
 	// Only into an empty writable layer.
-	if err := ImportLayer(dir2, bytes.NewReader(buf.Bytes()), slog.New(slog.DiscardHandler)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := ImportLayer(t.Context(), dir2, bytes.NewReader(buf.Bytes()), slog.New(slog.DiscardHandler)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("import over a layer: %v", err)
 	}
 }
@@ -124,7 +124,7 @@ func TestImportLayerRefusesEscape(t *testing.T) {
 	}
 	tw.Close()
 	dir := t.TempDir()
-	err := ImportLayer(dir, &buf, slog.New(slog.DiscardHandler))
+	err := ImportLayer(t.Context(), dir, &buf, slog.New(slog.DiscardHandler))
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("import: %v", err)
 	}

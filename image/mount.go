@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -38,7 +39,7 @@ const maxMountData = 4096 - 1
 // Errors: ErrNotFound for an unknown image; ErrFailedPrecondition when a
 // layer is missing on disk or the layer list is too long for one mount;
 // ErrPermissionDenied without the privilege to mount.
-func (s *Store) MountRootfs(imageID, dir string, userns *UserNS) (rootfs string, err error) {
+func (s *Store) MountRootfs(ctx context.Context, imageID, dir string, userns *UserNS) (rootfs string, err error) {
 	img, err := s.Get(imageID)
 	if err != nil {
 		return "", err
@@ -109,7 +110,7 @@ func (s *Store) MountRootfs(imageID, dir string, userns *UserNS) (rootfs string,
 		}
 		return "", fmt.Errorf("mount rootfs at %s: %w", rootfs, err)
 	}
-	s.log.Debug("rootfs mounted", "image", img.ID, "rootfs", rootfs, "layers", len(img.Layers))
+	s.log.DebugContext(ctx, "rootfs mounted", "image", img.ID, "rootfs", rootfs, "layers", len(img.Layers))
 	return rootfs, nil
 }
 

@@ -34,7 +34,7 @@ func TestMountRootfs(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "ctr1")
 	t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
-	rootfs, err := s.MountRootfs(img.ID, dir, nil)
+	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestMountRootfs(t *testing.T) {
 		t.Errorf("delete reached the layer: %v", err)
 	}
 	// Idempotent: no second mount.
-	again, err := s.MountRootfs(img.ID, dir, nil)
+	again, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
 	if err != nil || again != rootfs {
 		t.Fatalf("second mount: %s, %v", again, err)
 	}
@@ -83,7 +83,7 @@ func TestMountRootfs(t *testing.T) {
 		t.Errorf("mounts under dir: %v", m)
 	}
 	// Removing the image keeps the mounted layer.
-	if err := s.Remove(img.ID); err != nil {
+	if err := s.Remove(t.Context(), img.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(layer, "bin/busybox")); err != nil {
@@ -98,7 +98,7 @@ func TestMountRootfs(t *testing.T) {
 	if err := s.UnmountRootfs(dir); err != nil {
 		t.Errorf("second UnmountRootfs: %v", err)
 	}
-	if _, err := s.MountRootfs(img.ID, dir, nil); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.MountRootfs(t.Context(), img.ID, dir, nil); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("mount of a removed image: %v", err)
 	}
 }
@@ -122,7 +122,7 @@ func BenchmarkMountRootfs(b *testing.B) {
 	base := b.TempDir()
 	for b.Loop() {
 		dir := filepath.Join(base, "c")
-		if _, err := s.MountRootfs(img.ID, dir, nil); err != nil {
+		if _, err := s.MountRootfs(b.Context(), img.ID, dir, nil); err != nil {
 			b.Fatal(err)
 		}
 		if err := s.UnmountRootfs(dir); err != nil {
@@ -222,7 +222,7 @@ func TestMountRootfsIDMapped(t *testing.T) {
 	defer ns.Close()
 	dir := filepath.Join(t.TempDir(), "ctr")
 	t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
-	rootfs, err := s.MountRootfs(img.ID, dir, &UserNS{File: ns, UID: base, GID: base})
+	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, &UserNS{File: ns, UID: base, GID: base})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -205,7 +205,7 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, verify Verify)
 	s.gcMu.RLock()
 	defer s.gcMu.RUnlock()
 
-	if img, ok := s.cached(p, top, sigs); ok {
+	if img, ok := s.cached(ctx, p, top, sigs); ok {
 		s.log.DebugContext(ctx, "pull: image present", "ref", ref, "id", img.ID, "took", time.Since(start))
 		return img, nil
 	}
@@ -435,7 +435,7 @@ func (s *Store) keptSignatures(top string) []trust.Signature {
 
 // cached returns the stored image whose manifest or pulled digest is top,
 // after tagging it with p and keeping sigs, if all its layers are present.
-func (s *Store) cached(p *parsed, top string, sigs []trust.Signature) (*Image, bool) {
+func (s *Store) cached(ctx context.Context, p *parsed, top string, sigs []trust.Signature) (*Image, bool) {
 	s.mu.Lock()
 	found := s.pulledAsLocked(top)
 	s.mu.Unlock()
@@ -449,7 +449,7 @@ func (s *Store) cached(p *parsed, top string, sigs []trust.Signature) (*Image, b
 	}
 	img, err := s.commit(found, p, top, sigs)
 	if err != nil {
-		s.log.Warn("pull: record update failed", "id", found.ID, "err", err)
+		s.log.WarnContext(ctx, "pull: record update failed", "id", found.ID, "err", err)
 		return nil, false
 	}
 	return img, true
@@ -578,7 +578,7 @@ func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
 	src := &errReader{r: rc}
 	tee := io.TeeReader(src, h)
 	start := time.Now()
-	st, err := unpackLayer(tee, tmp, s.log)
+	st, err := unpackLayer(ctx, tee, tmp, s.log)
 	if err != nil {
 		if src.err != nil {
 			// The download failed, not the archive.

@@ -60,6 +60,7 @@
 package image
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -356,7 +357,7 @@ func (s *Store) List() []*Image {
 // and blobs no image uses any more (layers under a mounted rootfs are kept).
 // Idempotent: a missing image is not an error. Errors: ErrInvalidArgument
 // for an ambiguous ID prefix; I/O errors removing the record.
-func (s *Store) Remove(ref string) error {
+func (s *Store) Remove(ctx context.Context, ref string) error {
 	s.mu.Lock()
 	rec, err := s.lookupLocked(ref)
 	if errdefs.IsNotFound(err) {
@@ -377,7 +378,7 @@ func (s *Store) Remove(ref string) error {
 	serr := syncDir(s.imagesDir())
 	delete(s.images, rec.ID)
 	s.mu.Unlock()
-	s.gc()
+	s.gc(ctx)
 	if serr != nil {
 		return fmt.Errorf("remove image %s: sync %s: %w", ref, s.imagesDir(), serr)
 	}
@@ -385,7 +386,7 @@ func (s *Store) Remove(ref string) error {
 }
 
 // gc removes layers and blobs no record references. Failures are logged.
-func (s *Store) gc() {
+func (s *Store) gc(ctx context.Context) {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
 	used := map[string]bool{}
@@ -408,14 +409,14 @@ func (s *Store) gc() {
 			}
 			p := filepath.Join(s.layersDir(), n)
 			if mounted[p] {
-				s.log.Debug("keeping unused layer: it is mounted", "layer", n)
+				s.log.DebugContext(ctx, "keeping unused layer: it is mounted", "layer", n)
 				continue
 			}
 			if err := os.RemoveAll(p); err != nil {
-				s.log.Warn("garbage collection: remove layer", "layer", n, "err", err)
+				s.log.WarnContext(ctx, "garbage collection: remove layer", "layer", n, "err", err)
 				continue
 			}
-			s.log.Debug("garbage collection: layer removed", "layer", n)
+			s.log.DebugContext(ctx, "garbage collection: layer removed", "layer", n)
 		}
 	}
 	if ents, err := os.ReadDir(s.blobDir()); err == nil {

@@ -332,13 +332,13 @@ func TestRemoveAndGC(t *testing.T) {
 		t.Errorf("user = %q", b.Config.User)
 	}
 	layer := s.layerPath(a.Layers[0])
-	if err := s.Remove(refA); err != nil {
+	if err := s.Remove(t.Context(), refA); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(refA); err != nil {
+	if err := s.Remove(t.Context(), refA); err != nil {
 		t.Fatalf("second Remove: %v", err)
 	}
-	if err := s.Remove(a.ID); err != nil {
+	if err := s.Remove(t.Context(), a.ID); err != nil {
 		t.Fatalf("Remove by ID of a removed image: %v", err)
 	}
 	if _, err := s.Get(refA); !errors.Is(err, errdefs.ErrNotFound) {
@@ -347,7 +347,7 @@ func TestRemoveAndGC(t *testing.T) {
 	if _, err := os.Stat(layer); err != nil {
 		t.Fatalf("shared layer collected while in use: %v", err)
 	}
-	if err := s.Remove(b.ID[:19]); err != nil {
+	if err := s.Remove(t.Context(), b.ID[:19]); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(layer); !errors.Is(err, os.ErrNotExist) {

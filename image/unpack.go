@@ -2,6 +2,7 @@ package image
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -35,7 +36,7 @@ type unpackStats struct {
 // empty. It enforces the rules in the package documentation; a refused entry
 // fails the whole extraction with an ErrInvalidArgument naming the entry.
 // The caller removes dir on failure.
-func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error) {
+func unpackLayer(ctx context.Context, r io.Reader, dir string, log *slog.Logger) (unpackStats, error) {
 	var st unpackStats
 	root := os.Geteuid() == 0
 	tr := tar.NewReader(r)
@@ -91,7 +92,7 @@ func unpackLayer(r io.Reader, dir string, log *slog.Logger) (unpackStats, error)
 		}
 		p := filepath.Join(parent, base)
 
-		isDir, apply, err := writeEntry(p, dir, hdr, tr, &st, log)
+		isDir, apply, err := writeEntry(ctx, p, dir, hdr, tr, &st, log)
 		if err != nil {
 			return st, err
 		}
@@ -152,7 +153,7 @@ func applyWhiteout(dir, parentRel, base, name string, root bool) error {
 // from tr. It says whether p is a directory (whose times are set once its
 // children are in) and whether hdr's metadata is to be applied to p (not
 // for hard links, which share their target's, nor skipped entries).
-func writeEntry(p, dir string, hdr *tar.Header, tr io.Reader, st *unpackStats, log *slog.Logger) (isDir, apply bool, err error) {
+func writeEntry(ctx context.Context, p, dir string, hdr *tar.Header, tr io.Reader, st *unpackStats, log *slog.Logger) (isDir, apply bool, err error) {
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		fi, err := os.Lstat(p)
@@ -221,11 +222,11 @@ func writeEntry(p, dir string, hdr *tar.Header, tr io.Reader, st *unpackStats, l
 		// /dev is provided by the runtime; device nodes from images are
 		// never created.
 		st.Skipped++
-		log.Debug("skipping device node in layer", "entry", hdr.Name)
+		log.DebugContext(ctx, "skipping device node in layer", "entry", hdr.Name)
 		return false, false, nil
 	default:
 		st.Skipped++
-		log.Debug("skipping unsupported layer entry", "entry", hdr.Name, "type", string(hdr.Typeflag))
+		log.DebugContext(ctx, "skipping unsupported layer entry", "entry", hdr.Name, "type", string(hdr.Typeflag))
 		return false, false, nil
 	}
 	return false, true, nil

@@ -294,7 +294,7 @@ func TestUnpackHostile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = unpackLayer(bytes.NewReader(b), layer, discard)
+			_, err = unpackLayer(t.Context(), bytes.NewReader(b), layer, discard)
 			switch {
 			case tc.wantErr == nil && err != nil:
 				t.Fatalf("unpack: %v", err)

@@ -1,6 +1,7 @@
 package trust
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -105,7 +106,7 @@ func (e *entry) load() error {
 
 // refresh reloads e when one of its files changed since it was last read
 // (good or bad).
-func (e *entry) refresh(log *slog.Logger) {
+func (e *entry) refresh(ctx context.Context, log *slog.Logger) {
 	last := e.stamps
 	if e.failed != nil {
 		last = e.failed
@@ -115,13 +116,13 @@ func (e *entry) refresh(log *slog.Logger) {
 	}
 	if err := e.load(); err != nil {
 		if e.policy != nil {
-			log.Error("signature policy does not load; the last good one stays in force", "file", e.file, "loaded", e.loadedAt, "err", err)
+			log.ErrorContext(ctx, "signature policy does not load; the last good one stays in force", "file", e.file, "loaded", e.loadedAt, "err", err)
 		} else {
-			log.Error("signature policy does not load; its namespace's images are refused", "file", e.file, "err", err)
+			log.ErrorContext(ctx, "signature policy does not load; its namespace's images are refused", "file", e.file, "err", err)
 		}
 		return
 	}
-	log.Info("signature policy loaded", "file", e.file)
+	log.InfoContext(ctx, "signature policy loaded", "file", e.file)
 }
 
 var namespaceRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
@@ -129,7 +130,7 @@ var namespaceRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 // Policy is the policy in force for namespace: its own file if the
 // directory has one, else the node's. The error is a namespace file that
 // has never loaded.
-func (s *Source) Policy(namespace string) (*Policy, error) {
+func (s *Source) Policy(ctx context.Context, namespace string) (*Policy, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dir != "" && namespaceRE.MatchString(namespace) {
@@ -137,7 +138,7 @@ func (s *Source) Policy(namespace string) (*Policy, error) {
 		e := s.ns[namespace]
 		if !statStamp(p).exists {
 			if e != nil {
-				s.log.Info("namespace signature policy removed; the node's applies", "file", p)
+				s.log.InfoContext(ctx, "namespace signature policy removed; the node's applies", "file", p)
 				delete(s.ns, namespace)
 			}
 		} else {
@@ -145,7 +146,7 @@ func (s *Source) Policy(namespace string) (*Policy, error) {
 				e = &entry{file: p, failed: map[string]stamp{p: {}}}
 				s.ns[namespace] = e
 			}
-			e.refresh(s.log)
+			e.refresh(ctx, s.log)
 			if e.policy == nil {
 				return nil, fmt.Errorf("the policy of namespace %s does not load: %w", namespace, e.err)
 			}
@@ -155,15 +156,15 @@ func (s *Source) Policy(namespace string) (*Policy, error) {
 	if s.global == nil {
 		return AcceptAnything, nil
 	}
-	s.global.refresh(s.log)
+	s.global.refresh(ctx, s.log)
 	return s.global.policy, nil
 }
 
 // Decide is the requirements that apply to ref for namespace, with the
 // file and scope that say so. A namespace policy that does not load gives a
 // *Rejection.
-func (s *Source) Decide(namespace string, ref Reference) (*Decision, error) {
-	p, err := s.Policy(namespace)
+func (s *Source) Decide(ctx context.Context, namespace string, ref Reference) (*Decision, error) {
+	p, err := s.Policy(ctx, namespace)
 	if err != nil {
 		return nil, &Rejection{Image: ref.String(), Namespace: namespace, Reason: err.Error()}
 	}

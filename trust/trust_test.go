@@ -232,7 +232,7 @@ func TestSourceRereadsChangedFiles(t *testing.T) {
 	ref := Reference{Repo: "r.io/a", Tag: "1"}
 	scopeOf := func(ns string) string {
 		t.Helper()
-		d, err := s.Decide(ns, ref)
+		d, err := s.Decide(t.Context(), ns, ref)
 		if err != nil {
 			t.Fatalf("decide %s: %v", ns, err)
 		}
@@ -278,7 +278,7 @@ func TestSourceRereadsChangedFiles(t *testing.T) {
 
 	// A namespace file that never loaded refuses the namespace's images.
 	write(t, filepath.Join(nsDir, "qa.json"), `{"default": [`)
-	_, err = s.Decide("qa", ref)
+	_, err = s.Decide(t.Context(), "qa", ref)
 	if !errors.Is(err, crierrors.ErrSignatureValidationFailed) || !strings.Contains(err.Error(), "qa.json") {
 		t.Fatalf("decide qa with a broken file: %v", err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -325,7 +326,7 @@ func explainImage(out io.Writer, src *trust.Source, namespace, ref string) bool 
 		return false
 	}
 	fmt.Fprintf(out, "image:   %s in namespace %s\n", r, namespace)
-	d, err := src.Decide(namespace, r)
+	d, err := src.Decide(context.Background(), namespace, r)
 	if err != nil {
 		fmt.Fprintf(out, "  refused: %v\n", err)
 		return false

@@ -15,13 +15,13 @@ import (
 // names is that stagelet's to release. An unreadable one is logged and
 // replaced by the zero state, which the backend then fills from its
 // naming convention (a crash before the first persist leaves none).
-func StateForRelease[S any](log *slog.Logger, backend, podID string, b []byte, parse func([]byte) (*S, error)) (*S, error) {
+func StateForRelease[S any](ctx context.Context, log *slog.Logger, backend, podID string, b []byte, parse func([]byte) (*S, error)) (*S, error) {
 	st, err := parse(b)
 	if errors.Is(err, stage1.ErrNewerState) {
 		return nil, err
 	}
 	if err != nil {
-		log.Warn(backend+": unreadable pod state; releasing by convention", "pod", podID, "err", err)
+		log.WarnContext(ctx, backend+": unreadable pod state; releasing by convention", "pod", podID, "err", err)
 		return new(S), nil
 	}
 	return st, nil
@@ -34,7 +34,7 @@ func StateForRelease[S any](log *slog.Logger, backend, podID string, b []byte, p
 // before the first persist), then released.
 func Destroy[S any](ctx context.Context, log *slog.Logger, backend string, spec *stage1.PodSpec, b []byte,
 	parse func([]byte) (*S, error), fill func(*S), release func(context.Context, *S) error) error {
-	st, err := StateForRelease(log, backend, spec.ID, b, parse)
+	st, err := StateForRelease(ctx, log, backend, spec.ID, b, parse)
 	if err != nil {
 		return err
 	}

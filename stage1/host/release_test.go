@@ -163,13 +163,13 @@ func TestStateForRelease(t *testing.T) {
 		return &s, nil
 	}
 	log := slog.New(slog.DiscardHandler)
-	if s, err := StateForRelease(log, "test", "p", []byte(`{"version":1,"unit":"u"}`), parse); err != nil || s.Unit != "u" {
+	if s, err := StateForRelease(t.Context(), log, "test", "p", []byte(`{"version":1,"unit":"u"}`), parse); err != nil || s.Unit != "u" {
 		t.Errorf("a good state: %+v, %v", s, err)
 	}
-	if s, err := StateForRelease(log, "test", "p", []byte(`{"version":1,"un`), parse); err != nil || *s != (st{}) {
+	if s, err := StateForRelease(t.Context(), log, "test", "p", []byte(`{"version":1,"un`), parse); err != nil || *s != (st{}) {
 		t.Errorf("a torn state: %+v, %v; want the zero state", s, err)
 	}
-	if _, err := StateForRelease(log, "test", "p", []byte(`{"version":9}`), parse); !errors.Is(err, stage1.ErrNewerState) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := StateForRelease(t.Context(), log, "test", "p", []byte(`{"version":9}`), parse); !errors.Is(err, stage1.ErrNewerState) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("a newer state: %v, want stage1.ErrNewerState", err)
 	}
 }

@@ -54,7 +54,7 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 	}
 	out, err := v.SharedDir.Share(ctx, spec, known)
 	if err != nil {
-		v.p.unplugPCI(spec.ID)
+		v.p.unplugPCI(ctx, spec.ID)
 		return nil, err
 	}
 	// The container writes into a layer in the guest's memory: over 9p
@@ -71,7 +71,7 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 
 // Unshare implements stage1.ContainerPaths.
 func (v vmPaths) Unshare(id string) error {
-	v.p.unplugPCI(id)
+	v.p.unplugPCI(context.Background(), id) // stage1.ContainerPaths.Unshare is called with no request
 	return v.SharedDir.Unshare(id)
 }
 
@@ -109,8 +109,9 @@ func (p *Pod) plugPCI(ctx context.Context, ctr string, addrs []string) error {
 
 // unplugPCI asks the guest to give back the container's passed-through
 // devices (QMP device_del; the guest ejects them). Failures are logged:
-// the devices go with the VM at the latest.
-func (p *Pod) unplugPCI(ctr string) {
+// the devices go with the VM at the latest. It runs to its own timeout
+// whether or not ctx ends; ctx gives its logs the request's values.
+func (p *Pod) unplugPCI(ctx context.Context, ctr string) {
 	p.vfio.mu.Lock()
 	defer p.vfio.mu.Unlock()
 	ids := p.vfio.ids[ctr]
@@ -118,17 +119,17 @@ func (p *Pod) unplugPCI(ctr string) {
 		return
 	}
 	delete(p.vfio.ids, ctr)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	q, err := p.dialQMP(ctx)
 	if err != nil {
-		p.log.Warn("unplug VFIO devices", "container", ctr, "err", err)
+		p.log.WarnContext(ctx, "unplug VFIO devices", "container", ctr, "err", err)
 		return
 	}
 	defer q.Close()
 	for _, id := range ids {
 		if _, err := q.run(ctx, "device_del", map[string]any{"id": id}); err != nil {
-			p.log.Warn("unplug VFIO device", "container", ctr, "device", id, "err", err)
+			p.log.WarnContext(ctx, "unplug VFIO device", "container", ctr, "device", id, "err", err)
 		}
 	}
 }

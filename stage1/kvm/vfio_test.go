@@ -99,7 +99,7 @@ func TestVFIOPassThrough(t *testing.T) {
 	if got := f.commands(); !slices.Equal(got, want) {
 		t.Errorf("QMP commands:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	p.unplugPCI(ctr)
+	p.unplugPCI(t.Context(), ctr)
 	got := f.commands()[len(want):]
 	if !slices.Equal(got, []string{"qmp_capabilities ", `device_del {"id":"vfio-0123456789ab-0"}`, `device_del {"id":"vfio-0123456789ab-1"}`}) {
 		t.Errorf("unplug: %v", got)

@@ -487,7 +487,7 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	defer func() {
 		if retErr != nil {
-			retErr = keepLog(log, retErr, launch.LogPath, spec)
+			retErr = keepLog(ctx, log, retErr, launch.LogPath, spec)
 		}
 	}()
 	st.Record(host.Resource{Kind: host.KindProcess, Role: roleNSpawn, Process: proc})
@@ -593,7 +593,7 @@ const logTail = 1024
 // keepLog keeps nspawn's log of a pod that failed to start in
 // spec.FailedLogDir (the pod's run directory goes with the pod) and adds
 // where it is, and its last lines, to err.
-func keepLog(log *slog.Logger, err error, logPath string, spec *stage1.PodSpec) error {
+func keepLog(ctx context.Context, log *slog.Logger, err error, logPath string, spec *stage1.PodSpec) error {
 	b, rerr := os.ReadFile(logPath)
 	if rerr != nil {
 		return fmt.Errorf("%w (systemd-nspawn's log %s: %v)", err, logPath, rerr)
@@ -606,9 +606,9 @@ func keepLog(log *slog.Logger, err error, logPath string, spec *stage1.PodSpec) 
 	if spec.FailedLogDir != "" {
 		kept = filepath.Join(spec.FailedLogDir, spec.ID+"-nspawn.log")
 		if werr := os.MkdirAll(spec.FailedLogDir, 0o700); werr != nil {
-			log.Warn("nspawn: keeping the log of a failed pod", "err", werr)
+			log.WarnContext(ctx, "nspawn: keeping the log of a failed pod", "err", werr)
 		} else if werr := os.WriteFile(kept, b, 0o600); werr != nil {
-			log.Warn("nspawn: keeping the log of a failed pod", "err", werr)
+			log.WarnContext(ctx, "nspawn: keeping the log of a failed pod", "err", werr)
 		}
 	}
 	return fmt.Errorf("%w; systemd-nspawn's log, kept at %s, ends: %s", err, kept, tail)
