@@ -402,6 +402,7 @@ func (b *Broker) mountContainerFS(ctx context.Context, p *pod, img *image.Image,
 func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cfg *ContainerConfig, rootfs string) (*api.AppSpec, []string, error) {
 	b.mu.Lock()
 	podCfg := p.rec.Config
+	guest := b.caps[p.rec.Stage1].KernelIsolated
 	var target *ContainerRecord
 	if t := rec.Config.Security.PIDTarget; t != "" {
 		if tc, ok := b.ctrs[t]; ok && tc.rec.PodID == rec.PodID {
@@ -412,7 +413,7 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 	if rec.Config.Security.PIDMode == PIDModeTarget && target == nil {
 		return nil, nil, errdefs.NotFound("config.linux.security_context.namespace_options.target_id: container %q is not in pod sandbox %s", rec.Config.Security.PIDTarget, rec.PodID)
 	}
-	app, err := buildAppSpec(rec.ID, &podCfg, cfg, img, rootfs)
+	app, err := buildAppSpec(rec.ID, &podCfg, cfg, img, rootfs, guest)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,8 +10,8 @@ import (
 )
 
 // DefaultAppArmorProfile is the profile RuntimeDefault means where AppArmor
-// is enabled; the operator loads it (apparmor_parser) on the node.
-const DefaultAppArmorProfile = "stagelet-default"
+// is enabled; the daemon loads it at start (lsm.DefaultAppArmorProfile).
+const DefaultAppArmorProfile = lsm.DefaultAppArmorName
 
 // Where the broker learns about AppArmor on the node; variables for tests.
 var (
@@ -34,8 +34,9 @@ type security struct {
 // profile allows what they guard). InvalidArgument for a bad request,
 // FailedPrecondition for one this node cannot honour. Privileged
 // containers get no seccomp filter, no SELinux label and no default
-// AppArmor profile, as in containerd.
-func resolveSecurity(sec *Security, caps []string) (*security, error) {
+// AppArmor profile, as in containerd. guest: the container runs under a
+// kernel of its own (a VM), whose modules are not the node's.
+func resolveSecurity(sec *Security, caps []string, guest bool) (*security, error) {
 	out := &security{}
 	var err error
 	if out.seccomp, out.seccompProfile, err = seccompFor(sec, caps); err != nil {
@@ -51,7 +52,7 @@ func resolveSecurity(sec *Security, caps []string) (*security, error) {
 			return nil, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
 		}
 	}
-	if out.appArmor, err = appArmorFor(sec); err != nil {
+	if out.appArmor, err = appArmorFor(sec, guest); err != nil {
 		lsm.ReleaseSELinux(out.seLinuxProcess)
 		return nil, err
 	}
@@ -88,14 +89,24 @@ func seccompFor(sec *Security, caps []string) (*seccomp.Profile, string, error) 
 }
 
 // appArmorFor returns the AppArmor profile to execute the container's
-// commands under; "" for unconfined. FailedPrecondition when a profile is
-// asked for and AppArmor is not enabled on the node, or the profile is not
-// loaded.
-func appArmorFor(sec *Security) (string, error) {
+// commands under; "" for unconfined. As in containerd and CRI-O, a
+// container that asks for no profile gets the default one where AppArmor
+// is enabled, unless it is privileged. A Localhost profile the kernel
+// does not hold is InvalidArgument, naming it; a profile asked for where
+// AppArmor is not enabled, or a default the daemon could not load, is
+// FailedPrecondition. In a VM (guest) nothing is asked of the node's
+// AppArmor for a container that asks for no profile: its kernel is the
+// guest's.
+func appArmorFor(sec *Security, guest bool) (string, error) {
 	var name, asked string
 	switch sec.AppArmor.Type {
-	case "", ProfileUnconfined:
+	case ProfileUnconfined:
 		return "", nil
+	case "":
+		if guest || !appArmorEnabled() || sec.Privileged {
+			return "", nil
+		}
+		name, asked = DefaultAppArmorProfile, "the default"
 	case ProfileRuntimeDefault:
 		name, asked = DefaultAppArmorProfile, "runtime/default"
 	case ProfileLocalhost:
@@ -114,7 +125,10 @@ func appArmorFor(sec *Security) (string, error) {
 		return "", nil
 	}
 	if !appArmorLoaded(name) {
-		return "", errdefs.FailedPrecondition("AppArmor profile %s requested, but no profile %q is loaded on this node", asked, name)
+		if name == DefaultAppArmorProfile {
+			return "", errdefs.FailedPrecondition("AppArmor profile %s (%s) is not loaded on this node: the daemon loads it at start; stagelet doctor says why it could not", asked, name)
+		}
+		return "", errdefs.InvalidArgument("config.linux.security_context.apparmor: AppArmor profile %s is not loaded on this node", asked)
 	}
 	return name, nil
 }

@@ -26,6 +26,7 @@ func TestResolveSecurity(t *testing.T) {
 		sec      Security
 		caps     []string
 		appArmor bool
+		guest    bool
 		err      error
 		seccomp  string // SeccompProfile; "" for none
 		app      string
@@ -44,13 +45,18 @@ func TestResolveSecurity(t *testing.T) {
 		{name: "apparmor localhost without apparmor", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "mine"}}, err: errdefs.ErrFailedPrecondition},
 		{name: "apparmor default", sec: Security{AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, appArmor: true, app: DefaultAppArmorProfile},
 		{name: "apparmor localhost", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "localhost/mine"}}, appArmor: true, app: "mine"},
-		{name: "apparmor not loaded", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "other"}}, appArmor: true, err: errdefs.ErrFailedPrecondition},
+		{name: "apparmor not loaded", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "other"}}, appArmor: true, err: errdefs.ErrInvalidArgument},
+		{name: "apparmor unspecified", sec: Security{}, appArmor: true, app: DefaultAppArmorProfile},
+		{name: "apparmor unspecified privileged", sec: Security{Privileged: true}, appArmor: true},
+		{name: "apparmor unspecified disabled", sec: Security{}},
+		{name: "apparmor unspecified in a VM", sec: Security{}, appArmor: true, guest: true},
+		{name: "apparmor unconfined", sec: Security{AppArmor: SecurityProfile{Type: ProfileUnconfined}}, appArmor: true},
 		{name: "apparmor privileged default", sec: Security{Privileged: true, AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, appArmor: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			appArmorEnabled = func() bool { return tc.appArmor }
-			got, err := resolveSecurity(&tc.sec, tc.caps)
+			got, err := resolveSecurity(&tc.sec, tc.caps, tc.guest)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
 					t.Fatalf("got %v, want class %v", err, tc.err)
@@ -74,7 +80,7 @@ func TestResolveSecurity(t *testing.T) {
 func TestAppArmorMessage(t *testing.T) {
 	defer func(e func() bool) { appArmorEnabled = e }(appArmorEnabled)
 	appArmorEnabled = func() bool { return false }
-	_, err := resolveSecurity(&Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "k8s-nginx"}}, nil)
+	_, err := resolveSecurity(&Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "k8s-nginx"}}, nil, false)
 	want := "AppArmor profile localhost/k8s-nginx requested, but AppArmor is not enabled on this node"
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v, want %q", err, want)
@@ -96,7 +102,7 @@ func TestSELinuxLabels(t *testing.T) {
 		{&SELinuxOptions{User: "u", Role: "r", Type: "spc_t", Level: "s0"}, false, "u:r:spc_t:s0", "u:object_r:container_file_t:s0"},
 		{&SELinuxOptions{Level: "s0:c1"}, true, "", ""},
 	} {
-		got, err := resolveSecurity(&Security{SELinux: tc.opts, Privileged: tc.priv}, nil)
+		got, err := resolveSecurity(&Security{SELinux: tc.opts, Privileged: tc.priv}, nil, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +110,7 @@ func TestSELinuxLabels(t *testing.T) {
 			t.Errorf("%+v: got %q %q, want %q %q", tc.opts, got.seLinuxProcess, got.seLinuxMount, tc.process, tc.moun)
 		}
 	}
-	if _, err := resolveSecurity(&Security{SELinux: &SELinuxOptions{Type: "a:b"}}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := resolveSecurity(&Security{SELinux: &SELinuxOptions{Type: "a:b"}}, nil, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("type with ':': %v", err)
 	}
 }

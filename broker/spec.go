@@ -133,7 +133,7 @@ func userOf(sec *Security, imgUser string) string {
 
 // buildAppSpec turns a container's configuration and image into what the
 // agent runs. rootfs and paths are host paths.
-func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Image, rootfs string) (*api.AppSpec, error) {
+func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Image, rootfs string, guest bool) (*api.AppSpec, error) {
 	args := commandLine(&img.Config, cfg.Command, cfg.Args)
 	if len(args) == 0 {
 		return nil, errdefs.InvalidArgument("config.command: the image %s has no entrypoint or cmd, and none was given", cfg.Image)
@@ -171,7 +171,7 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 	}
 	// Last: where SELinux is enabled, the labels reserve an MCS level that
 	// the container's removal gives back.
-	lsmSec, err := resolveSecurity(sec, caps)
+	lsmSec, err := resolveSecurity(sec, caps, guest)
 	if err != nil {
 		return nil, err
 	}

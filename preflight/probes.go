@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/trust"
 )
 
@@ -215,6 +216,35 @@ func UserNamespaces() Prober {
 		default:
 			c.Status, c.Detail = OK, "kernel "+rel+": user namespaces, idmapped mounts, tmpfs included"
 		}
+		return c
+	}
+}
+
+// LSM reports the security modules pods are confined by: whether
+// AppArmor is enabled and the default container profile loaded (the
+// daemon loads it at start), and SELinux's mode. Neither blocks a stage1:
+// without them containers run unconfined by a module, as they ask.
+func LSM() Prober {
+	return func(context.Context) Check {
+		c := Check{Name: "lsm", Status: Info}
+		var parts []string
+		switch {
+		case lsm.AppArmorEnabled() && lsm.AppArmorProfileLoaded(lsm.DefaultAppArmorName):
+			parts = append(parts, "AppArmor enabled, the default container profile "+lsm.DefaultAppArmorName+" loaded")
+		case lsm.AppArmorEnabled():
+			c.Status = Warn
+			parts = append(parts, "AppArmor enabled, but the default container profile "+lsm.DefaultAppArmorName+" is not loaded (stagelet serve loads it with apparmor_parser, from the Debian package apparmor): containers are refused until it is")
+		case lsm.AppArmorKernelEnabled():
+			c.Status = Warn
+			parts = append(parts, "AppArmor enabled in the kernel, but securityfs is not mounted at /sys/kernel/security: profiles can be neither listed nor loaded")
+		default:
+			parts = append(parts, "AppArmor not enabled")
+		}
+		parts = append(parts, "SELinux "+lsm.SELinuxMode())
+		if c.Status == Info && (lsm.AppArmorEnabled() || lsm.SELinuxEnabled()) {
+			c.Status = OK
+		}
+		c.Detail = strings.Join(parts, "; ")
 		return c
 	}
 }

@@ -29,6 +29,8 @@ command -v gcc >/dev/null 2>&1 || need="$need gcc libc6-dev"
 # The node VM image (mkfs.ext4 -d) and the systemd launcher test bed.
 command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
+# The default AppArmor profile's compile test (apparmor_parser -Q).
+command -v apparmor_parser >/dev/null 2>&1 || [ -x /usr/sbin/apparmor_parser ] || need="$need apparmor"
 # What scripts/build-criu.sh builds criu with.
 command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkgconf"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the node VM image that `make test-node` boots: a Debian 12 system
 # as a Kubernetes node runs one — systemd as PID 1 on a pure cgroup v2
-# hierarchy, with systemd-nspawn, the CNI plugins and iptables — as a raw
+# hierarchy, AppArmor, with systemd-nspawn, the CNI plugins and iptables — as a raw
 # ext4 disk image plus the Debian kernel and initramfs that boot it under
 # qemu.
 #
@@ -50,9 +50,12 @@ trap 'rm -rf --one-file-system "$tmp"' EXIT
 
 # What a node needs: systemd and D-Bus, the nspawn stage1, pod networking,
 # and what the conformance kit's driver calls (python3, xz, busybox).
-# criu: checkpoint/restore is tried on this kernel (issue 27), not the host.
+# criu: checkpoint/restore is tried on this kernel, not the host's.
+# apparmor: Debian's kernel runs AppArmor, and the daemon loads its
+# default container profile with apparmor_parser; critest loads its test
+# profiles with sudo apparmor_parser.
 debootstrap --variant=minbase \
-	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu \
+	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu,apparmor,apparmor-utils,sudo \
 	bookworm "$tree" "$mirror" >"$tmp/debootstrap.log" 2>&1 || {
 	tail -20 "$tmp/debootstrap.log" >&2
 	exit 1

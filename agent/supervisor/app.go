@@ -89,7 +89,7 @@ func validateSpec(s *api.AppSpec) error {
 			return errdefs.FailedPrecondition("app %s: seccomp profile %s requested, but the kernel has no seccomp filters", s.ID, s.SeccompProfile)
 		}
 	}
-	if s.AppArmorProfile != "" && !lsm.AppArmorEnabled() {
+	if s.AppArmorProfile != "" && !lsm.AppArmorKernelEnabled() {
 		return errdefs.FailedPrecondition("app %s: AppArmor profile %s requested, but AppArmor is not enabled where the pod runs", s.ID, s.AppArmorProfile)
 	}
 	switch s.PIDNamespace {

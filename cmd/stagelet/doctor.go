@@ -93,6 +93,7 @@ func nodeReport(ctx context.Context, cfg *config.Config, state string, b *broker
 		preflight.KVM(kvmInfo),
 		preflight.CNI(b.NetworkStatus, b.NetworkDescription, cfg.CNI.ConfDir, cfg.CNI.PluginDirs),
 		preflight.UserNamespaces(),
+		preflight.LSM(),
 		preflight.CDI(cdi.SpecDirs(), cdi.Devices),
 		preflight.CRIU(cfg.Checkpoint.CRIU),
 		preflight.SignaturePolicy(cfg.Images.SignaturePolicy, cfg.Images.PolicyDir()),

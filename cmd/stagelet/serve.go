@@ -204,6 +204,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		return err
 	}
 	defer lock.Close()
+	loadAppArmorDefault(log, run)
 	launcher, parent, err := placePods(log, cfg)
 	if err != nil {
 		return err

@@ -6,9 +6,7 @@
 package lsm
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/opencontainers/selinux/go-selinux"
@@ -41,6 +39,18 @@ func (o *SELinuxOptions) labelOptions() []string {
 // SELinuxEnabled tells whether SELinux is enabled on this side (host or
 // pod) of the caller.
 func SELinuxEnabled() bool { return selinux.GetEnabled() }
+
+// SELinuxMode says SELinux's mode on this side: "enforcing",
+// "permissive" or "disabled".
+func SELinuxMode() string {
+	if !selinux.GetEnabled() {
+		return "disabled"
+	}
+	if selinux.EnforceMode() == selinux.Enforcing {
+		return "enforcing"
+	}
+	return "permissive"
+}
 
 // SELinuxLabels computes a container's process and mount labels.
 //
@@ -137,68 +147,4 @@ func MountData(data, mountLabel string) string {
 		return data
 	}
 	return label.FormatMountLabel(data, mountLabel)
-}
-
-// Paths AppArmor is read from; variables for tests.
-var (
-	appArmorEnabledPath = "/sys/module/apparmor/parameters/enabled"
-	appArmorFSPath      = "/sys/kernel/security/apparmor"
-)
-
-// AppArmorEnabled tells whether AppArmor is enabled and its interface
-// mounted, as the caller sees the machine.
-func AppArmorEnabled() bool {
-	b, err := os.ReadFile(appArmorEnabledPath)
-	if err != nil || !strings.HasPrefix(string(b), "Y") {
-		return false
-	}
-	_, err = os.Stat(appArmorFSPath)
-	return err == nil
-}
-
-// AppArmorProfileLoaded tells whether the kernel holds a profile named
-// name.
-func AppArmorProfileLoaded(name string) bool {
-	b, err := os.ReadFile(appArmorFSPath + "/profiles")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		// "name (mode)"
-		if n, _, ok := strings.Cut(line, " ("); ok && n == name {
-			return true
-		}
-	}
-	return false
-}
-
-// ErrAppArmorDisabled says a profile was asked for where AppArmor is not
-// enabled.
-var ErrAppArmorDisabled = errors.New("AppArmor is not enabled on this node")
-
-// SetAppArmorExec makes the next execve of the calling thread change to
-// the AppArmor profile. The caller must be locked to the thread that
-// executes.
-func SetAppArmorExec(profile string) error {
-	if profile == "" {
-		return nil
-	}
-	if !AppArmorEnabled() {
-		return fmt.Errorf("AppArmor profile %s requested: %w", profile, ErrAppArmorDisabled)
-	}
-	data := []byte("exec " + profile)
-	var err error
-	// The per-module interface first (Linux 5.8+), then the shared one.
-	for _, p := range []string{"/proc/thread-self/attr/apparmor/exec", "/proc/thread-self/attr/exec"} {
-		var f *os.File
-		if f, err = os.OpenFile(p, os.O_WRONLY, 0); err != nil {
-			continue
-		}
-		_, err = f.Write(data)
-		f.Close()
-		if err == nil {
-			return nil
-		}
-	}
-	return fmt.Errorf("AppArmor profile %s: %w", profile, err)
 }
