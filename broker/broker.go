@@ -47,7 +47,7 @@ type Images interface {
 	// MountImageVolume mounts an image read-only beneath dir (a
 	// container's directory, which UnmountRootfs takes away).
 	MountImageVolume(ref, dir, subPath string) (string, error)
-	UnmountRootfs(dir string) error
+	UnmountRootfs(ctx context.Context, dir string) error
 	// Annotations are an image's manifest annotations; LayerDirs its
 	// unpacked layers, bottom first, read only.
 	Annotations(ref string) (map[string]string, error)

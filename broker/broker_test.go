@@ -762,7 +762,7 @@ func TestOrphanNetNSCollectedOnRecovery(t *testing.T) {
 	e := newEnv(t)
 	net := newFakeNetwork(filepath.Join(e.run, "netns"))
 	e.net = net
-	net.NewNetNS("orphan")
+	net.NewNetNS(context.Background(), "orphan")
 	net.attached["orphan"] = nil
 	e.broker(t)
 	if len(net.netns) != 0 || len(net.attached) != 0 {

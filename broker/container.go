@@ -370,7 +370,7 @@ func (b *Broker) releaseFailedRootfs(ctx context.Context, rec *ContainerRecord, 
 	if *err == nil {
 		return
 	}
-	if uerr := b.opts.Images.UnmountRootfs(rec.Dir); uerr != nil {
+	if uerr := b.opts.Images.UnmountRootfs(ctx, rec.Dir); uerr != nil {
 		b.log.ErrorContext(ctx, "releasing rootfs of a container that failed to be created", "container", rec.ID, "err", uerr)
 	}
 	b.rec.deleteContainer(rec.ID)
@@ -841,7 +841,7 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 		}
 	}
 	if p == nil {
-		if err := b.opts.Images.UnmountRootfs(rec.Dir); err != nil {
+		if err := b.opts.Images.UnmountRootfs(ctx, rec.Dir); err != nil {
 			return fmt.Errorf("remove container %s rootfs: %w", rec.ID, err)
 		}
 	}
@@ -895,7 +895,7 @@ func (b *Broker) releaseRootfs(ctx context.Context, p *pod, id, dir string, unsh
 				return
 			}
 		}
-		if err := b.opts.Images.UnmountRootfs(dir); err != nil {
+		if err := b.opts.Images.UnmountRootfs(ctx, dir); err != nil {
 			b.log.ErrorContext(ctx, "releasing a removed container's file system; the next start retries", "container", id, "dir", dir, "err", err)
 		}
 	}()

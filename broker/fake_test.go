@@ -130,7 +130,7 @@ func (f *fakeImages) LayerDirs(ref string) ([]string, error) {
 	}
 	return []string{"/fake/layer"}, nil
 }
-func (f *fakeImages) UnmountRootfs(dir string) error {
+func (f *fakeImages) UnmountRootfs(_ context.Context, dir string) error {
 	f.mu.Lock()
 	hold := f.hold
 	f.mu.Unlock()
@@ -169,14 +169,14 @@ func (n *fakeNetwork) Status() (bool, string) {
 	return n.unready == "", n.unready
 }
 func (n *fakeNetwork) NetNSPath(id string) string { return filepath.Join(n.dir, id) }
-func (n *fakeNetwork) NewNetNS(id string) (string, error) {
+func (n *fakeNetwork) NewNetNS(_ context.Context, id string) (string, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.NetNSPath(id)
 	n.netns[id] = p
 	return p, os.WriteFile(p, nil, 0o600)
 }
-func (n *fakeNetwork) RemoveNetNS(p string) error {
+func (n *fakeNetwork) RemoveNetNS(_ context.Context, p string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.netns, filepath.Base(p))

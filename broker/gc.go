@@ -404,7 +404,7 @@ func (b *Broker) ReleaseSetAside(ctx context.Context, id string) (Holdings, erro
 		}
 	}
 	for _, c := range ctrIDs {
-		if err := b.opts.Images.UnmountRootfs(filepath.Join(b.containersDir(), c)); err != nil {
+		if err := b.opts.Images.UnmountRootfs(ctx, filepath.Join(b.containersDir(), c)); err != nil {
 			return r.Holds, fmt.Errorf("container %s's file system: %w", c, err)
 		}
 	}

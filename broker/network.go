@@ -18,8 +18,8 @@ import (
 type Network interface {
 	Status() (ready bool, reason string)
 	NetNSPath(podID string) string
-	NewNetNS(podID string) (string, error)
-	RemoveNetNS(path string) error
+	NewNetNS(ctx context.Context, podID string) (string, error)
+	RemoveNetNS(ctx context.Context, path string) error
 	NetNSPods() ([]string, error)
 	Setup(ctx context.Context, pn network.PodNetwork) (*network.Result, error)
 	Teardown(ctx context.Context, pn network.PodNetwork) error
@@ -93,7 +93,7 @@ func sysctlsOf(c *PodConfig, ns string) map[string]string {
 // prepareNetwork makes the pod's network namespace, recorded first, with
 // its net sysctls: what the pod's stage1 needs to start in it. A host
 // network pod has none.
-func (b *Broker) prepareNetwork(rec *PodRecord) error {
+func (b *Broker) prepareNetwork(ctx context.Context, rec *PodRecord) error {
 	if rec.Config.HostNetwork {
 		return nil
 	}
@@ -114,7 +114,7 @@ func (b *Broker) prepareNetwork(rec *PodRecord) error {
 			return err
 		}
 	}
-	if _, err := b.opts.Network.NewNetNS(rec.ID); err != nil {
+	if _, err := b.opts.Network.NewNetNS(ctx, rec.ID); err != nil {
 		return fmt.Errorf("pod netns: %w", err)
 	}
 	net := sysctlsOf(&rec.Config, sysctl.Net)
@@ -166,7 +166,7 @@ func (b *Broker) teardownNetwork(ctx context.Context, rec *PodRecord, remove boo
 		rec.NetworkReleased = true
 	}
 	if remove {
-		if err := b.opts.Network.RemoveNetNS(rec.NetNS); err != nil {
+		if err := b.opts.Network.RemoveNetNS(ctx, rec.NetNS); err != nil {
 			return fmt.Errorf("pod netns: %w", err)
 		}
 	}

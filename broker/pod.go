@@ -391,7 +391,7 @@ func chosenBy(rec *PodRecord) string {
 // before any container is created. On failure the caller releases both
 // (the stage1's state is persisted as it goes).
 func (b *Broker) startInNetwork(ctx context.Context, rec *PodRecord, spec *stage1.PodSpec, be stage1.Backend) (stage1.Pod, error) {
-	if err := b.prepareNetwork(rec); err != nil {
+	if err := b.prepareNetwork(ctx, rec); err != nil {
 		return nil, err
 	}
 	spec.NetNSPath = rec.NetNS

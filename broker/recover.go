@@ -52,7 +52,7 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 			continue
 		case !podIDs[c.PodID]:
 			b.log.WarnContext(ctx, "removing a container whose pod is gone", "container", c.ID, "pod", c.PodID)
-			b.discardContainer(c)
+			b.discardContainer(ctx, c)
 			continue
 		}
 		byPod[c.PodID] = append(byPod[c.PodID], c)
@@ -61,7 +61,7 @@ func (b *Broker) Recover(ctx context.Context) (RecoveryResult, error) {
 	b.recoverPods(ctx, pods, byPod, &res)
 	keep := func(id string) bool { return podIDs[id] || aside[id] }
 	res.OrphanCgroups = b.collectCgroups(keep) + b.collectBackends(ctx, keep)
-	b.collectOrphans(aside)
+	b.collectOrphans(ctx, aside)
 	b.collectNetNS(ctx, aside)
 	res.SetAside = len(aside)
 	res.Took = time.Since(start)
@@ -157,9 +157,9 @@ var (
 	RecoverTimeout  = 2 * time.Minute
 )
 
-func (b *Broker) discardContainer(c *ContainerRecord) {
-	if err := b.opts.Images.UnmountRootfs(c.Dir); err != nil {
-		b.log.Error("releasing a container's rootfs", "container", c.ID, "err", err)
+func (b *Broker) discardContainer(ctx context.Context, c *ContainerRecord) {
+	if err := b.opts.Images.UnmountRootfs(ctx, c.Dir); err != nil {
+		b.log.ErrorContext(ctx, "releasing a container's rootfs", "container", c.ID, "err", err)
 		return
 	}
 	b.rec.deleteContainer(c.ID)
@@ -281,7 +281,7 @@ func (b *Broker) discardCreatingPod(ctx context.Context, log *slog.Logger, rec *
 		}
 	}
 	for _, c := range ctrs {
-		b.discardContainer(c)
+		b.discardContainer(ctx, c)
 	}
 	if err := b.teardownNetwork(ctx, rec, true); err != nil {
 		log.ErrorContext(ctx, "releasing the pod's network", "err", err)
@@ -308,7 +308,7 @@ func (b *Broker) recoverContainers(ctx context.Context, log *slog.Logger, p *pod
 				}
 				cancel()
 			}
-			b.discardContainer(cr)
+			b.discardContainer(ctx, cr)
 			continue
 		}
 		c := &container{rec: cr, created: make(chan struct{})}
@@ -376,7 +376,7 @@ func (b *Broker) collectBackends(ctx context.Context, keep func(id string) bool)
 // that no record names (left by a crash between taking and recording,
 // which the record-first order makes rare), except those of the IDs set
 // aside.
-func (b *Broker) collectOrphans(aside map[string]bool) {
+func (b *Broker) collectOrphans(ctx context.Context, aside map[string]bool) {
 	b.mu.Lock()
 	dirs := map[string]bool{}
 	runDirs := map[string]bool{}
@@ -391,9 +391,9 @@ func (b *Broker) collectOrphans(aside map[string]bool) {
 		for _, e := range ents {
 			d := filepath.Join(b.containersDir(), e.Name())
 			if !dirs[d] && !aside[e.Name()] {
-				b.log.Warn("removing an orphaned container filesystem", "dir", d)
-				if err := b.opts.Images.UnmountRootfs(d); err != nil {
-					b.log.Error("removing an orphaned container filesystem", "dir", d, "err", err)
+				b.log.WarnContext(ctx, "removing an orphaned container filesystem", "dir", d)
+				if err := b.opts.Images.UnmountRootfs(ctx, d); err != nil {
+					b.log.ErrorContext(ctx, "removing an orphaned container filesystem", "dir", d, "err", err)
 				}
 			}
 		}
@@ -402,7 +402,7 @@ func (b *Broker) collectOrphans(aside map[string]bool) {
 		for _, e := range ents {
 			d := filepath.Join(b.podsRunDir(), e.Name())
 			if !runDirs[d] && !aside[e.Name()] {
-				b.log.Warn("removing an orphaned pod run directory", "dir", d)
+				b.log.WarnContext(ctx, "removing an orphaned pod run directory", "dir", d)
 				// No record names it: no pod the daemon manages uses
 				// what is mounted beneath it (and a pod's processes in
 				// the node's cgroup parent were released above). It is
@@ -410,7 +410,7 @@ func (b *Broker) collectOrphans(aside map[string]bool) {
 				// to a volume's source), then removed without crossing
 				// a mount.
 				if err := mountsafe.RemoveUnmounted(d); err != nil {
-					b.log.Error("removing an orphaned pod run directory: what is mounted in it stays", "dir", d, "err", err)
+					b.log.ErrorContext(ctx, "removing an orphaned pod run directory: what is mounted in it stays", "dir", d, "err", err)
 				}
 			}
 		}

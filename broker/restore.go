@@ -165,7 +165,7 @@ func (b *Broker) removeUnpacked(ctx context.Context, rec *ContainerRecord, err *
 	if *err == nil {
 		return
 	}
-	if rerr := b.opts.Images.UnmountRootfs(rec.Dir); rerr != nil {
+	if rerr := b.opts.Images.UnmountRootfs(ctx, rec.Dir); rerr != nil {
 		b.log.ErrorContext(ctx, "removing the unpacked checkpoint of a container that failed to be created", "container", rec.ID, "err", rerr)
 	}
 }

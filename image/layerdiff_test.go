@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -32,7 +33,7 @@ func TestExportImportLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	mount := func(dir string) string {
-		t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
+		t.Cleanup(func() { _ = s.UnmountRootfs(context.Background(), dir) })
 		rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
 		if err != nil {
 			t.Fatal(err)

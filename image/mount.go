@@ -138,7 +138,7 @@ func mountOverlay(target, data string) error {
 // removes dir. Idempotent: a missing dir, or one not mounted, is fine. It
 // never removes files through a mount: if something under dir is still
 // mounted afterwards it fails with ErrFailedPrecondition and keeps dir.
-func (s *Store) UnmountRootfs(dir string) error {
+func (s *Store) UnmountRootfs(ctx context.Context, dir string) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return errdefs.InvalidArgument("rootfs dir %q: %w", dir, err)
@@ -158,7 +158,7 @@ func (s *Store) UnmountRootfs(dir string) error {
 		for _, m := range mounts {
 			if err := unix.Unmount(m, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 				if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-					s.log.Warn("unmount failed", "path", m, "err", err)
+					s.log.WarnContext(ctx, "unmount failed", "path", m, "err", err)
 				}
 			}
 		}
@@ -169,7 +169,7 @@ func (s *Store) UnmountRootfs(dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove rootfs dir %s: %w", dir, err)
 	}
-	s.log.Debug("rootfs removed", "dir", dir)
+	s.log.DebugContext(ctx, "rootfs removed", "dir", dir)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -33,7 +34,7 @@ func TestMountRootfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "ctr1")
-	t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
+	t.Cleanup(func() { _ = s.UnmountRootfs(context.Background(), dir) })
 	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -89,13 +90,13 @@ func TestMountRootfs(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(layer, "bin/busybox")); err != nil {
 		t.Errorf("mounted layer was collected: %v", err)
 	}
-	if err := s.UnmountRootfs(dir); err != nil {
+	if err := s.UnmountRootfs(context.Background(), dir); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("dir left: %v", err)
 	}
-	if err := s.UnmountRootfs(dir); err != nil {
+	if err := s.UnmountRootfs(context.Background(), dir); err != nil {
 		t.Errorf("second UnmountRootfs: %v", err)
 	}
 	if _, err := s.MountRootfs(t.Context(), img.ID, dir, nil); !errors.Is(err, errdefs.ErrNotFound) {
@@ -105,7 +106,7 @@ func TestMountRootfs(t *testing.T) {
 
 func TestUnmountRootfsMissing(t *testing.T) {
 	s := newStore(t, Config{})
-	if err := s.UnmountRootfs(filepath.Join(t.TempDir(), "nope")); err != nil {
+	if err := s.UnmountRootfs(context.Background(), filepath.Join(t.TempDir(), "nope")); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -125,7 +126,7 @@ func BenchmarkMountRootfs(b *testing.B) {
 		if _, err := s.MountRootfs(b.Context(), img.ID, dir, nil); err != nil {
 			b.Fatal(err)
 		}
-		if err := s.UnmountRootfs(dir); err != nil {
+		if err := s.UnmountRootfs(context.Background(), dir); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -221,7 +222,7 @@ func TestMountRootfsIDMapped(t *testing.T) {
 	}
 	defer ns.Close()
 	dir := filepath.Join(t.TempDir(), "ctr")
-	t.Cleanup(func() { _ = s.UnmountRootfs(dir) })
+	t.Cleanup(func() { _ = s.UnmountRootfs(context.Background(), dir) })
 	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, &UserNS{File: ns, UID: base, GID: base})
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +257,7 @@ func TestMountRootfsIDMapped(t *testing.T) {
 	if err := unix.Stat(filepath.Join(s.layerPath(img.Layers[0]), "bin/busybox"), &st); err != nil || st.Uid != 0 {
 		t.Errorf("the layer itself: uid %d (%v), want 0", st.Uid, err)
 	}
-	if err := s.UnmountRootfs(dir); err != nil {
+	if err := s.UnmountRootfs(context.Background(), dir); err != nil {
 		t.Fatal(err)
 	}
 	if m := mountsUnder(filepath.Dir(dir)); len(m) != 0 {
@@ -277,7 +278,7 @@ func TestMountImageVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctr := filepath.Join(t.TempDir(), "ctr")
-	t.Cleanup(func() { _ = s.UnmountRootfs(ctr) })
+	t.Cleanup(func() { _ = s.UnmountRootfs(context.Background(), ctr) })
 	root, err := s.MountImageVolume(ref, filepath.Join(ctr, "ivol", "0"), "")
 	if err != nil {
 		t.Fatal(err)
@@ -304,7 +305,7 @@ func TestMountImageVolume(t *testing.T) {
 	if _, err := s.MountImageVolume("example.test/missing:1", filepath.Join(ctr, "ivol", "3"), ""); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("an image the store lacks: %v, want NotFound", err)
 	}
-	if err := s.UnmountRootfs(ctr); err != nil {
+	if err := s.UnmountRootfs(context.Background(), ctr); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(ctr); !errors.Is(err, os.ErrNotExist) {

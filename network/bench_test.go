@@ -13,11 +13,11 @@ import (
 // made once. It reports the median ADD and DEL times besides ns/op.
 func BenchmarkSetupTeardown(b *testing.B) {
 	tn := newTestNet(b)
-	path, err := tn.m.NewNetNS("bench-" + randHex(4))
+	path, err := tn.m.NewNetNS(context.Background(), "bench-"+randHex(4))
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { tn.m.RemoveNetNS(path) })
+	b.Cleanup(func() { tn.m.RemoveNetNS(context.Background(), path) })
 	ctx := context.Background()
 	var adds, dels []time.Duration
 	b.ResetTimer()
@@ -41,11 +41,11 @@ func BenchmarkSetupTeardown(b *testing.B) {
 func BenchmarkNetNS(b *testing.B) {
 	tn := newTestNet(b)
 	for i := 0; b.Loop(); i++ {
-		p, err := tn.m.NewNetNS(fmt.Sprintf("bench%d", i))
+		p, err := tn.m.NewNetNS(context.Background(), fmt.Sprintf("bench%d", i))
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := tn.m.RemoveNetNS(p); err != nil {
+		if err := tn.m.RemoveNetNS(context.Background(), p); err != nil {
 			b.Fatal(err)
 		}
 	}

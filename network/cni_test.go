@@ -103,7 +103,7 @@ func TestHostPortAndTeardown(t *testing.T) {
 	if err := tn.m.Teardown(ctx, pn); err != nil {
 		t.Fatal(err)
 	}
-	if err := tn.m.RemoveNetNS(pn.NetNS); err != nil {
+	if err := tn.m.RemoveNetNS(context.Background(), pn.NetNS); err != nil {
 		t.Fatal(err)
 	}
 	assertReleased(t, tn, pn, veths)
@@ -112,7 +112,7 @@ func TestHostPortAndTeardown(t *testing.T) {
 	if err := tn.m.Teardown(ctx, pn); err != nil {
 		t.Fatalf("second teardown: %v", err)
 	}
-	if err := tn.m.RemoveNetNS(pn.NetNS); err != nil {
+	if err := tn.m.RemoveNetNS(context.Background(), pn.NetNS); err != nil {
 		t.Fatalf("second RemoveNetNS: %v", err)
 	}
 	if _, err := tn.m.CachedResult(pn.PodID); !errors.Is(err, errdefs.ErrNotFound) {
@@ -173,7 +173,7 @@ func TestTeardownTwiceAndAfterNetNSRemoved(t *testing.T) {
 			t.Fatalf("DEL %d: %v", i+1, err)
 		}
 	}
-	if err := tn.m.RemoveNetNS(a.NetNS); err != nil {
+	if err := tn.m.RemoveNetNS(context.Background(), a.NetNS); err != nil {
 		t.Fatal(err)
 	}
 	assertReleased(t, tn, a, va)
@@ -183,7 +183,7 @@ func TestTeardownTwiceAndAfterNetNSRemoved(t *testing.T) {
 	// with the namespace).
 	b, rb := tn.newPod(t, PortMapping{ContainerPort: 80, HostPort: int32(freeHostPort(t))})
 	vb := hostVeths(t, rb.Raw)
-	if err := tn.m.RemoveNetNS(b.NetNS); err != nil {
+	if err := tn.m.RemoveNetNS(context.Background(), b.NetNS); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "veth to go with its namespace", func() bool { return !linkExists(vb[0]) })
@@ -235,7 +235,7 @@ func TestRestartTeardownUsesCache(t *testing.T) {
 	if err := m2.Teardown(context.Background(), pn); err != nil {
 		t.Fatal(err)
 	}
-	if err := m2.RemoveNetNS(pn.NetNS); err != nil {
+	if err := m2.RemoveNetNS(context.Background(), pn.NetNS); err != nil {
 		t.Fatal(err)
 	}
 	assertReleased(t, tn, pn, veths)
@@ -282,16 +282,16 @@ func TestSetupInvalid(t *testing.T) {
 func TestNetNSLifecycle(t *testing.T) {
 	tn := newTestNet(t)
 	id := randHex(16)
-	p1, err := tn.m.NewNetNS(id)
+	p1, err := tn.m.NewNetNS(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tn.m.RemoveNetNS(p1) })
+	t.Cleanup(func() { tn.m.RemoveNetNS(context.Background(), p1) })
 	if p1 != tn.m.NetNSPath(id) || !isNetNSMount(p1) {
 		t.Fatalf("NewNetNS = %s, mounted %v", p1, isNetNSMount(p1))
 	}
 	ino1 := nsInode(t, p1)
-	p2, err := tn.m.NewNetNS(id)
+	p2, err := tn.m.NewNetNS(context.Background(), id)
 	if err != nil || p2 != p1 || nsInode(t, p2) != ino1 {
 		t.Fatalf("second NewNetNS = %s, %v; same namespace %v", p2, err, nsInode(t, p2) == ino1)
 	}
@@ -312,7 +312,7 @@ func TestNetNSLifecycle(t *testing.T) {
 		t.Fatalf("NetNSPods = %v, %v", ids, err)
 	}
 	for i := range 2 {
-		if err := tn.m.RemoveNetNS(p1); err != nil {
+		if err := tn.m.RemoveNetNS(context.Background(), p1); err != nil {
 			t.Fatalf("RemoveNetNS %d: %v", i+1, err)
 		}
 	}
@@ -324,19 +324,19 @@ func TestNetNSLifecycle(t *testing.T) {
 	if err := os.WriteFile(p1, nil, 0o444); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tn.m.NewNetNS(id); err != nil || !isNetNSMount(p1) {
+	if _, err := tn.m.NewNetNS(context.Background(), id); err != nil || !isNetNSMount(p1) {
 		t.Fatalf("NewNetNS over a leftover file: %v", err)
 	}
-	if err := tn.m.RemoveNetNS(p1); err != nil {
+	if err := tn.m.RemoveNetNS(context.Background(), p1); err != nil {
 		t.Fatal(err)
 	}
 
 	for _, bad := range []string{"", "..", "a/b"} {
-		if _, err := tn.m.NewNetNS(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := tn.m.NewNetNS(context.Background(), bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("NewNetNS(%q) = %v", bad, err)
 		}
 	}
-	if err := tn.m.RemoveNetNS("/etc/hostname"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if err := tn.m.RemoveNetNS(context.Background(), "/etc/hostname"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("RemoveNetNS outside the run dir = %v", err)
 	}
 	threadsInHostNetNS(t)
@@ -345,11 +345,11 @@ func TestNetNSLifecycle(t *testing.T) {
 func TestSysctls(t *testing.T) {
 	tn := newTestNet(t)
 	id := randHex(16)
-	path, err := tn.m.NewNetNS(id)
+	path, err := tn.m.NewNetNS(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tn.m.RemoveNetNS(path) })
+	t.Cleanup(func() { tn.m.RemoveNetNS(context.Background(), path) })
 
 	hostSomax := readHost(t, "net/core/somaxconn")
 	hostPortStart := readHost(t, "net/ipv4/ip_unprivileged_port_start")

@@ -72,7 +72,7 @@ func TestReusedAddressReachable(t *testing.T) {
 	if err := tn.m.Teardown(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if err := tn.m.RemoveNetNS(a.NetNS); err != nil {
+	if err := tn.m.RemoveNetNS(context.Background(), a.NetNS); err != nil {
 		t.Fatal(err)
 	}
 	// host-local hands out the address after the last one it reserved.

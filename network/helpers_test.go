@@ -160,7 +160,7 @@ func newTestNet(t testing.TB) *testNet {
 func (tn *testNet) newPod(t testing.TB, ports ...PortMapping) (PodNetwork, *Result) {
 	t.Helper()
 	pn := PodNetwork{PodID: randHex(16), Name: "pod-" + randHex(2), Namespace: "default", UID: randHex(8), PortMappings: ports}
-	path, err := tn.m.NewNetNS(pn.PodID)
+	path, err := tn.m.NewNetNS(context.Background(), pn.PodID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func (tn *testNet) newPod(t testing.TB, ports ...PortMapping) (PodNetwork, *Resu
 		if err := tn.m.Teardown(ctx, pn); err != nil {
 			t.Errorf("cleanup teardown: %v", err)
 		}
-		if err := tn.m.RemoveNetNS(path); err != nil {
+		if err := tn.m.RemoveNetNS(context.Background(), path); err != nil {
 			t.Errorf("cleanup remove netns: %v", err)
 		}
 		purgeIptables(t, pn.PodID)

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -29,7 +30,7 @@ func (m *Manager) NetNSPath(podID string) string {
 //
 // The namespace is created on a dedicated OS thread that returns to the
 // daemon's namespace afterwards, or is discarded when it cannot.
-func (m *Manager) NewNetNS(podID string) (string, error) {
+func (m *Manager) NewNetNS(ctx context.Context, podID string) (string, error) {
 	if err := checkPodID(podID); err != nil {
 		return "", err
 	}
@@ -59,7 +60,7 @@ func (m *Manager) NewNetNS(podID string) (string, error) {
 		os.Remove(path)
 		return "", fmt.Errorf("netns %s: %w", path, err)
 	}
-	m.log.Debug("netns created", "pod", podID, "path", path)
+	m.log.DebugContext(ctx, "netns created", "pod", podID, "path", path)
 	return path, nil
 }
 
@@ -88,7 +89,7 @@ func unshareAndMount(path string) error {
 // Idempotent: a missing path is not an error. Errors: ErrInvalidArgument
 // for a path that NewNetNS did not make (not directly under RunDir/netns);
 // others are unclassified system errors.
-func (m *Manager) RemoveNetNS(path string) error {
+func (m *Manager) RemoveNetNS(ctx context.Context, path string) error {
 	if path == "" {
 		return nil
 	}
@@ -106,7 +107,7 @@ func (m *Manager) RemoveNetNS(path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove netns %s: %w", path, err)
 	}
-	m.log.Debug("netns removed", "path", path)
+	m.log.DebugContext(ctx, "netns removed", "path", path)
 	return nil
 }
 

@@ -167,11 +167,11 @@ func TestPodNetNS(t *testing.T) {
 	// The netns directory is a shared bind of itself while pods may use
 	// it (as /run/netns is); the test owns it and releases it.
 	t.Cleanup(func() { mountsafe.UnmountAll(filepath.Join(netRun, "netns")) })
-	nsPath, err := nets.NewNetNS("flyns")
+	nsPath, err := nets.NewNetNS(context.Background(), "flyns")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { nets.RemoveNetNS(nsPath) })
+	t.Cleanup(func() { nets.RemoveNetNS(context.Background(), nsPath) })
 	var want unix.Stat_t
 	if err := unix.Stat(nsPath, &want); err != nil {
 		t.Fatal(err)

@@ -109,7 +109,7 @@ func freeSubnet(t *testing.T) netip.Prefix {
 func (tn *testNet) podNet(t *testing.T, id string) (netns string, res *network.Result) {
 	t.Helper()
 	pn := network.PodNetwork{PodID: id, Name: id, Namespace: "default", UID: id}
-	path, err := tn.m.NewNetNS(id)
+	path, err := tn.m.NewNetNS(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func (tn *testNet) podNet(t *testing.T, id string) (netns string, res *network.R
 		if err := tn.m.Teardown(ctx, pn); err != nil {
 			t.Errorf("cleanup: teardown: %v", err)
 		}
-		if err := tn.m.RemoveNetNS(path); err != nil {
+		if err := tn.m.RemoveNetNS(context.Background(), path); err != nil {
 			t.Errorf("cleanup: remove netns: %v", err)
 		}
 	})
