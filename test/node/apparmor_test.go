@@ -32,12 +32,12 @@ func TestAppArmor(t *testing.T) {
 	}
 	e.install(t, "")
 	t.Cleanup(func() { stopService(t) })
-	rt, img := client(t)
+	client(t)
 	if !profileLoaded(t, "stagelet-default") {
 		t.Fatalf("stagelet-default is not loaded after the daemon started:\n%s", journal(t))
 	}
 	restart(t)
-	rt, img = client(t)
+	rt, img := client(t)
 	testutil.WaitFor(t, 30*time.Second, "the daemon to say the profile was loaded already", func() (bool, string) {
 		j := journal(t)
 		return strings.Contains(j, "the default AppArmor profile is loaded already"), j
