@@ -18,6 +18,7 @@ import (
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // agentTimeout bounds agent calls that have no timeout of their own.
@@ -346,7 +347,9 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 		return fmt.Errorf("persist container record: %w", err)
 	}
 	defer b.releaseFailedRootfs(ctx, rec, &err)
-	rootfs, cfg, err := b.mountContainerFS(ctx, p, img, rec)
+	mctx, span := tracing.Start(ctx, "container.rootfs")
+	rootfs, cfg, err := b.mountContainerFS(mctx, p, img, rec)
+	tracing.End(span, err)
 	if err != nil {
 		return err
 	}

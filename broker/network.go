@@ -12,6 +12,7 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/sysctl"
 	"github.com/stagelet/stagelet/network"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // Network is what the broker needs from pod networking (network.Manager).
@@ -134,10 +135,12 @@ func (b *Broker) prepareNetwork(ctx context.Context, rec *PodRecord) error {
 
 // attachNetwork attaches the pod's network namespace (prepareNetwork) to
 // the node's network (CNI ADD) and keeps the pod's addresses.
-func (b *Broker) attachNetwork(ctx context.Context, rec *PodRecord) error {
+func (b *Broker) attachNetwork(ctx context.Context, rec *PodRecord) (err error) {
 	if rec.Config.HostNetwork {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, "cni.add")
+	defer func() { tracing.End(span, err) }()
 	b.mu.Lock()
 	cp := *rec
 	b.mu.Unlock()

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/logctx"
@@ -19,6 +21,7 @@ import (
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 func podNameKey(m PodMetadata) string {
@@ -133,7 +136,11 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		b.log.DebugContext(ctx, "RunPodSandbox retry answered with the existing pod", "pod", id)
 		return id, nil
 	}
+	_, span := tracing.Start(ctx, "policy.decide")
 	dec, err := b.decide(ctx, cfg)
+	span.SetAttributes(attribute.String("stagelet.stage1", dec.Stage1), attribute.String("stagelet.policy.rule", dec.Rule),
+		attribute.String("stagelet.policy.chosen_by", dec.ChosenBy))
+	tracing.End(span, err)
 	if err != nil {
 		b.mu.Unlock()
 		return "", err
@@ -188,9 +195,11 @@ func (b *Broker) newPod(id string, cfg *PodConfig, hash string, dec policy.Decis
 func (b *Broker) startInBackground(ctx context.Context, p *pod, be stage1.Backend, key string, dec policy.Decision) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 	defer cancel()
+	cctx, span := tracing.Start(cctx, "pod.start", attribute.String("stagelet.stage1", dec.Stage1), attribute.String("stagelet.pod", p.rec.ID))
 	p.op.Lock()
 	err := b.startPod(cctx, p, be)
 	p.op.Unlock()
+	tracing.End(span, err)
 	id := p.rec.ID
 	if err != nil {
 		b.mu.Lock()
@@ -391,7 +400,10 @@ func chosenBy(rec *PodRecord) string {
 // before any container is created. On failure the caller releases both
 // (the stage1's state is persisted as it goes).
 func (b *Broker) startInNetwork(ctx context.Context, rec *PodRecord, spec *stage1.PodSpec, be stage1.Backend) (stage1.Pod, error) {
-	if err := b.prepareNetwork(ctx, rec); err != nil {
+	nctx, span := tracing.Start(ctx, "pod.netns")
+	err := b.prepareNetwork(nctx, rec)
+	tracing.End(span, err)
+	if err != nil {
 		return nil, err
 	}
 	spec.NetNSPath = rec.NetNS
@@ -403,7 +415,9 @@ func (b *Broker) startInNetwork(ctx context.Context, rec *PodRecord, spec *stage
 		return b.rec.savePod(&cp)
 	}
 	start := func(ctx context.Context) (stage1.Pod, error) {
+		ctx, span := tracing.Start(ctx, "stage1.start_pod", attribute.String("stagelet.stage1", be.Name()))
 		started, err := be.StartPod(ctx, spec, persist)
+		tracing.End(span, err)
 		if err != nil {
 			return nil, fmt.Errorf("stage1 %s (%s): start pod: %w", be.Name(), chosenBy(rec), err)
 		}
@@ -433,7 +447,10 @@ func (b *Broker) startInNetwork(ctx context.Context, rec *PodRecord, spec *stage
 			return nil, err // the pod runs: the caller destroys it
 		}
 	}
-	if err := b.writePodFiles(rec); err != nil {
+	_, span = tracing.Start(ctx, "pod.files")
+	err = b.writePodFiles(rec)
+	tracing.End(span, err)
+	if err != nil {
 		return nil, fmt.Errorf("pod files: %w", err)
 	}
 	return started, nil

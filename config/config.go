@@ -164,6 +164,20 @@ func (i Images) PolicyDir() string {
 	return strings.TrimSuffix(i.SignaturePolicy, ".json") + ".d"
 }
 
+// Tracing configures OpenTelemetry traces, sent over OTLP/gRPC to a
+// collector. It is off unless an endpoint is set.
+type Tracing struct {
+	// Endpoint is the collector's OTLP/gRPC host:port, plaintext (as the
+	// kubelet's tracing); "" (the default): no traces.
+	Endpoint string `yaml:"endpoint"`
+	// SamplingRatePerMillion is how many in a million CRI calls without a
+	// sampled caller are traced (0, the default: only those whose caller
+	// sampled its trace).
+	SamplingRatePerMillion int `yaml:"sampling_rate_per_million"`
+	// ServiceName names the daemon in its spans ("stagelet").
+	ServiceName string `yaml:"service_name"`
+}
+
 // Config is the node configuration.
 type Config struct {
 	Version int `yaml:"version"`
@@ -193,6 +207,8 @@ type Config struct {
 	CDI CDI `yaml:"cdi"`
 	// Metrics is the Prometheus endpoint; off by default.
 	Metrics Metrics `yaml:"metrics"`
+	// Tracing exports OpenTelemetry traces; off by default.
+	Tracing Tracing `yaml:"tracing"`
 	// Checkpoint says which criu takes checkpoints.
 	Checkpoint Checkpoint `yaml:"checkpoint"`
 	// Images says which images may run (signature verification).
@@ -302,6 +318,12 @@ func (c *Config) Validate() error {
 	}
 	if err := checkHostPort(c.Metrics.Address); c.Metrics.Address != "" && err != nil {
 		errs = append(errs, fmt.Errorf("metrics.address: %q: %v", c.Metrics.Address, err))
+	}
+	if err := checkHostPort(c.Tracing.Endpoint); c.Tracing.Endpoint != "" && err != nil {
+		errs = append(errs, fmt.Errorf("tracing.endpoint: %q: %v", c.Tracing.Endpoint, err))
+	}
+	if r := c.Tracing.SamplingRatePerMillion; r < 0 || r > 1_000_000 {
+		errs = append(errs, fmt.Errorf("tracing.sampling_rate_per_million: %d: want 0 to 1000000", r))
 	}
 	if c.Checkpoint.CRIU != "" && !path.IsAbs(c.Checkpoint.CRIU) {
 		errs = append(errs, fmt.Errorf("checkpoint.criu: %q is not absolute", c.Checkpoint.CRIU))

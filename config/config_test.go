@@ -95,6 +95,9 @@ func TestParse(t *testing.T) {
 		{name: "metrics address without port", yaml: "metrics: {address: 127.0.0.1}\n", wantErr: "metrics.address: \"127.0.0.1\": want host:port"},
 		{name: "metrics port range", yaml: "metrics: {address: \"127.0.0.1:70000\"}\n", wantErr: "metrics.address: \"127.0.0.1:70000\": port"},
 		{name: "metrics port name", yaml: "metrics: {address: \"127.0.0.1:http\"}\n", wantErr: "metrics.address"},
+		{name: "tracing endpoint without port", yaml: "tracing: {endpoint: collector}\n", wantErr: "tracing.endpoint: \"collector\": want host:port"},
+		{name: "tracing sampling above a million", yaml: "tracing: {endpoint: \"127.0.0.1:4317\", sampling_rate_per_million: 1000001}\n", wantErr: "tracing.sampling_rate_per_million: 1000001"},
+		{name: "tracing sampling negative", yaml: "tracing: {sampling_rate_per_million: -1}\n", wantErr: "tracing.sampling_rate_per_million: -1"},
 		{name: "metrics unknown key", yaml: "metrics:\n  port: 9477\n", wantErr: "line 2: field port not found"},
 	}
 	for _, tc := range tests {

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,6 +26,7 @@ import (
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // Server implements the CRI RuntimeService and ImageService. Methods it
@@ -141,7 +144,14 @@ func (s *Server) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerI
 // callContext is ctx carrying a new request ID and the pod and container
 // IDs req names, for log lines (logctx).
 func callContext(ctx context.Context, req any) context.Context {
-	args := []any{"req", requestID()}
+	id := requestID()
+	args := []any{"req", id}
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		// A traced call: its span names the request, its lines the trace.
+		span.SetAttributes(attribute.String("stagelet.request_id", id))
+		traceID, _ := tracing.IDs(ctx)
+		args = append(args, "trace_id", traceID)
+	}
 	if r, ok := req.(interface{ GetPodSandboxId() string }); ok && r.GetPodSandboxId() != "" {
 		args = append(args, "pod", r.GetPodSandboxId())
 	}

@@ -23,10 +23,12 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/atomicfile"
+	"github.com/stagelet/stagelet/tracing"
 	"github.com/stagelet/stagelet/trust"
 )
 
@@ -543,7 +545,9 @@ func (s *Store) putBlob(d string, b []byte) error {
 
 // ensureLayer unpacks layer l (diff ID d) into layers/<hex> unless it is
 // there already. Concurrent calls for one layer unpack it once.
-func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) error {
+func (s *Store) ensureLayer(ctx context.Context, d string, l v1.Layer) (err error) {
+	ctx, span := tracing.Start(ctx, "image.layer", attribute.String("stagelet.layer", d))
+	defer func() { tracing.End(span, err) }()
 	unlock := s.layerLocks.lock(d)
 	defer unlock()
 	final := s.layerPath(d)

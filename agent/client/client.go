@@ -17,11 +17,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/agent/transport"
 	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // Dialer opens one stream to an agent.
@@ -46,12 +50,31 @@ func NewClient(dial Dialer) *Client { return &Client{dial: dial} }
 
 // Call sends one request and returns the agent's response. Agent error codes
 // come back as errdefs classes; a transport failure is ErrUnavailable.
-func (c *Client) Call(ctx context.Context, req *api.Request) (*api.Response, error) {
+func (c *Client) Call(ctx context.Context, req *api.Request) (_ *api.Response, err error) {
+	if traced(req.Op) {
+		var span trace.Span
+		ctx, span = tracing.Start(ctx, "agent."+req.Op)
+		if req.ID != "" {
+			span.SetAttributes(attribute.String("stagelet.app", req.ID))
+		}
+		defer func() { tracing.End(span, err) }()
+	}
 	conn, resp, _, err := c.roundTrip(ctx, req)
 	if conn != nil {
 		conn.Close()
 	}
 	return resp, err
+}
+
+// traced tells whether a call to the agent is a span of its own: not
+// Info, which a pod's start polls (its wait is the caller's span), and
+// not the status path's reads.
+func traced(op string) bool {
+	switch op {
+	case api.OpInfo, api.OpStatus, api.OpList, api.OpStats:
+		return false
+	}
+	return true
 }
 
 // roundTrip opens a stream, sends req and reads the response. It returns

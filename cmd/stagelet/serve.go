@@ -15,13 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/stagelet/stagelet/devices"
-	"github.com/stagelet/stagelet/internal/logctx"
-	"github.com/stagelet/stagelet/policy"
-	"github.com/stagelet/stagelet/preflight"
-	"github.com/stagelet/stagelet/stage1/host"
-	"github.com/stagelet/stagelet/stage1/kvm"
-
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
@@ -29,10 +22,17 @@ import (
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/cri"
+	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/staticbin"
 	"github.com/stagelet/stagelet/metrics"
 	"github.com/stagelet/stagelet/network"
+	"github.com/stagelet/stagelet/policy"
+	"github.com/stagelet/stagelet/preflight"
+	"github.com/stagelet/stagelet/stage1/host"
+	"github.com/stagelet/stagelet/stage1/kvm"
+	"github.com/stagelet/stagelet/tracing/otlp"
 	"github.com/stagelet/stagelet/trust"
 )
 
@@ -110,7 +110,7 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 // criServers makes the CRI gRPC server over b and its streaming server
 // (exec, attach, port-forward), which logs through klog into log. m
 // (nil: metrics off) counts the calls, first in the chain.
-func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker, m *metrics.Metrics) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
+func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker, m *metrics.Metrics, tr *otlp.Tracing) (*cri.StreamServer, *cri.Server, *grpc.Server, error) {
 	klog.SetSlogLogger(log.With("component", "streaming"))
 	streams, err := cri.NewStreamServer(b, cfg.StreamingAddr(), log.With("component", "streaming"))
 	if err != nil {
@@ -118,7 +118,12 @@ func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker, m *metri
 	}
 	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
 	unary, stream := srv.Interceptors()
-	g := grpc.NewServer(append(interceptors(m, unary, stream), grpc.StatsHandler(srv.StatsHandler()))...)
+	opts := append(interceptors(m, unary, stream), grpc.StatsHandler(srv.StatsHandler()))
+	if h := tr.ServerHandler(); h != nil {
+		// First: the call's span exists before the interceptors run.
+		opts = append([]grpc.ServerOption{grpc.StatsHandler(h)}, opts...)
+	}
+	g := grpc.NewServer(opts...)
 	srv.Register(g)
 	return streams, srv, g, nil
 }
@@ -222,7 +227,21 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 	if err != nil {
 		return err
 	}
-	streams, srv, g, err := criServers(log, cfg, b, m)
+	tr, err := otlp.Setup(context.Background(), otlp.Config{
+		Endpoint: cfg.Tracing.Endpoint, SamplingRatePerMillion: cfg.Tracing.SamplingRatePerMillion,
+		ServiceName: cfg.Tracing.ServiceName, Version: version,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(ctx); err != nil {
+			log.Warn("sending the last spans", "err", err)
+		}
+	}()
+	streams, srv, g, err := criServers(log, cfg, b, m, tr)
 	if err != nil {
 		return err
 	}
@@ -241,7 +260,7 @@ func serve(log *slog.Logger, cfg *config.Config, cfgPath, sock, state, run strin
 		}
 	}()
 	log.Info("stagelet serving", "socket", sock, "streaming", streams.Addr(), "stateDir", state, "runDir", run, "config", cfg.Source,
-		"stage1s", b.Stage1s(), "policy", pol.Source, "default", pol.DefaultStage1, "handlers", b.Handlers(), "version", version)
+		"stage1s", b.Stage1s(), "policy", pol.Source, "default", pol.DefaultStage1, "handlers", b.Handlers(), "tracing", cfg.Tracing.Endpoint, "version", version)
 
 	return untilSignal(log, b, srv, g, errc, func(ctx context.Context) {
 		reloadPolicyOnChange(ctx, log, cfgPath, cfg, b, hup, 2*time.Second)

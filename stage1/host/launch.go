@@ -9,8 +9,11 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // LaunchSpec describes a pod's host-side process: the fly agent, an nspawn
@@ -104,7 +107,9 @@ func SystemdBooted() bool {
 }
 
 // Launch implements Launcher.
-func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process, error) {
+func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (_ *Process, err error) {
+	ctx, span := tracing.Start(ctx, "host.launch", attribute.String("stagelet.launch", spec.Name), attribute.String("stagelet.launcher", "plain"))
+	defer func() { tracing.End(span, err) }()
 	log := l.Log
 	if log == nil {
 		log = slog.Default()

@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/stagelet/stagelet/agent/client"
-	"github.com/stagelet/stagelet/stage1"
+	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // ProbeTimeout bounds one question to an agent about whether it runs.
@@ -23,7 +25,9 @@ const ProbeTimeout = 2 * time.Second
 // what names proc in the error. Errors: Unavailable (proc exited first),
 // DeadlineExceeded (no answer in time), or what info returned that is
 // neither (an agent answering with an error).
-func WaitAgentReady(ctx context.Context, pod stage1.Pod, proc *Process, timeout time.Duration, what string) error {
+func WaitAgentReady(ctx context.Context, pod stage1.Pod, proc *Process, timeout time.Duration, what string) (err error) {
+	ctx, span := tracing.Start(ctx, "agent.ready", attribute.String("stagelet.process", what))
+	defer func() { tracing.End(span, err) }()
 	info := client.NewClient(pod.Agent().Dial).Info
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

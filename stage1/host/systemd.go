@@ -16,9 +16,11 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // UnitLauncher is a Launcher that runs each process as a unit of a service
@@ -255,7 +257,9 @@ func (l *SystemdLauncher) LimitSlice(ctx context.Context, slice string, memoryMa
 // unit exists), Unavailable (systemd cannot be reached), and the start
 // job's failure (the unit is then released). When ctx ends while the job
 // runs, the unit is released.
-func (l *SystemdLauncher) Launch(ctx context.Context, spec LaunchSpec) (*Process, error) {
+func (l *SystemdLauncher) Launch(ctx context.Context, spec LaunchSpec) (_ *Process, err error) {
+	ctx, span := tracing.Start(ctx, "host.launch", attribute.String("stagelet.launch", spec.Name), attribute.String("stagelet.launcher", "systemd"))
+	defer func() { tracing.End(span, err) }()
 	if spec.Path == "" || spec.LogPath == "" {
 		return nil, errdefs.InvalidArgument("launch %s: path and log path are required", spec.Name)
 	}

@@ -67,7 +67,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/stagelet/stagelet/stage1/host"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/agent/guest"
@@ -75,6 +75,8 @@ import (
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/host"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // Name is the stage1's registered name.
@@ -527,7 +529,10 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	defer tap.Close() // qemu holds its own copy, or opens it by name
 
-	tpl, err := b.podTemplate(ctx, log, res, plan.vm)
+	tctx, span := tracing.Start(ctx, "kvm.template")
+	tpl, err := b.podTemplate(tctx, log, res, plan.vm)
+	span.SetAttributes(attribute.Bool("stagelet.kvm.template", tpl != nil))
+	tracing.End(span, err)
 	if err != nil {
 		return nil, err
 	}
@@ -542,7 +547,9 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 		}
 	}
 	launched := time.Now()
-	qemu, err := b.launchQEMU(ctx, st, launch, unitLaunch, save)
+	lctx, span := tracing.Start(ctx, "kvm.launch_qemu")
+	qemu, err := b.launchQEMU(lctx, st, launch, unitLaunch, save)
+	tracing.End(span, err)
 	if err != nil {
 		return nil, err
 	}
@@ -768,7 +775,10 @@ func (b *Backend) launchQEMU(ctx context.Context, st *state, launch host.LaunchS
 // It returns when the VM was restored and when its agent answered.
 func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl *template, gcfg *guest.Config, console, qemuLog string) (restored, ready time.Time, err error) {
 	if tpl != nil {
-		if err := restore(ctx, pod.st.qmpSocket(), qemu, tpl); err != nil {
+		rctx, span := tracing.Start(ctx, "kvm.restore")
+		err := restore(rctx, pod.st.qmpSocket(), qemu, tpl)
+		tracing.End(span, err)
+		if err != nil {
 			if ctx.Err() == nil {
 				// A template this qemu cannot load would fail every pod:
 				// the next one builds it afresh.
@@ -785,7 +795,10 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 	}
 	ready = time.Now()
 	if tpl != nil {
-		if err := client.NewClient(pod.Agent().Dial).Setup(ctx, gcfg.Cmdline(), time.Now(), seed()); err != nil {
+		sctx, span := tracing.Start(ctx, "kvm.guest_setup")
+		err := client.NewClient(pod.Agent().Dial).Setup(sctx, gcfg.Cmdline(), time.Now(), seed())
+		tracing.End(span, err)
+		if err != nil {
 			return restored, ready, fmt.Errorf("kvm: setting up the restored guest (console %s): %w", console, err)
 		}
 	}

@@ -103,6 +103,10 @@ type Options struct {
 	// MetricsAddress enables the metrics endpoint (metrics.address, such
 	// as "127.0.0.1:0"); empty: off. MetricsURL says where it listens.
 	MetricsAddress string
+	// TracingEndpoint is tracing.endpoint (an OTLP/gRPC host:port) and
+	// TracingRate tracing.sampling_rate_per_million; empty: no tracing.
+	TracingEndpoint string
+	TracingRate     int
 	// SignaturePolicy and SignaturePolicyDir are images.signature_policy
 	// and images.signature_policy_dir; empty: not set.
 	SignaturePolicy, SignaturePolicyDir string
@@ -266,6 +270,9 @@ func (d *Daemon) configYAML() string {
 	}
 	if d.opts.MetricsAddress != "" {
 		fmt.Fprintf(&b, "metrics:\n  address: %q\n", d.opts.MetricsAddress)
+	}
+	if d.opts.TracingEndpoint != "" {
+		fmt.Fprintf(&b, "tracing:\n  endpoint: %q\n  sampling_rate_per_million: %d\n", d.opts.TracingEndpoint, d.opts.TracingRate)
 	}
 	if d.opts.SignaturePolicy != "" || d.opts.SignaturePolicyDir != "" {
 		fmt.Fprintf(&b, "images:\n  signature_policy: %q\n  signature_policy_dir: %q\n", d.opts.SignaturePolicy, d.opts.SignaturePolicyDir)
