@@ -11,10 +11,13 @@ package tracing
 
 import (
 	"context"
+	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -43,4 +46,52 @@ func IDs(ctx context.Context) (traceID, spanID string) {
 		return "", ""
 	}
 	return sc.TraceID().String(), sc.SpanID().String()
+}
+
+// Finished is a span recorded in another process (a pod's agent, which
+// talks to no collector), IDs in hex, for this process to export.
+type Finished struct {
+	Name     string            `json:"name"`
+	TraceID  string            `json:"traceId"`
+	SpanID   string            `json:"spanId"`
+	ParentID string            `json:"parentId,omitempty"`
+	Start    time.Time         `json:"start"`
+	End      time.Time         `json:"end"`
+	Attrs    map[string]string `json:"attrs,omitempty"`
+	// Error is the status message of a failed span.
+	Error string `json:"error,omitempty"`
+}
+
+var importer atomic.Pointer[func([]Finished)]
+
+// SetImporter makes Import hand spans to f (the exporter's; tracing/otlp
+// sets it).
+func SetImporter(f func([]Finished)) { importer.Store(&f) }
+
+// Import exports spans another process recorded; without an exporter it
+// drops them.
+func Import(spans []Finished) {
+	if f := importer.Load(); f != nil && len(spans) > 0 {
+		(*f)(spans)
+	}
+}
+
+// TraceParent is the W3C traceparent of ctx's span when its trace is
+// sampled, for a call to another process; "" otherwise.
+func TraceParent(ctx context.Context) string {
+	if !trace.SpanContextFromContext(ctx).IsSampled() {
+		return ""
+	}
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, c)
+	return c["traceparent"]
+}
+
+// Remote is ctx with the remote parent traceparent names (from
+// TraceParent in the calling process); ctx unchanged when it names none.
+func Remote(ctx context.Context, traceparent string) context.Context {
+	if traceparent == "" {
+		return ctx
+	}
+	return propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": traceparent})
 }

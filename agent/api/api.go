@@ -32,6 +32,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // Version of the protocol; bumped on incompatible changes.
@@ -100,13 +102,17 @@ const MaxFramePayload = 1 << 20
 type Request struct {
 	// RequestID is the daemon's ID of the CRI call the request serves;
 	// the agent's log lines of the request carry it (as req=).
-	RequestID string        `json:"requestId,omitempty"`
-	Op        string        `json:"op"`
-	ID        string        `json:"id,omitempty"`
-	App       *AppSpec      `json:"app,omitempty"`
-	Signal    int           `json:"signal,omitempty"`
-	Timeout   time.Duration `json:"timeout,omitempty"` // 0 means none
-	Cmd       []string      `json:"cmd,omitempty"`
+	RequestID string `json:"requestId,omitempty"`
+	// TraceParent is the W3C trace context of the daemon's span for this
+	// call, when its trace is sampled: the agent's spans of the request
+	// go beneath it and come back in Response.Spans.
+	TraceParent string        `json:"traceparent,omitempty"`
+	Op          string        `json:"op"`
+	ID          string        `json:"id,omitempty"`
+	App         *AppSpec      `json:"app,omitempty"`
+	Signal      int           `json:"signal,omitempty"`
+	Timeout     time.Duration `json:"timeout,omitempty"` // 0 means none
+	Cmd         []string      `json:"cmd,omitempty"`
 	// Sysctls are name → value ("kernel.shm_rmid_forced" or
 	// "kernel/shm_rmid_forced"); only those the IPC namespace isolates.
 	Sysctls map[string]string `json:"sysctls,omitempty"`
@@ -199,6 +205,9 @@ type Response struct {
 	Stats *Stats       `json:"stats,omitempty"`
 	// Restore is OpRestore's.
 	Restore *RestoreIO `json:"restore,omitempty"`
+	// Spans are the agent's spans of a traced request (Request.TraceParent),
+	// for the daemon to export: the agent talks to no collector.
+	Spans []tracing.Finished `json:"spans,omitempty"`
 }
 
 // RestoreIO is where a restored app's output goes: the write ends of

@@ -58,10 +58,15 @@ func (c *Client) Call(ctx context.Context, req *api.Request) (_ *api.Response, e
 			span.SetAttributes(attribute.String("stagelet.app", req.ID))
 		}
 		defer func() { tracing.End(span, err) }()
+		req.TraceParent = tracing.TraceParent(ctx)
 	}
 	conn, resp, _, err := c.roundTrip(ctx, req)
 	if conn != nil {
 		conn.Close()
+	}
+	if resp != nil {
+		// The agent's own spans of the call, beneath this one.
+		tracing.Import(resp.Spans)
 	}
 	return resp, err
 }

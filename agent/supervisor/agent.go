@@ -18,6 +18,9 @@ import (
 	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/tracing"
+	"github.com/stagelet/stagelet/tracing/collect"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // Config configures an Agent.
@@ -59,6 +62,8 @@ type Agent struct {
 	// setup answers OpSetup; nil once it ran (or when there is none).
 	setupMu sync.Mutex
 	setup   func(*api.Request) error
+	// spans keeps the spans of traced requests for their answers.
+	spans *collect.Collector
 	// cg is the agent's own cgroup, the parent of every app's; nil when
 	// cgroups are not available (limits are then not applied).
 	cg cgroup
@@ -97,6 +102,7 @@ func New(cfg Config) (*Agent, error) {
 		sys = newLinux(cfg.Exe, log, cfg.MemoryCgroup, cfg.ExecInit)
 	}
 	a := &Agent{
+		spans:   collect.Install(),
 		log:     log,
 		dir:     cfg.StateDir,
 		sys:     sys,
@@ -204,8 +210,13 @@ func (a *Agent) ServeConn(c net.Conn) {
 // answers; the transport then delivers the answer and calls Close.
 func (a *Agent) Handle(req *api.Request) *api.Response {
 	start := time.Now()
-	ctx := requestContext(req)
+	ctx, span := tracing.Start(requestContext(req), "handle."+req.Op)
+	if req.ID != "" {
+		span.SetAttributes(attribute.String("stagelet.app", req.ID))
+	}
 	resp, err := a.handle(ctx, req)
+	tracing.End(span, err)
+	defer func() { resp.Spans = a.spans.Take(ctx) }()
 	if err != nil {
 		resp = wire.ErrorResponse(err)
 		lvl := slog.LevelWarn
@@ -276,9 +287,10 @@ func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, er
 }
 
 // requestContext is the context of req's handling: its log lines carry
-// the daemon's request ID, when the daemon sent one.
+// the daemon's request ID, when the daemon sent one, and its spans go
+// beneath the daemon's, when the daemon traces it.
 func requestContext(req *api.Request) context.Context {
-	ctx := context.Background()
+	ctx := tracing.Remote(context.Background(), req.TraceParent)
 	if req.RequestID != "" {
 		ctx = logctx.With(ctx, "req", req.RequestID)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/seccomp"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // drainTimeout bounds how long output is still read after a process
@@ -158,14 +159,20 @@ func (a *Agent) create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, 
 	a.mu.Unlock()
 
 	if spec.LocalUpper {
-		if err := a.mountLayer(spec); err != nil {
+		_, span := tracing.Start(ctx, "app.layer")
+		err := a.mountLayer(spec)
+		tracing.End(span, err)
+		if err != nil {
 			a.mu.Lock()
 			delete(a.apps, spec.ID)
 			a.mu.Unlock()
 			return nil, err
 		}
 	}
-	if err := a.setupCgroup(ctx, ap); err != nil {
+	cctx, span := tracing.Start(ctx, "app.cgroup")
+	err := a.setupCgroup(cctx, ap)
+	tracing.End(span, err)
+	if err != nil {
 		a.mu.Lock()
 		delete(a.apps, spec.ID)
 		a.mu.Unlock()
@@ -305,7 +312,10 @@ func (a *Agent) start(ctx context.Context, id string) (*api.AppStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := a.launch(ctx, ap); err != nil {
+	lctx, span := tracing.Start(ctx, "app.launch")
+	err = a.launch(lctx, ap)
+	tracing.End(span, err)
+	if err != nil {
 		return ap.status(), err
 	}
 	return ap.status(), nil

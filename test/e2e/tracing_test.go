@@ -83,7 +83,9 @@ func (tr spanTree) String() string {
 // the pod's start and, beneath that, its network namespace, CNI ADD, the
 // stage1's start with its launch and the wait for the agent (for kvm the
 // template and qemu's launch). CreateContainer's span holds the rootfs
-// mount and the agent's create. A call that came without a sampled
+// mount and the agent call, and beneath that the agent's own spans,
+// recorded in the pod (in the VM for kvm) and exported by the daemon;
+// StartContainer's the same. A call that came without a sampled
 // parent is not traced at sampling rate 0. On fly, nspawn and (with guest
 // assets) kvm.
 func TestTracing(t *testing.T) {
@@ -109,11 +111,14 @@ func TestTracing(t *testing.T) {
 			}
 			e.cleanupPod(resp.PodSandboxId)
 			cctx, ctrTrace, _ := traced(e.ctx())
-			_, err = e.rt().CreateContainer(cctx, &runtimeapi.CreateContainerRequest{
+			cr, err := e.rt().CreateContainer(cctx, &runtimeapi.CreateContainerRequest{
 				PodSandboxId: resp.PodSandboxId, SandboxConfig: cfg, Config: e.netContainer(s, "c", "true"),
 			})
 			if err != nil {
 				t.Fatalf("CreateContainer: %v", err)
+			}
+			if _, err := e.rt().StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+				t.Fatalf("StartContainer: %v", err)
 			}
 
 			var tree spanTree
@@ -155,10 +160,23 @@ func TestTracing(t *testing.T) {
 			}
 
 			var ctrTree spanTree
-			testutil.WaitFor(t, 60*time.Second, "CreateContainer's spans", func() (bool, string) {
+			testutil.WaitFor(t, 60*time.Second, "CreateContainer's and StartContainer's spans", func() (bool, string) {
 				ctrTree = spanTree{sink.Trace(ctrTrace)}
-				return len(ctrTree.named("agent.create")) == 1, ctrTree.String()
+				return len(ctrTree.named("agent.create")) == 1 && len(ctrTree.named("app.launch")) == 1, ctrTree.String()
 			})
+			t.Logf("CreateContainer's and StartContainer's trace:\n%s", ctrTree)
+			// The agent's own spans (in the pod, in the VM for kvm), sent
+			// back with its answers and exported by the daemon, beneath
+			// the daemon's span of each agent call.
+			for _, w := range []struct{ name, under string }{
+				{"handle.create", "agent.create"}, {"app.cgroup", "handle.create"},
+				{"handle.start", "agent.start"}, {"app.launch", "handle.start"},
+			} {
+				got, parent := ctrTree.named(w.name), ctrTree.named(w.under)
+				if len(got) != 1 || len(parent) != 1 || got[0].ParentID != parent[0].SpanID || got[0].Service != "stagelet-agent" {
+					t.Errorf("no agent span %s (service stagelet-agent) beneath %s:\n%s", w.name, w.under, ctrTree)
+				}
+			}
 			if c := ctrTree.named("runtime.v1.RuntimeService/CreateContainer"); len(c) != 1 ||
 				!ctrTree.under(ctrTree.named("agent.create")[0], c[0].SpanID) ||
 				len(ctrTree.named("container.rootfs")) != 1 || !ctrTree.under(ctrTree.named("container.rootfs")[0], c[0].SpanID) {

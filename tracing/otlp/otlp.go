@@ -11,12 +11,19 @@ import (
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/stats"
+
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // Config is what the node configuration says (config.Tracing).
@@ -62,14 +69,59 @@ func Setup(ctx context.Context, cfg Config) (*Tracing, error) {
 	if cfg.BatchTimeout > 0 {
 		batch = append(batch, sdktrace.WithBatchTimeout(cfg.BatchTimeout))
 	}
+	bsp := sdktrace.NewBatchSpanProcessor(exp, batch...)
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp, batch...),
+		sdktrace.WithSpanProcessor(bsp),
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(float64(cfg.SamplingRatePerMillion)/1e6))),
 	)
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.TraceContext{})
+	agentRes := resource.NewSchemaless(semconv.ServiceName(name+"-agent"), semconv.ServiceVersion(cfg.Version))
+	tracing.SetImporter(func(spans []tracing.Finished) {
+		for _, f := range spans {
+			if s, ok := snapshot(f, agentRes); ok {
+				bsp.OnEnd(s)
+			}
+		}
+	})
 	return &Tracing{tp: tp}, nil
+}
+
+// agentScope is the instrumentation scope of the spans pods' agents
+// record.
+var agentScope = instrumentation.Scope{Name: "github.com/stagelet/stagelet/agent"}
+
+// snapshot is a span a pod's agent recorded, as the SDK exports its own;
+// false for one whose IDs do not parse.
+func snapshot(f tracing.Finished, res *resource.Resource) (sdktrace.ReadOnlySpan, bool) {
+	tid, err := trace.TraceIDFromHex(f.TraceID)
+	if err != nil {
+		return nil, false
+	}
+	sid, err := trace.SpanIDFromHex(f.SpanID)
+	if err != nil {
+		return nil, false
+	}
+	stub := tracetest.SpanStub{
+		Name:                 f.Name,
+		SpanContext:          trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}),
+		SpanKind:             trace.SpanKindServer,
+		StartTime:            f.Start,
+		EndTime:              f.End,
+		Resource:             res,
+		InstrumentationScope: agentScope,
+	}
+	if pid, err := trace.SpanIDFromHex(f.ParentID); err == nil {
+		stub.Parent = trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: pid, TraceFlags: trace.FlagsSampled, Remote: true})
+	}
+	for k, v := range f.Attrs {
+		stub.Attributes = append(stub.Attributes, attribute.String(k, v))
+	}
+	if f.Error != "" {
+		stub.Status = sdktrace.Status{Code: codes.Error, Description: f.Error}
+	}
+	return stub.Snapshot(), true
 }
 
 // Enabled tells whether spans are exported.
