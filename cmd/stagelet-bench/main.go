@@ -42,10 +42,13 @@ import (
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/test/e2e/harness"
+	"github.com/stagelet/stagelet/test/otlpsink"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
 
 // scrape: print the daemon's stagelet_* metrics once the pods run.
+var traceRate = flag.Int("trace-rate", -1, "configure tracing (an OTLP receiver in this process) with this sampling_rate_per_million: 0 measures tracing configured but not sampled, 1000000 every call traced; -1: tracing off")
+
 var scrape = flag.Bool("metrics", false, "enable the daemon's metrics endpoint and print its stagelet_* series once the measured pods run (before their teardown)")
 
 // memoryLimitMiB: the measured pods' container memory limit, each pod
@@ -219,9 +222,13 @@ func buildStagelet(ctx context.Context, tb *fixtureTB) (string, error) {
 func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger) (*harness.Daemon, string, error) {
 	var reg *testregistry.Registry
 	var ref string
+	var traces string
 	if err := tb.do(func() {
 		reg = testregistry.Start(tb)
 		ref = reg.PushBusybox(tb, "bench/busybox", "latest")
+		if *traceRate >= 0 {
+			traces = otlpsink.Start(tb).Addr
+		}
 	}); err != nil {
 		return nil, "", err
 	}
@@ -234,6 +241,8 @@ func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger
 		Logger:             log,
 		KVMNoTemplate:      noTemplate,
 		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
+		TracingEndpoint:    traces,
+		TracingRate:        max(*traceRate, 0),
 	})
 	if err != nil {
 		return nil, "", err

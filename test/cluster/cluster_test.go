@@ -224,6 +224,7 @@ func TestCluster(t *testing.T) {
 	}) {
 		return
 	}
+	t.Run("one trace from the kubelet into the pod", c.testTrace)
 	t.Run("service by DNS name from every node", func(t *testing.T) {
 		c.reachAll(t, c.nodeNames())
 	})

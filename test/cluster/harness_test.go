@@ -32,6 +32,7 @@ import (
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/test/e2e/harness"
+	"github.com/stagelet/stagelet/test/otlpsink"
 )
 
 const (
@@ -94,6 +95,8 @@ type cluster struct {
 	api      string // https://hostIP:port
 	admin    string // the admin's kubeconfig
 	registry string // hostIP:port
+	// traces receives the spans of every node's kubelet and stagelet.
+	traces   *otlpsink.Sink
 	nodes    []*node
 	logsKept bool
 }
@@ -123,6 +126,7 @@ func startCluster(t *testing.T, e env, nodeNames ...string) *cluster {
 		t.Fatal(err)
 	}
 	c.startRegistry()
+	c.traces = otlpsink.StartAddr(t, hostIP+":0")
 	if err := c.startControlPlane(); err != nil {
 		c.dumpLogs()
 		t.Fatal(err)

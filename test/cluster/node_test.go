@@ -110,8 +110,9 @@ WantedBy=multi-user.target
 
 // kubeletConfig: the cgroupfs driver on both sides (the node's systemd
 // does not manage the v1 controllers it found read-only at boot), stagelet's
-// socket, cluster DNS, x509 and webhook authentication, and no eviction
-// or image garbage collection on a shared test machine.
+// socket, cluster DNS, x509 and webhook authentication, no eviction
+// or image garbage collection on a shared test machine, and every trace
+// sent to the test's receiver.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -129,13 +130,17 @@ evictionHard: {memory.available: "0%%", nodefs.available: "0%%", nodefs.inodesFr
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+tracing:
+  endpoint: %s
+  samplingRatePerMillion: 1000000
 `
 
 // stageletConfig is the node's stagelet configuration: the cgroupfs
 // driver the kubelet uses, the cluster's registry, the kvm guest, the
 // node's policy (nodePolicy) beside it, and its signature policies: the
 // node's accepts every image (nodeSignaturePolicy), and the directory of
-// namespace policies is where the signature test writes its own.
+// namespace policies is where the signature test writes its own; traces
+// go to the test's receiver, only the calls the kubelet sampled.
 const stageletConfig = `version: 1
 cgroup_driver: cgroupfs
 registries:
@@ -145,6 +150,7 @@ images:
   signature_policy: ` + signaturePolicy + `
   signature_policy_dir: ` + signaturePolicyDir + `
 policy_file: policy.yaml
+tracing: {endpoint: "%s"}
 `
 
 // The nodes' signature policy files, as the nodes see them.
@@ -293,10 +299,10 @@ func (c *cluster) writeNodeFiles(n *node) error {
 		{filepath.Join(n.root, "etc/systemd/system/stagelet.service"), string(unit), 0o644},
 		{filepath.Join(n.root, "etc/systemd/system/stagelet.service.d/node.conf"), stageletDropIn, 0o644},
 		{filepath.Join(n.root, "etc/systemd/system/kubelet.service"), fmt.Sprintf(kubeletUnit, n.name, n.ip), 0o644},
-		{filepath.Join(n.root, "etc/stagelet/config.yaml"), fmt.Sprintf(stageletConfig, c.registry), 0o644},
+		{filepath.Join(n.root, "etc/stagelet/config.yaml"), fmt.Sprintf(stageletConfig, c.registry, c.traces.Addr), 0o644},
 		{filepath.Join(n.root, "etc/stagelet/policy.yaml"), nodePolicy(), 0o644},
 		{filepath.Join(n.root, signaturePolicy), nodeSignaturePolicy, 0o644},
-		{filepath.Join(kl, "config.yaml"), fmt.Sprintf(kubeletConfig, dnsIP), 0o644},
+		{filepath.Join(kl, "config.yaml"), fmt.Sprintf(kubeletConfig, dnsIP, c.traces.Addr), 0o644},
 		{filepath.Join(kl, "kubeconfig"), kubeconfig(c.api, "/var/lib/kubelet/pki/ca.crt",
 			"/var/lib/kubelet/pki/kubelet-client.crt", "/var/lib/kubelet/pki/kubelet-client.key"), 0o600},
 		{filepath.Join(kl, "pki/ca.crt"), string(ca), 0o644},

@@ -41,7 +41,14 @@ type Sink struct {
 // Start serves a sink on 127.0.0.1 and stops it when t ends.
 func Start(t testing.TB) *Sink {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	return StartAddr(t, "127.0.0.1:0")
+}
+
+// StartAddr serves a sink on addr (host:port; port 0 for any) and stops
+// it when t ends.
+func StartAddr(t testing.TB, addr string) *Sink {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
