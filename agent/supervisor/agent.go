@@ -216,7 +216,11 @@ func (a *Agent) Handle(req *api.Request) *api.Response {
 	}
 	resp, err := a.handle(ctx, req)
 	tracing.End(span, err)
-	defer func() { resp.Spans = a.spans.Take(ctx) }()
+	defer func() {
+		if resp != nil {
+			resp.Spans = a.spans.Take(ctx)
+		}
+	}()
 	if err != nil {
 		resp = wire.ErrorResponse(err)
 		lvl := slog.LevelWarn

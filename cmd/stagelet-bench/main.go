@@ -651,6 +651,10 @@ func median(ds []time.Duration) time.Duration {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 
+// us is for calls of a millisecond or less, whose differences ms rounds
+// away.
+func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }
+
 func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func report(w io.Writer, n int, what string, r *result) {

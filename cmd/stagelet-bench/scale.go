@@ -180,8 +180,8 @@ func externalScale(ctx context.Context, rt runtimeapi.RuntimeServiceClient, v *r
 	const line = "%-72s %10s %10s\n"
 	fmt.Printf(line, "measure", "median", "p90")
 	for _, r := range rows {
-		fmt.Printf(line, fmt.Sprintf("ListContainers, %d pods running", r.pods), ms(median(r.listContainers)), ms(percentile(r.listContainers, 90)))
-		fmt.Printf(line, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), ms(median(r.listPods)), ms(percentile(r.listPods, 90)))
+		fmt.Printf(line, fmt.Sprintf("ListContainers, %d pods running", r.pods), us(median(r.listContainers)), us(percentile(r.listContainers, 90)))
+		fmt.Printf(line, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), us(median(r.listPods)), us(percentile(r.listPods, 90)))
 	}
 	return nil
 }
@@ -330,8 +330,8 @@ func reportScale(w io.Writer, what string, calls int, rows []scaleRow, lat []tim
 	const row = "%-72s %10s %10s\n"
 	fmt.Fprintf(w, row, "measure", "median", "p90")
 	for _, r := range rows {
-		fmt.Fprintf(w, row, fmt.Sprintf("ListContainers, %d pods running", r.pods), ms(median(r.listContainers)), ms(percentile(r.listContainers, 90)))
-		fmt.Fprintf(w, row, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), ms(median(r.listPods)), ms(percentile(r.listPods, 90)))
+		fmt.Fprintf(w, row, fmt.Sprintf("ListContainers, %d pods running", r.pods), us(median(r.listContainers)), us(percentile(r.listContainers, 90)))
+		fmt.Fprintf(w, row, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), us(median(r.listPods)), us(percentile(r.listPods, 90)))
 		fmt.Fprintf(w, row, fmt.Sprintf("kill -9 and restart to all %d pods ready (%d restarts)", r.pods, len(r.restart)), ms(median(r.restart)), ms(percentile(r.restart, 90)))
 	}
 	fmt.Fprintf(w, row, fmt.Sprintf("container exit to its GetContainerEvents event (%d exits)", len(lat)), ms(median(lat)), ms(percentile(lat, 90)))
