@@ -15,7 +15,6 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/internal/logctx"
-	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/tracing"
@@ -357,11 +356,6 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			lsm.ReleaseSELinux(app.SELinuxProcessLabel)
-		}
-	}()
 	b.recordApp(p, rec, app, rootfs)
 	return b.createInPod(ctx, h, p, c, app, pci)
 }
@@ -399,12 +393,10 @@ func (b *Broker) mountContainerFS(ctx context.Context, p *pod, img *image.Image,
 // containerApp builds the app spec of container rec in pod p from cfg
 // (rec's config with its image volumes mounted), img and rootfs, and
 // picks the PCI devices it gets: NotFound when the container whose PID
-// namespace it asks to share is not in its pod. When it fails after
-// buildAppSpec, the app's SELinux label is released; once it returns the
-// app, releasing it is the caller's.
+// namespace it asks to share is not in its pod.
 func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cfg *ContainerConfig, rootfs string) (*api.AppSpec, []string, error) {
 	b.mu.Lock()
-	podCfg := p.rec.Config
+	podCfg, podSELinux := p.rec.Config, p.rec.SELinux
 	guest := b.caps[p.rec.Stage1].KernelIsolated
 	var target *ContainerRecord
 	if t := rec.Config.Security.PIDTarget; t != "" {
@@ -416,13 +408,12 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 	if rec.Config.Security.PIDMode == PIDModeTarget && target == nil {
 		return nil, nil, errdefs.NotFound("config.linux.security_context.namespace_options.target_id: container %q is not in pod sandbox %s", rec.Config.Security.PIDTarget, rec.PodID)
 	}
-	app, err := buildAppSpec(rec.ID, &podCfg, cfg, img, rootfs, guest)
+	app, err := buildAppSpec(rec.ID, &podCfg, podSELinux, cfg, img, rootfs, guest)
 	if err != nil {
 		return nil, nil, err
 	}
 	pci, err := b.appDevices(p, &rec.Config, app)
 	if err != nil {
-		lsm.ReleaseSELinux(app.SELinuxProcessLabel)
 		return nil, nil, err
 	}
 	return app, pci, nil
@@ -853,9 +844,6 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	}
 	if p != nil {
 		b.releaseRootfs(ctx, p, rec.ID, rec.Dir, unshare)
-	}
-	if rec.App != nil {
-		lsm.ReleaseSELinux(rec.App.SELinuxProcessLabel)
 	}
 	b.mu.Lock()
 	delete(b.ctrs, rec.ID)

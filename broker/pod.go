@@ -16,6 +16,7 @@ import (
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/internal/sysctl"
 	"github.com/stagelet/stagelet/policy"
@@ -145,10 +146,16 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		b.mu.Unlock()
 		return "", err
 	}
+	seLinux, err := podSELinux(cfg)
+	if err != nil {
+		b.mu.Unlock()
+		return "", err
+	}
 	be := b.opts.Backends[dec.Stage1]
 	id := newID()
 	ctx = logctx.With(ctx, "pod", id)
 	p := b.newPod(id, cfg, hash, dec, runAt)
+	p.rec.SELinux = seLinux
 	b.podNames[key] = p
 	b.pods[id] = p
 	b.mu.Unlock()
@@ -206,6 +213,7 @@ func (b *Broker) startInBackground(ctx context.Context, p *pod, be stage1.Backen
 		delete(b.podNames, key)
 		delete(b.pods, id)
 		b.mu.Unlock()
+		lsm.ReleaseSELinux(p.rec.SELinux.Process)
 		b.log.WarnContext(ctx, "pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
 	} else {
 		b.log.InfoContext(ctx, "pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
@@ -611,6 +619,7 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 	}
 	b.publishLocked(EventDeleted, p, nil)
 	b.mu.Unlock()
+	lsm.ReleaseSELinux(rec.SELinux.Process)
 	b.log.InfoContext(ctx, "pod removed", "pod", rec.ID)
 	return nil
 }
@@ -645,6 +654,10 @@ func (b *Broker) PodStatus(ctx context.Context, id string, verbose bool) (*PodSt
 		}
 		if st.Record.Rule != "" {
 			st.Info["rule"] = st.Record.Rule
+		}
+		if l := st.Record.SELinux; l.Process != "" {
+			st.Info["selinuxProcessLabel"] = l.Process
+			st.Info["selinuxMountLabel"] = l.Mount
 		}
 		for k, v := range st.Record.Options {
 			st.Info["option."+k] = v

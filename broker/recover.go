@@ -176,6 +176,8 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	}
 	p := &pod{rec: rec, created: make(chan struct{})}
 	close(p.created)
+	// The pod holds its MCS level until it is removed: no new pod gets it.
+	lsm.ReserveSELinux(rec.SELinux.Process)
 	result := "stopped"
 	if rec.State == PodReady {
 		result = b.reattach(ctx, log, rec, p)
@@ -313,7 +315,9 @@ func (b *Broker) recoverContainers(ctx context.Context, log *slog.Logger, p *pod
 		}
 		c := &container{rec: cr, created: make(chan struct{})}
 		close(c.created)
-		if cr.App != nil {
+		if cr.App != nil && p.rec.SELinux.Process == "" {
+			// Recorded before pods held the level: each such container
+			// holds its own until the daemon restarts.
 			lsm.ReserveSELinux(cr.App.SELinuxProcessLabel)
 		}
 		b.mu.Lock()

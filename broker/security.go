@@ -34,9 +34,10 @@ type security struct {
 // profile allows what they guard). InvalidArgument for a bad request,
 // FailedPrecondition for one this node cannot honour. Privileged
 // containers get no seccomp filter, no SELinux label and no default
-// AppArmor profile, as in containerd. guest: the container runs under a
+// AppArmor profile, as in containerd. pod are the pod's SELinux labels,
+// which the container's start from. guest: the container runs under a
 // kernel of its own (a VM), whose modules are not the node's.
-func resolveSecurity(sec *Security, caps []string, guest bool) (*security, error) {
+func resolveSecurity(sec *Security, caps []string, pod lsm.Labels, guest bool) (*security, error) {
 	out := &security{}
 	var err error
 	if out.seccomp, out.seccompProfile, err = seccompFor(sec, caps); err != nil {
@@ -47,16 +48,35 @@ func resolveSecurity(sec *Security, caps []string, guest bool) (*security, error
 		if s := sec.SELinux; s != nil {
 			o = &lsm.SELinuxOptions{User: s.User, Role: s.Role, Type: s.Type, Level: s.Level}
 		}
-		out.seLinuxProcess, out.seLinuxMount, err = lsm.SELinuxLabels(o)
+		l, err := lsm.ContainerSELinuxLabels(pod, o)
 		if err != nil {
 			return nil, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
 		}
+		out.seLinuxProcess, out.seLinuxMount = l.Process, l.Mount
 	}
 	if out.appArmor, err = appArmorFor(sec, guest); err != nil {
-		lsm.ReleaseSELinux(out.seLinuxProcess)
 		return nil, err
 	}
 	return out, nil
+}
+
+// podSELinux computes a pod's SELinux labels, reserving their MCS level
+// (lsm.PodSELinuxLabels): none for a privileged pod, whose containers run
+// as the agent does unless they ask for a context. InvalidArgument for
+// options that are no part of a context.
+func podSELinux(cfg *PodConfig) (lsm.Labels, error) {
+	if cfg.Privileged {
+		return lsm.Labels{}, nil
+	}
+	var o *lsm.SELinuxOptions
+	if s := cfg.SELinux; s != nil {
+		o = &lsm.SELinuxOptions{User: s.User, Role: s.Role, Type: s.Type, Level: s.Level}
+	}
+	l, err := lsm.PodSELinuxLabels(o)
+	if err != nil {
+		return lsm.Labels{}, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
+	}
+	return l, nil
 }
 
 // seccompFor returns the container's seccomp profile and where it comes

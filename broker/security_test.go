@@ -56,7 +56,7 @@ func TestResolveSecurity(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			appArmorEnabled = func() bool { return tc.appArmor }
-			got, err := resolveSecurity(&tc.sec, tc.caps, tc.guest)
+			got, err := resolveSecurity(&tc.sec, tc.caps, lsm.Labels{}, tc.guest)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
 					t.Fatalf("got %v, want class %v", err, tc.err)
@@ -80,7 +80,7 @@ func TestResolveSecurity(t *testing.T) {
 func TestAppArmorMessage(t *testing.T) {
 	defer func(e func() bool) { appArmorEnabled = e }(appArmorEnabled)
 	appArmorEnabled = func() bool { return false }
-	_, err := resolveSecurity(&Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "k8s-nginx"}}, nil, false)
+	_, err := resolveSecurity(&Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "k8s-nginx"}}, nil, lsm.Labels{}, false)
 	want := "AppArmor profile localhost/k8s-nginx requested, but AppArmor is not enabled on this node"
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v, want %q", err, want)
@@ -102,7 +102,7 @@ func TestSELinuxLabels(t *testing.T) {
 		{&SELinuxOptions{User: "u", Role: "r", Type: "spc_t", Level: "s0"}, false, "u:r:spc_t:s0", "u:object_r:container_file_t:s0"},
 		{&SELinuxOptions{Level: "s0:c1"}, true, "", ""},
 	} {
-		got, err := resolveSecurity(&Security{SELinux: tc.opts, Privileged: tc.priv}, nil, false)
+		got, err := resolveSecurity(&Security{SELinux: tc.opts, Privileged: tc.priv}, nil, lsm.Labels{}, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +110,7 @@ func TestSELinuxLabels(t *testing.T) {
 			t.Errorf("%+v: got %q %q, want %q %q", tc.opts, got.seLinuxProcess, got.seLinuxMount, tc.process, tc.moun)
 		}
 	}
-	if _, err := resolveSecurity(&Security{SELinux: &SELinuxOptions{Type: "a:b"}}, nil, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := resolveSecurity(&Security{SELinux: &SELinuxOptions{Type: "a:b"}}, nil, lsm.Labels{}, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("type with ':': %v", err)
 	}
 }
@@ -142,5 +142,67 @@ func TestContainerSecurityRecorded(t *testing.T) {
 	c2.Security.Seccomp = SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "relative.json"}
 	if _, err := b.CreateContainer(ctx, pid, c2); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("relative localhost profile: %v", err)
+	}
+}
+
+// A pod's SELinux labels are computed once, at RunPodSandbox, recorded
+// with it (so a restarted daemon has them), shown in its verbose status,
+// and its containers run at its level unless they give their own. Where
+// SELinux is disabled only a pod that gives options has labels.
+func TestPodSELinuxLabels(t *testing.T) {
+	if lsm.SELinuxEnabled() {
+		t.Skip("SELinux is enabled: the policy decides the labels")
+	}
+	e := newEnv(t)
+	b := e.broker(t)
+	ctx := context.Background()
+	cfg := podCfg("mcs")
+	cfg.SELinux = &SELinuxOptions{Level: "s0:c10,c20"}
+	pid, err := b.RunPod(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := lsm.Labels{Process: "system_u:system_r:container_t:s0:c10,c20", Mount: "system_u:object_r:container_file_t:s0:c10,c20"}
+	st, err := b.PodStatus(ctx, pid, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Record.SELinux != want || st.Info["selinuxProcessLabel"] != want.Process || st.Info["selinuxMountLabel"] != want.Mount {
+		t.Errorf("pod labels %+v, info %q %q", st.Record.SELinux, st.Info["selinuxProcessLabel"], st.Info["selinuxMountLabel"])
+	}
+	plain, err := b.CreateContainer(ctx, pid, ctrCfg("plain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	typed := ctrCfg("typed")
+	typed.Security.SELinux = &SELinuxOptions{Type: "spc_t"}
+	tid, err := b.CreateContainer(ctx, pid, typed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, wantP := range map[string]string{plain: want.Process, tid: "system_u:system_r:spc_t:s0:c10,c20"} {
+		rec, _ := b.ContainerStatus(ctx, id)
+		if rec.App.SELinuxProcessLabel != wantP || rec.App.SELinuxMountLabel != want.Mount {
+			t.Errorf("container %s: %q %q, want %q %q", id, rec.App.SELinuxProcessLabel, rec.App.SELinuxMountLabel, wantP, want.Mount)
+		}
+	}
+
+	bad := podCfg("bad")
+	bad.SELinux = &SELinuxOptions{Type: "a b"}
+	if _, err := b.RunPod(ctx, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a type with a blank: %v", err)
+	}
+	none, err := b.RunPod(ctx, podCfg("none"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.PodStatus(ctx, none, true); st.Record.SELinux != (lsm.Labels{}) || st.Info["selinuxProcessLabel"] != "" {
+		t.Errorf("a pod without options got %+v", st.Record.SELinux)
+	}
+
+	b.Close()
+	b2 := e.broker(t)
+	if st, err := b2.PodStatus(ctx, pid, false); err != nil || st.Record.SELinux != want {
+		t.Errorf("after a restart: %+v %v", st, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/lsm"
 )
 
 // DefaultCapabilities are what an unprivileged container gets, as in
@@ -133,7 +134,8 @@ func userOf(sec *Security, imgUser string) string {
 
 // buildAppSpec turns a container's configuration and image into what the
 // agent runs. rootfs and paths are host paths.
-func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Image, rootfs string, guest bool) (*api.AppSpec, error) {
+// podSELinux are the pod's SELinux labels.
+func buildAppSpec(id string, pod *PodConfig, podSELinux lsm.Labels, cfg *ContainerConfig, img *image.Image, rootfs string, guest bool) (*api.AppSpec, error) {
 	args := commandLine(&img.Config, cfg.Command, cfg.Args)
 	if len(args) == 0 {
 		return nil, errdefs.InvalidArgument("config.command: the image %s has no entrypoint or cmd, and none was given", cfg.Image)
@@ -169,9 +171,7 @@ func buildAppSpec(id string, pod *PodConfig, cfg *ContainerConfig, img *image.Im
 	if err != nil {
 		return nil, err
 	}
-	// Last: where SELinux is enabled, the labels reserve an MCS level that
-	// the container's removal gives back.
-	lsmSec, err := resolveSecurity(sec, caps, guest)
+	lsmSec, err := resolveSecurity(sec, caps, podSELinux, guest)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/devices"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -56,6 +57,9 @@ type PodConfig struct {
 	// UserNS puts the pod in a user namespace of its own with this
 	// mapping (hostUsers: false); nil: the host's.
 	UserNS *stage1.IDMapping `json:"userNS,omitempty"`
+	// SELinux are the parts of the pod's SELinux context it asks for
+	// (nil: none given); its containers start from the context it gets.
+	SELinux *SELinuxOptions `json:"selinux,omitempty"`
 }
 
 // KeyValue is one environment variable, order kept.
@@ -242,8 +246,12 @@ type PodRecord struct {
 	// not get the host's devices (its runtime handler says so).
 	PrivilegedWithoutHostDevices bool     `json:"privilegedWithoutHostDevices,omitempty"`
 	Reasons                      []string `json:"reasons,omitempty"`
-	BackendState                 []byte   `json:"backendState,omitempty"`
-	RunDir                       string   `json:"runDir"`
+	// SELinux are the pod's labels (lsm.PodSELinuxLabels): the pod holds
+	// their MCS level from RunPodSandbox to its removal, and its
+	// containers run at it. Empty where SELinux gives none.
+	SELinux      lsm.Labels `json:"selinux,omitzero"`
+	BackendState []byte     `json:"backendState,omitempty"`
+	RunDir       string     `json:"runDir"`
 	// NetNS is the pod's network namespace (recorded before it is made);
 	// empty for pods in the host network. IPs are from CNI.
 	NetNS     string    `json:"netns,omitempty"`

@@ -64,10 +64,11 @@ var criFields = map[string]fieldUse{
 	"LinuxPodSandboxConfig.resources":               honoured,
 	"LinuxSandboxSecurityContext.namespace_options": honoured,
 	"LinuxSandboxSecurityContext.privileged":        honoured,
+	// The pod's SELinux context: its MCS level is its containers'.
+	"LinuxSandboxSecurityContext.selinux_options": honoured,
 	// The rest of a sandbox's security context is its infra ("pause")
 	// container's: stagelet runs none. The kubelet gives each container
 	// the pod's settings in its own context.
-	"LinuxSandboxSecurityContext.selinux_options":            informational,
 	"LinuxSandboxSecurityContext.run_as_user":                informational,
 	"LinuxSandboxSecurityContext.run_as_group":               informational,
 	"LinuxSandboxSecurityContext.readonly_rootfs":            informational,

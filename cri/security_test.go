@@ -92,4 +92,18 @@ func TestSELinuxOptionsConverted(t *testing.T) {
 	if cc, _ := containerConfigFrom(cfg); cc.Security.SELinux != nil {
 		t.Errorf("no options gave %+v", cc.Security.SELinux)
 	}
+
+	r := &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "n", Uid: "u"},
+		Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+			SelinuxOptions: &runtimeapi.SELinuxOption{Level: "s0:c5,c6"},
+		}},
+	}}
+	pc, err := podConfigFrom(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.SELinux == nil || *pc.SELinux != (broker.SELinuxOptions{Level: "s0:c5,c6"}) {
+		t.Errorf("pod: got %+v", pc.SELinux)
+	}
 }

@@ -52,50 +52,98 @@ func SELinuxMode() string {
 	return "permissive"
 }
 
-// SELinuxLabels computes a container's process and mount labels.
+// Labels are an SELinux process label and the mount label that goes with
+// it (same user and level).
+type Labels struct {
+	Process string `json:"process,omitempty"`
+	Mount   string `json:"mount,omitempty"`
+}
+
+// PodSELinuxLabels computes a pod's labels: its MCS level is the one every
+// container of the pod shares (ContainerSELinuxLabels), as in CRI-O and
+// containerd, so that they share volumes and processes while other pods
+// cannot.
 //
 // Where SELinux is enabled, label.InitLabels computes them from the
 // policy's container contexts and the options, and reserves their MCS
-// level (a unique one is picked unless o.Level gives it); ReleaseSELinux
-// gives it back. Where SELinux is disabled and o is not nil, the labels are
-// still computed, from the defaults above with the options applied, so
-// that records and status show what the container would run as; nothing
-// applies them there. With neither, both are empty.
-func SELinuxLabels(o *SELinuxOptions) (process, mount string, err error) {
+// level in the process's one allocator: a pair of categories no live pod
+// holds, unless o.Level gives the level. ReleaseSELinux gives it back, and
+// recovery reserves the levels of the pods it finds (ReserveSELinux), so
+// that no two live pods share one across restarts. Where the policy has no
+// container contexts (Debian's has none), the labels are empty. Where
+// SELinux is disabled and o is not nil, the labels are still computed,
+// from the defaults above with the options applied, so that records and
+// status show what the pod would run as; nothing applies them there. With
+// neither, both are empty.
+func PodSELinuxLabels(o *SELinuxOptions) (Labels, error) {
 	if selinux.GetEnabled() {
 		var opts []string
 		if o != nil {
+			if err := o.check(); err != nil {
+				return Labels{}, err
+			}
 			opts = o.labelOptions()
 		}
-		process, mount, err = label.InitLabels(opts)
+		process, mount, err := label.InitLabels(opts)
 		if err != nil {
-			return "", "", fmt.Errorf("selinux labels: %w", err)
+			return Labels{}, fmt.Errorf("selinux labels: %w", err)
 		}
-		return process, mount, nil
+		return Labels{Process: process, Mount: mount}, nil
 	}
 	if o == nil {
-		return "", "", nil
+		return Labels{}, nil
 	}
+	return derive(Labels{Process: DefaultSELinuxProcessLabel, Mount: DefaultSELinuxMountLabel}, o)
+}
+
+// ContainerSELinuxLabels computes a container's labels from its pod's
+// (PodSELinuxLabels) and its own options: the parts it gives replace the
+// pod's, so a container that gives none runs at the pod's level. Nothing is
+// reserved: the pod holds the level. In a pod without labels (privileged,
+// or a policy without container contexts) a container gets labels only
+// from options it gives, over the defaults above.
+func ContainerSELinuxLabels(pod Labels, o *SELinuxOptions) (Labels, error) {
+	if pod.Process == "" {
+		if o == nil {
+			return Labels{}, nil
+		}
+		pod = Labels{Process: DefaultSELinuxProcessLabel, Mount: DefaultSELinuxMountLabel}
+	}
+	if o == nil {
+		return pod, nil
+	}
+	return derive(pod, o)
+}
+
+// check refuses options that cannot be part of a context.
+func (o *SELinuxOptions) check() error {
 	for _, part := range []string{o.User, o.Role, o.Type, o.Level} {
 		if strings.ContainsAny(part, " \t\n\"") {
-			return "", "", fmt.Errorf("selinux option %q: blanks and quotes are not allowed", part)
+			return fmt.Errorf("selinux option %q: blanks and quotes are not allowed", part)
 		}
 	}
 	for _, part := range []string{o.User, o.Role, o.Type} {
 		if strings.Contains(part, ":") {
-			return "", "", fmt.Errorf("selinux option %q: only the level may contain ':'", part)
+			return fmt.Errorf("selinux option %q: only the level may contain ':'", part)
 		}
 	}
-	pcon, err := selinux.NewContext(DefaultSELinuxProcessLabel)
-	if err != nil {
-		return "", "", err
+	return nil
+}
+
+// derive applies o to base, as label.InitLabels does: user, role, type and
+// level set the process context; user and level the mount context.
+func derive(base Labels, o *SELinuxOptions) (Labels, error) {
+	if err := o.check(); err != nil {
+		return Labels{}, err
 	}
-	mcon, err := selinux.NewContext(DefaultSELinuxMountLabel)
+	pcon, err := selinux.NewContext(base.Process)
 	if err != nil {
-		return "", "", err
+		return Labels{}, err
 	}
-	// As label.InitLabels: user, role, type and level set the process
-	// context; user and level the mount context.
+	mcon, err := selinux.NewContext(base.Mount)
+	if err != nil {
+		return Labels{}, err
+	}
 	set := func(c selinux.Context, k, v string) {
 		if v != "" {
 			c[k] = v
@@ -107,11 +155,11 @@ func SELinuxLabels(o *SELinuxOptions) (process, mount string, err error) {
 	set(pcon, "level", o.Level)
 	set(mcon, "user", o.User)
 	set(mcon, "level", o.Level)
-	return pcon.Get(), mcon.Get(), nil
+	return Labels{Process: pcon.Get(), Mount: mcon.Get()}, nil
 }
 
-// ReserveSELinux marks a recovered container's label as in use, so that
-// no new container gets its MCS level. A no-op without SELinux.
+// ReserveSELinux marks a recovered pod's label as in use, so that no new
+// pod gets its MCS level. A no-op without SELinux.
 func ReserveSELinux(process string) {
 	if process != "" && selinux.GetEnabled() {
 		// An unparsable label reserves nothing; the process keeps it.
@@ -119,7 +167,7 @@ func ReserveSELinux(process string) {
 	}
 }
 
-// ReleaseSELinux gives back a removed container's MCS level. A no-op
+// ReleaseSELinux gives back a removed pod's MCS level. A no-op
 // without SELinux.
 func ReleaseSELinux(process string) {
 	if process != "" && selinux.GetEnabled() {

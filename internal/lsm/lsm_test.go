@@ -10,17 +10,20 @@ func TestSELinuxLabelsWhereDisabled(t *testing.T) {
 	if SELinuxEnabled() {
 		t.Skip("SELinux is enabled here")
 	}
-	p, m, err := SELinuxLabels(nil)
-	if err != nil || p != "" || m != "" {
-		t.Errorf("no options: %q %q %v", p, m, err)
+	l, err := PodSELinuxLabels(nil)
+	if err != nil || l != (Labels{}) {
+		t.Errorf("no options: %+v %v", l, err)
 	}
-	p, m, err = SELinuxLabels(&SELinuxOptions{User: "user_u", Role: "user_r", Type: "t", Level: "s0:c1.c3"})
-	if err != nil || p != "user_u:user_r:t:s0:c1.c3" || m != "user_u:object_r:container_file_t:s0:c1.c3" {
-		t.Errorf("options: %q %q %v", p, m, err)
+	l, err = PodSELinuxLabels(&SELinuxOptions{User: "user_u", Role: "user_r", Type: "t", Level: "s0:c1.c3"})
+	if err != nil || l.Process != "user_u:user_r:t:s0:c1.c3" || l.Mount != "user_u:object_r:container_file_t:s0:c1.c3" {
+		t.Errorf("options: %+v %v", l, err)
 	}
 	for _, bad := range []SELinuxOptions{{Type: "a b"}, {Role: "r:x"}, {Level: `s0"`}} {
-		if _, _, err := SELinuxLabels(&bad); err == nil {
+		if _, err := PodSELinuxLabels(&bad); err == nil {
 			t.Errorf("%+v accepted", bad)
+		}
+		if _, err := ContainerSELinuxLabels(Labels{Process: DefaultSELinuxProcessLabel, Mount: DefaultSELinuxMountLabel}, &bad); err == nil {
+			t.Errorf("%+v accepted for a container", bad)
 		}
 	}
 	if got := MountData("size=1m", "x:y:z:s0"); got != "size=1m" {
@@ -28,6 +31,29 @@ func TestSELinuxLabelsWhereDisabled(t *testing.T) {
 	}
 	if err := SetSELinuxExec("system_u:system_r:container_t:s0"); err != nil {
 		t.Errorf("exec label without SELinux: %v", err)
+	}
+}
+
+// A container runs at its pod's level unless it gives its own, and its
+// options replace the pod's parts as label.InitLabels would.
+func TestContainerSELinuxLabels(t *testing.T) {
+	pod := Labels{Process: "system_u:system_r:container_t:s0:c7,c300", Mount: "system_u:object_r:container_file_t:s0:c7,c300"}
+	for _, tc := range []struct {
+		pod  Labels
+		opts *SELinuxOptions
+		want Labels
+	}{
+		{pod, nil, pod},
+		{pod, &SELinuxOptions{}, pod},
+		{pod, &SELinuxOptions{Type: "spc_t"}, Labels{"system_u:system_r:spc_t:s0:c7,c300", pod.Mount}},
+		{pod, &SELinuxOptions{User: "u", Level: "s0:c1,c2"}, Labels{"u:system_r:container_t:s0:c1,c2", "u:object_r:container_file_t:s0:c1,c2"}},
+		{Labels{}, nil, Labels{}},
+		{Labels{}, &SELinuxOptions{Level: "s0:c3,c4"}, Labels{"system_u:system_r:container_t:s0:c3,c4", "system_u:object_r:container_file_t:s0:c3,c4"}},
+	} {
+		got, err := ContainerSELinuxLabels(tc.pod, tc.opts)
+		if err != nil || got != tc.want {
+			t.Errorf("pod %+v, options %+v: got %+v %v, want %+v", tc.pod, tc.opts, got, err, tc.want)
+		}
 	}
 }
 
