@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,9 +24,11 @@ import (
 // nothing, and a command exec'd in it, run under that profile; a
 // container given CAP_SYS_ADMIN cannot mount under the default profile
 // (the kernel's audit line names the profile) but can when Unconfined, so
-// that what stops it is AppArmor and not its namespaces; a Localhost
-// profile the kernel does not hold is refused with InvalidArgument naming
-// it.
+// that what stops it is AppArmor and not its namespaces; likewise a
+// container whose /proc/sys is left writable cannot write a network knob
+// of its own pod under the default profile (with the kernel's line) but
+// can when Unconfined; a Localhost profile the kernel does not hold is
+// refused with InvalidArgument naming it.
 func TestAppArmor(t *testing.T) {
 	e := nodeEnv(t)
 	if b, err := os.ReadFile("/sys/module/apparmor/parameters/enabled"); err != nil || !bytes.HasPrefix(b, []byte("Y")) {
@@ -84,6 +88,34 @@ func TestAppArmor(t *testing.T) {
 			if !strings.Contains(free, "unconfined") || !strings.Contains(free, "MOUNTED") {
 				t.Errorf("Unconfined with CAP_SYS_ADMIN: want no profile and the mount made, got:\n%s", free)
 			}
+			// A kernel knob the profile denies (/proc/sys outside
+			// kernel.shm*): the pod's own TCP keepalive time, in its network
+			// namespace, written back with the value it has. /proc/sys is
+			// read-only by default (EROFS with or without the profile), so
+			// these containers' read-only paths are the defaults without it;
+			// they add no capability: root may write its network
+			// namespace's knobs.
+			const knob = "/proc/sys/net/ipv4/tcp_keepalive_time"
+			const knobScript = "cat /proc/self/attr/current; grep ' /proc/sys ' /proc/self/mountinfo || echo PROCSYS-NOT-A-MOUNT; v=$(cat " + knob + ") && echo \"$v\" > " + knob + " && echo WROTE"
+			knobSC := func(prof runtimeapi.SecurityProfile_ProfileType) *runtimeapi.LinuxContainerSecurityContext {
+				return &runtimeapi.LinuxContainerSecurityContext{
+					Apparmor:      &runtimeapi.SecurityProfile{ProfileType: prof},
+					ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger"},
+				}
+			}
+			since := time.Now()
+			auditNoquiet(t)
+			confined = runWith(t, rt, p, ref, "knob-confined", knobScript, knobSC(runtimeapi.SecurityProfile_RuntimeDefault))
+			if !strings.Contains(confined, "stagelet-default (enforce)") || !strings.Contains(confined, "PROCSYS-NOT-A-MOUNT") ||
+				strings.Contains(confined, "WROTE") || !strings.Contains(confined, knob+": Permission denied") {
+				t.Errorf("RuntimeDefault, /proc/sys writable: want the profile and the write to %s denied (Permission denied), got:\n%s", knob, confined)
+			}
+			waitAudit(t, "the kernel's audit line of the denied write to "+knob, since,
+				`apparmor="DENIED"`, "operation=", `profile="stagelet-default"`, `name="`+knob+`"`)
+			free = runWith(t, rt, p, ref, "knob-unconfined", knobScript, knobSC(runtimeapi.SecurityProfile_Unconfined))
+			if !strings.Contains(free, "unconfined") || !strings.Contains(free, "PROCSYS-NOT-A-MOUNT") || !strings.Contains(free, "WROTE") {
+				t.Errorf("Unconfined, /proc/sys writable: want no profile and %s written, got:\n%s", knob, free)
+			}
 			_, err = rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{
 				PodSandboxId: p.id, SandboxConfig: p.cfg,
 				Config: &runtimeapi.ContainerConfig{
@@ -113,9 +145,76 @@ func profileLoaded(t *testing.T, name string) bool {
 	return bytes.Contains(b, []byte(name+" (enforce)\n"))
 }
 
+// auditNoquiet sets AppArmor's audit mode to noquiet until the test
+// ends. The default profile's deny rules are quiet (only mounts are
+// audited), as containerd's and CRI-O's are; in this mode the kernel logs
+// what they refuse as well.
+func auditNoquiet(t *testing.T) {
+	t.Helper()
+	const param = "/sys/module/apparmor/parameters/audit"
+	old, err := os.ReadFile(param)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(param, []byte("noquiet"), 0); err != nil {
+		t.Fatalf("AppArmor's audit mode: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(param, bytes.TrimSpace(old), 0); err != nil {
+			t.Errorf("AppArmor's audit mode back to %s: %v", bytes.TrimSpace(old), err)
+		}
+	})
+}
+
+// auditStamp is the time in a kernel audit line: audit(SECONDS.MS:SERIAL).
+var auditStamp = regexp.MustCompile(`audit\((\d+)\.\d+:\d+\)`)
+
+// waitAudit waits for a kernel audit line holding all of parts, logged at
+// since or later. The line reaches the journal through its audit socket,
+// or the kernel's log where nothing listens there.
+func waitAudit(t *testing.T, what string, since time.Time, parts ...string) {
+	t.Helper()
+	from := since.Unix() - 1
+	testutil.WaitFor(t, 30*time.Second, what, func() (bool, string) {
+		j, _ := exec.Command("journalctl", "--no-pager", "--since", "@"+strconv.FormatInt(from, 10), "-g", `apparmor="DENIED"`).CombinedOutput()
+		k, _ := exec.Command("dmesg").CombinedOutput()
+		var seen []string
+		for _, l := range strings.Split(string(j)+string(k), "\n") {
+			if !strings.Contains(l, `apparmor="DENIED"`) {
+				continue
+			}
+			if m := auditStamp.FindStringSubmatch(l); m != nil {
+				if s, _ := strconv.ParseInt(m[1], 10, 64); s < from {
+					continue
+				}
+			}
+			seen = append(seen, l)
+			ok := true
+			for _, p := range parts {
+				ok = ok && strings.Contains(l, p)
+			}
+			if ok {
+				t.Logf("%s: %s", what, l)
+				return true, ""
+			}
+		}
+		return false, strings.Join(seen, "\n")
+	})
+}
+
 // runOnce runs script in a new container of pod p with CAP_SYS_ADMIN and
 // the AppArmor profile prof, waits for it to exit and returns its log.
 func runOnce(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, ref, name, script string, prof *runtimeapi.SecurityProfile) string {
+	t.Helper()
+	return runWith(t, rt, p, ref, name, script, &runtimeapi.LinuxContainerSecurityContext{
+		Capabilities: &runtimeapi.Capability{AddCapabilities: []string{"SYS_ADMIN"}},
+		Apparmor:     prof,
+	})
+}
+
+// runWith runs script in a new container of pod p with the security
+// context sc, waits for it to exit and returns its log.
+func runWith(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, ref, name, script string, sc *runtimeapi.LinuxContainerSecurityContext) string {
 	t.Helper()
 	c := ctx(t)
 	cr, err := rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{
@@ -125,10 +224,7 @@ func runOnce(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, ref, name
 			Image:    &runtimeapi.ImageSpec{Image: ref},
 			Command:  []string{"sh", "-c", script},
 			LogPath:  name + ".log",
-			Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
-				Capabilities: &runtimeapi.Capability{AddCapabilities: []string{"SYS_ADMIN"}},
-				Apparmor:     prof,
-			}},
+			Linux:    &runtimeapi.LinuxContainerConfig{SecurityContext: sc},
 		},
 	})
 	if err != nil {
