@@ -104,6 +104,65 @@ func TestStatusNoticesRewrite(t *testing.T) {
 	}
 }
 
+// A Status without change reads nothing of ConfDir; one after a change
+// sees it at once, even a rewrite that keeps the file's size and times,
+// and after the directory was removed and made again.
+func TestStatusWatchesConfDir(t *testing.T) {
+	defer func(f func(string, []string) *netConf) { load = f }(load)
+	loads := 0
+	load = func(dir string, plugins []string) *netConf { loads++; return loadNetwork(dir, plugins) }
+	base := t.TempDir()
+	conf := filepath.Join(base, "net.d")
+	os.Mkdir(conf, 0o755)
+	cfg := Config{ConfDir: conf, PluginDirs: []string{fakePlugins(t, "bridge", "other")}, RunDir: filepath.Join(base, "run"), CacheDir: filepath.Join(base, "cache")}
+	m, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	f := filepath.Join(conf, "10.conflist")
+	write := func(name string) {
+		t.Helper()
+		body := `{"cniVersion":"1.0.0","name":"` + name + `","plugins":[{"type":"bridge"}]}`
+		if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("aaa")
+	if ready, _ := m.Status(); !ready || m.NetworkName() != "aaa" {
+		t.Fatalf("network %q", m.NetworkName())
+	}
+	before := loads
+	for range 100 {
+		if ready, _ := m.Status(); !ready {
+			t.Fatal("not ready")
+		}
+	}
+	if loads != before {
+		t.Errorf("100 calls without change loaded ConfDir %d times", loads-before)
+	}
+	fi, _ := os.Stat(f)
+	write("bbb")
+	os.Chtimes(f, fi.ModTime(), fi.ModTime())
+	if m.NetworkName() != "bbb" {
+		t.Errorf("a rewrite of the same size and time not noticed: network %q", m.NetworkName())
+	}
+	os.RemoveAll(conf)
+	if ready, _ := m.Status(); ready {
+		t.Error("ready with ConfDir gone")
+	}
+	os.Mkdir(conf, 0o755)
+	write("ccc")
+	if ready, _ := m.Status(); !ready || m.NetworkName() != "ccc" {
+		t.Errorf("after ConfDir came back: network %q", m.NetworkName())
+	}
+	before = loads
+	m.Status()
+	if loads != before {
+		t.Error("the new watch did not take over")
+	}
+}
+
 func TestNewInvalid(t *testing.T) {
 	if _, err := New(Config{ConfDir: "rel"}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("relative conf dir: %v", err)

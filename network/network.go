@@ -20,9 +20,11 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/utils"
+	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
 )
@@ -71,8 +73,12 @@ type Manager struct {
 	cni *libcni.CNIConfig
 	log *slog.Logger
 
-	mu    sync.Mutex
-	stamp string   // fingerprint of ConfDir when net was loaded
+	mu sync.Mutex
+	// watch is an inotify instance watching ConfDir (-1: none, while
+	// the directory is missing or inotify refused); without it, stamp
+	// fingerprints ConfDir as it was when net was loaded.
+	watch int
+	stamp string
 	net   *netConf // the network in use; nil before the first load
 
 	nsDirMu    sync.Mutex
@@ -124,19 +130,28 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		}
 	}
 	return &Manager{
-		cfg: cfg,
-		cni: libcni.NewCNIConfigWithCacheDir(cfg.PluginDirs, cfg.CacheDir, nil),
-		log: log.With("component", "network"),
+		cfg:   cfg,
+		cni:   libcni.NewCNIConfigWithCacheDir(cfg.PluginDirs, cfg.CacheDir, nil),
+		log:   log.With("component", "network"),
+		watch: -1,
 	}, nil
+}
+
+// Close releases the watch on ConfDir. The Manager may still be used:
+// it then fingerprints ConfDir on each call, or watches it anew.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stopWatchLocked()
 }
 
 // Config returns the configuration in use, defaults filled in.
 func (m *Manager) Config() Config { return m.cfg }
 
 // Status reports whether the node's pod network is ready (the CRI's
-// NetworkReady condition) and, when it is not, why. ConfDir is re-read when
-// its listing or a configuration file's size or modification time changed
-// since the last call, and on every call while not ready.
+// NetworkReady condition) and, when it is not, why. ConfDir is re-read
+// when it changed since the last call (changedLocked), and on every call
+// while not ready.
 func (m *Manager) Status() (ready bool, reason string) {
 	n := m.current()
 	if n.list == nil {
@@ -169,13 +184,13 @@ func (m *Manager) Describe() string {
 
 // current returns the network to use now, reloading ConfDir if it changed.
 func (m *Manager) current() *netConf {
-	stamp := m.confStamp()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.net != nil && m.stamp == stamp && m.net.list != nil {
+	changed := m.changedLocked()
+	if m.net != nil && !changed && m.net.list != nil {
 		return m.net
 	}
-	n := loadNetwork(m.cfg.ConfDir, m.cfg.PluginDirs)
+	n := load(m.cfg.ConfDir, m.cfg.PluginDirs)
 	if m.net == nil || m.net.file != n.file || m.net.reason != n.reason {
 		if n.list != nil {
 			m.log.Info("CNI network selected", "network", n.list.Name, "file", n.file)
@@ -183,8 +198,76 @@ func (m *Manager) current() *netConf {
 			m.log.Warn("no usable CNI network", "reason", n.reason)
 		}
 	}
-	m.net, m.stamp = n, stamp
+	m.net = n
 	return n
+}
+
+// confEvents are the changes to ConfDir that can change the network:
+// files written, created, removed, renamed or re-permissioned, and the
+// directory itself going away.
+const confEvents = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_MOVED_FROM |
+	unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+
+// changedLocked says whether ConfDir may have changed since the last
+// call. It reads the events an inotify watch on the directory queued,
+// without blocking: the kernel queues them as the change is made, so a
+// call that follows a change sees it, and a call without change costs one
+// read that finds nothing, not a listing of the directory and a stat of
+// each file (the kubelet asks for the status every few seconds, and the
+// status path answers from memory). A new watch counts as a change; while
+// there is none (ConfDir missing, inotify refused), the directory's
+// fingerprint is compared instead. Called with m.mu held.
+func (m *Manager) changedLocked() bool {
+	if m.watch < 0 {
+		if m.startWatchLocked() {
+			return true
+		}
+		stamp := m.confStamp()
+		changed := stamp != m.stamp
+		m.stamp = stamp
+		return changed
+	}
+	var buf [4096]byte
+	changed := false
+	for {
+		n, err := unix.Read(m.watch, buf[:])
+		if err != nil || n <= 0 {
+			// EAGAIN: nothing more queued.
+			return changed
+		}
+		changed = true
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			if ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_Q_OVERFLOW) != 0 {
+				// The directory went (or events were lost): the
+				// next call watches it anew, or fingerprints it.
+				m.stopWatchLocked()
+				return true
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
+}
+
+// startWatchLocked watches ConfDir; false when it cannot.
+func (m *Manager) startWatchLocked() bool {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return false
+	}
+	if _, err := unix.InotifyAddWatch(fd, m.cfg.ConfDir, confEvents); err != nil {
+		unix.Close(fd)
+		return false
+	}
+	m.watch = fd
+	return true
+}
+
+func (m *Manager) stopWatchLocked() {
+	if m.watch >= 0 {
+		unix.Close(m.watch)
+		m.watch = -1
+	}
 }
 
 // confStamp fingerprints ConfDir: its configuration files' names, sizes
@@ -207,6 +290,9 @@ func (m *Manager) confStamp() string {
 	}
 	return b.String()
 }
+
+// load is loadNetwork; a variable for tests.
+var load = loadNetwork
 
 // loadNetwork picks the first valid network configuration in dir, in file
 // name order, as libcni-based runtimes do. A configuration is valid when it
