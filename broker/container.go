@@ -955,11 +955,26 @@ type ContainerFilter struct {
 	LabelSelector map[string]string
 }
 
+// ContainerSummary is what a list of containers shows of one: a few
+// fields of its record, copied under the broker's lock. Labels and
+// Annotations are the record's own maps, which nothing changes after
+// CreateContainer: read them, never write them.
+type ContainerSummary struct {
+	ID, PodID           string
+	Metadata            ContainerMetadata
+	ImageName, ImageID  string
+	State               string
+	CreatedAt           time.Time
+	Labels, Annotations map[string]string
+}
+
 // ListContainers returns the containers matching f, oldest first, from
-// the records alone.
-func (b *Broker) ListContainers(ctx context.Context, f ContainerFilter) []*ContainerRecord {
-	var out []*ContainerRecord
+// the records alone. It copies only what a list shows: the kubelet asks
+// every second.
+func (b *Broker) ListContainers(ctx context.Context, f ContainerFilter) []ContainerSummary {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	match := make([]*container, 0, len(b.ctrs))
 	for id, c := range b.ctrs {
 		select {
 		case <-c.created:
@@ -969,26 +984,34 @@ func (b *Broker) ListContainers(ctx context.Context, f ContainerFilter) []*Conta
 		default:
 			continue
 		}
+		r := c.rec
 		if f.ID != "" && id != f.ID && !strings.HasPrefix(id, f.ID) {
 			continue
 		}
-		if f.PodID != "" && c.rec.PodID != f.PodID && !strings.HasPrefix(c.rec.PodID, f.PodID) {
+		if f.PodID != "" && r.PodID != f.PodID && !strings.HasPrefix(r.PodID, f.PodID) {
 			continue
 		}
-		if b.pods[c.rec.PodID] == nil {
+		if b.pods[r.PodID] == nil {
 			continue
 		}
-		if f.State != "" && c.rec.State != f.State {
+		if f.State != "" && r.State != f.State {
 			continue
 		}
-		if !labelsMatch(c.rec.Config.Labels, f.LabelSelector) {
+		if !labelsMatch(r.Config.Labels, f.LabelSelector) {
 			continue
 		}
-		cp := *c.rec
-		out = append(out, &cp)
+		match = append(match, c)
 	}
-	b.mu.Unlock()
-	sortByCreated(out, func(r *ContainerRecord) (time.Time, string) { return r.CreatedAt, r.ID })
+	// Sorted by pointer, not by the larger summaries.
+	sortByCreated(match, func(c *container) (time.Time, string) { return c.rec.CreatedAt, c.rec.ID })
+	out := make([]ContainerSummary, len(match))
+	for i, c := range match {
+		r := c.rec
+		out[i] = ContainerSummary{
+			ID: r.ID, PodID: r.PodID, Metadata: r.Config.Metadata, ImageName: r.ImageName, ImageID: r.ImageID,
+			State: r.State, CreatedAt: r.CreatedAt, Labels: r.Config.Labels, Annotations: r.Config.Annotations,
+		}
+	}
 	return out
 }
 

@@ -488,7 +488,7 @@ func (b *Broker) ReleaseAll(ctx context.Context) (int, error) {
 	var errs []error
 	n := 0
 	for _, p := range b.ListPods(PodFilter{}) {
-		id := p.Record.ID
+		id := p.ID
 		if err := b.StopPod(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("stop pod %s: %w", id, err))
 			continue

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -697,36 +698,59 @@ type PodFilter struct {
 	LabelSelector map[string]string
 }
 
-// ListPods returns the pods matching f, oldest first.
-func (b *Broker) ListPods(f PodFilter) []*PodStatus {
+// PodSummary is what a list of pods shows of one: a few fields of its
+// record, copied under the broker's lock. Labels and Annotations are the
+// record's own maps, which nothing changes after RunPodSandbox: read
+// them, never write them.
+type PodSummary struct {
+	ID                  string
+	Metadata            PodMetadata
+	Stage1              string
+	Ready               bool
+	CreatedAt           time.Time
+	Labels, Annotations map[string]string
+}
+
+// ListPods returns the pods matching f, oldest first, pods being created
+// left out. It holds the broker's lock once and copies only what a list
+// shows: the kubelet asks every second.
+func (b *Broker) ListPods(f PodFilter) []PodSummary {
 	b.mu.Lock()
-	ps := make([]*pod, 0, len(b.pods))
+	defer b.mu.Unlock()
+	match := make([]*pod, 0, len(b.pods))
 	for id, p := range b.pods {
 		if f.ID != "" && id != f.ID && !strings.HasPrefix(id, f.ID) {
 			continue
 		}
-		ps = append(ps, p)
+		select {
+		case <-p.created:
+			if p.err != nil {
+				continue
+			}
+		default:
+		}
+		r := p.rec
+		if r.State == PodCreating {
+			continue
+		}
+		if f.State != "" && (f.State == PodReady) != (r.State == PodReady && p.handle != nil) {
+			continue
+		}
+		if !labelsMatch(r.Config.Labels, f.LabelSelector) {
+			continue
+		}
+		match = append(match, p)
 	}
-	b.mu.Unlock()
-	var out []*PodStatus
-	for _, p := range ps {
-		st := b.podStatus(p)
-		if st == nil || st.Record.State == PodCreating {
-			continue
+	// Sorted by pointer, not by the larger summaries.
+	sortByCreated(match, func(p *pod) (time.Time, string) { return p.rec.CreatedAt, p.rec.ID })
+	out := make([]PodSummary, len(match))
+	for i, p := range match {
+		r := p.rec
+		out[i] = PodSummary{
+			ID: r.ID, Metadata: r.Config.Metadata, Stage1: r.Stage1, Ready: r.State == PodReady && p.handle != nil,
+			CreatedAt: r.CreatedAt, Labels: r.Config.Labels, Annotations: r.Config.Annotations,
 		}
-		state := PodNotReady
-		if st.Ready {
-			state = PodReady
-		}
-		if f.State != "" && f.State != state {
-			continue
-		}
-		if !labelsMatch(st.Record.Config.Labels, f.LabelSelector) {
-			continue
-		}
-		out = append(out, st)
 	}
-	sortByCreated(out, func(s *PodStatus) (time.Time, string) { return s.Record.CreatedAt, s.Record.ID })
 	return out
 }
 
@@ -739,15 +763,29 @@ func labelsMatch(labels, sel map[string]string) bool {
 	return true
 }
 
+// sortByCreated sorts s oldest first, by the creation time and ID key
+// gives, read once per element: the kubelet's lists sort every pod and
+// container every second.
 func sortByCreated[T any](s []T, key func(T) (time.Time, string)) {
-	slices.SortFunc(s, func(a, b T) int {
-		ta, ia := key(a)
-		tb, ib := key(b)
-		if c := ta.Compare(tb); c != 0 {
+	type keyed struct {
+		at int64 // Unix nanoseconds: creation times are recent
+		id string
+		v  T
+	}
+	ks := make([]keyed, len(s))
+	for i, v := range s {
+		t, id := key(v)
+		ks[i] = keyed{t.UnixNano(), id, v}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int {
+		if c := cmp.Compare(a.at, b.at); c != 0 {
 			return c
 		}
-		return strings.Compare(ia, ib)
+		return strings.Compare(a.id, b.id)
 	})
+	for i := range ks {
+		s[i] = ks[i].v
+	}
 }
 
 // podHandle returns the running pod's handle or FailedPrecondition.

@@ -134,7 +134,11 @@ func (b *Broker) podStats(ctx context.Context, st *PodStatus) *PodStats {
 // ListPodStats returns stats for the pods matching f.
 func (b *Broker) ListPodStats(ctx context.Context, f PodFilter) []*PodStats {
 	var out []*PodStats
-	for _, st := range b.ListPods(f) {
+	for _, s := range b.ListPods(f) {
+		st, err := b.PodStatus(ctx, s.ID, false)
+		if err != nil {
+			continue // removed since
+		}
 		out = append(out, b.podStats(ctx, st))
 	}
 	return out

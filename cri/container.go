@@ -417,20 +417,22 @@ func containerFilterFrom(f *runtimeapi.ContainerFilter) broker.ContainerFilter {
 
 // ListContainers lists containers matching the filter.
 func (s *Server) ListContainers(ctx context.Context, r *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
-	resp := &runtimeapi.ListContainersResponse{}
-	for _, rec := range s.b.ListContainers(ctx, containerFilterFrom(r.GetFilter())) {
-		resp.Containers = append(resp.Containers, &runtimeapi.Container{
-			Id:           rec.ID,
-			PodSandboxId: rec.PodID,
-			Metadata:     ctrMeta(rec.Config.Metadata),
-			Image:        &runtimeapi.ImageSpec{Image: rec.ImageName},
-			ImageRef:     rec.ImageID,
-			ImageId:      rec.ImageID,
-			State:        containerState(rec.State),
-			CreatedAt:    unixNano(rec.CreatedAt),
-			Labels:       rec.Config.Labels,
-			Annotations:  rec.Config.Annotations,
-		})
+	list := s.b.ListContainers(ctx, containerFilterFrom(r.GetFilter()))
+	resp := &runtimeapi.ListContainersResponse{Containers: make([]*runtimeapi.Container, len(list))}
+	for i := range list {
+		c := &list[i]
+		resp.Containers[i] = &runtimeapi.Container{
+			Id:           c.ID,
+			PodSandboxId: c.PodID,
+			Metadata:     ctrMeta(c.Metadata),
+			Image:        &runtimeapi.ImageSpec{Image: c.ImageName},
+			ImageRef:     c.ImageID,
+			ImageId:      c.ImageID,
+			State:        containerState(c.State),
+			CreatedAt:    unixNano(c.CreatedAt),
+			Labels:       c.Labels,
+			Annotations:  c.Annotations,
+		}
 	}
 	return resp, nil
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/policy"
 )
 
 const (
@@ -23,6 +25,38 @@ func (s *Server) Version(ctx context.Context, r *runtimeapi.VersionRequest) (*ru
 		RuntimeVersion:    s.version,
 		RuntimeApiVersion: criAPIVersion,
 	}, nil
+}
+
+// handlerList is the runtime handlers Status reports under one policy.
+type handlerList struct {
+	pol  *policy.Policy
+	list []*runtimeapi.RuntimeHandler
+}
+
+// runtimeHandlers are the runtime handlers of the policy in force and
+// their features, made again only when the policy changes: replies share
+// them, and nothing writes them once made. Every stage1's agent makes
+// read-only mounts recursively read-only with mount_setattr when asked;
+// user namespaces are the stage1's (for the empty handler, the default
+// stage1's: a rule may still put such a pod elsewhere, where the policy's
+// conflicts route it).
+func (s *Server) runtimeHandlers() []*runtimeapi.RuntimeHandler {
+	pol := s.b.Policy()
+	if hl := s.handlers.Load(); hl != nil && hl.pol == pol {
+		return hl.list
+	}
+	features := func(h string) *runtimeapi.RuntimeHandlerFeatures {
+		c, _ := s.b.HandlerCapabilities(h)
+		return &runtimeapi.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: true, UserNamespaces: c.UserNamespaces}
+	}
+	var list []*runtimeapi.RuntimeHandler
+	for _, h := range s.b.Handlers() {
+		list = append(list, &runtimeapi.RuntimeHandler{Name: h, Features: features(h)})
+	}
+	// The empty handler: the node default, as the kubelet expects.
+	list = append(list, &runtimeapi.RuntimeHandler{Name: "", Features: features("")})
+	s.handlers.Store(&handlerList{pol: pol, list: list})
+	return list
 }
 
 // Status reports runtime and network readiness and the runtime handlers.
@@ -45,19 +79,7 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 		// ContainerStatus; nosuid, nodev and noexec bind mounts.
 		Features: &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true, MountOptions: true},
 	}
-	// Every stage1's agent makes read-only mounts recursively read-only
-	// with mount_setattr when asked; user namespaces are the stage1's
-	// (for the empty handler, the default stage1's: a rule may still put
-	// such a pod elsewhere, where the policy's conflicts route it).
-	features := func(h string) *runtimeapi.RuntimeHandlerFeatures {
-		c, _ := s.b.HandlerCapabilities(h)
-		return &runtimeapi.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: true, UserNamespaces: c.UserNamespaces}
-	}
-	for _, h := range s.b.Handlers() {
-		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: h, Features: features(h)})
-	}
-	// The empty handler: the node default, as the kubelet expects.
-	resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: "", Features: features("")})
+	resp.RuntimeHandlers = s.runtimeHandlers()
 	if r.GetVerbose() {
 		counts, _ := json.Marshal(s.b.DecisionCounts())
 		pol := s.b.Policy()

@@ -154,8 +154,8 @@ func (s *Server) RemovePodSandbox(ctx context.Context, r *runtimeapi.RemovePodSa
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
 
-func podState(st *broker.PodStatus) runtimeapi.PodSandboxState {
-	if st.Ready {
+func podState(ready bool) runtimeapi.PodSandboxState {
+	if ready {
 		return runtimeapi.PodSandboxState_SANDBOX_READY
 	}
 	return runtimeapi.PodSandboxState_SANDBOX_NOTREADY
@@ -191,7 +191,7 @@ func podSandboxStatus(st *broker.PodStatus) *runtimeapi.PodSandboxStatus {
 	return &runtimeapi.PodSandboxStatus{
 		Id:          rec.ID,
 		Metadata:    podMeta(c.Metadata),
-		State:       podState(st),
+		State:       podState(st.Ready),
 		CreatedAt:   rec.CreatedAt.UnixNano(),
 		Network:     podNetworkStatus(rec.IPs),
 		Labels:      c.Labels,
@@ -216,18 +216,19 @@ func (s *Server) ListPodSandbox(ctx context.Context, r *runtimeapi.ListPodSandbo
 			}
 		}
 	}
-	resp := &runtimeapi.ListPodSandboxResponse{}
-	for _, st := range s.b.ListPods(f) {
-		rec := &st.Record
-		resp.Items = append(resp.Items, &runtimeapi.PodSandbox{
-			Id:             rec.ID,
-			Metadata:       podMeta(rec.Config.Metadata),
-			State:          podState(st),
-			CreatedAt:      rec.CreatedAt.UnixNano(),
-			Labels:         rec.Config.Labels,
-			Annotations:    rec.Config.Annotations,
-			RuntimeHandler: rec.Stage1,
-		})
+	list := s.b.ListPods(f)
+	resp := &runtimeapi.ListPodSandboxResponse{Items: make([]*runtimeapi.PodSandbox, len(list))}
+	for i := range list {
+		p := &list[i]
+		resp.Items[i] = &runtimeapi.PodSandbox{
+			Id:             p.ID,
+			Metadata:       podMeta(p.Metadata),
+			State:          podState(p.Ready),
+			CreatedAt:      p.CreatedAt.UnixNano(),
+			Labels:         p.Labels,
+			Annotations:    p.Annotations,
+			RuntimeHandler: p.Stage1,
+		}
 	}
 	return resp, nil
 }

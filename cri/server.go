@@ -50,6 +50,8 @@ type Server struct {
 	// nodeInfo is what the node's preflight found (SetNodeInfo), shown in
 	// verbose Status.
 	nodeInfo atomic.Pointer[map[string]string]
+	// handlers is Status's list of runtime handlers, made once per policy.
+	handlers atomic.Pointer[handlerList]
 }
 
 // SetNodeInfo replaces the node facts verbose Status shows beside its own
@@ -99,10 +101,11 @@ func (s *Server) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerI
 			return nil, status.Error(codes.Unavailable, "stagelet is recovering its pods after a restart; retry shortly")
 		}
 		ctx = callContext(ctx, req)
-		log := s.log.With("method", info.FullMethod)
 		start := time.Now()
 		resp, err := handler(ctx, req)
 		took := time.Since(start)
+		// The logger is not derived per call: most calls (the kubelet's
+		// lists, every second) log nothing.
 		if err != nil {
 			st := toStatus(err)
 			lvl := slog.LevelWarn
@@ -112,10 +115,12 @@ func (s *Server) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerI
 			if st.Code() == codes.NotFound {
 				lvl = slog.LevelDebug // the kubelet asks about removed objects routinely
 			}
-			log.Log(ctx, lvl, "CRI call failed", "code", st.Code().String(), "err", st.Message(), "took", took)
+			s.log.Log(ctx, lvl, "CRI call failed", "method", info.FullMethod, "code", st.Code().String(), "err", st.Message(), "took", took)
 			return nil, st.Err()
 		}
-		log.DebugContext(ctx, "CRI call", "took", took)
+		if s.log.Enabled(ctx, slog.LevelDebug) {
+			s.log.DebugContext(ctx, "CRI call", "method", info.FullMethod, "took", took)
+		}
 		return resp, nil
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -216,3 +221,29 @@ func toStatus(err error) *status.Status {
 func badRequest(field string) error {
 	return errdefs.InvalidArgument("%s: must be set", field)
 }
+
+// statusPath are the calls of the status path: they answer from memory,
+// the kubelet makes them every second or so, and they are not traced.
+var statusPath = map[string]bool{}
+
+func init() {
+	for _, m := range []string{
+		"RuntimeService/Version", "RuntimeService/Status", "RuntimeService/RuntimeConfig",
+		"RuntimeService/ListPodSandbox", "RuntimeService/PodSandboxStatus",
+		"RuntimeService/ListContainers", "RuntimeService/ContainerStatus",
+		"RuntimeService/ListContainerStats", "RuntimeService/ContainerStats",
+		"RuntimeService/ListPodSandboxStats", "RuntimeService/PodSandboxStats",
+		"RuntimeService/ListMetricDescriptors", "RuntimeService/ListPodSandboxMetrics",
+		"RuntimeService/GetContainerEvents",
+		"ImageService/ListImages", "ImageService/ImageStatus", "ImageService/ImageFsInfo",
+	} {
+		statusPath["/runtime.v1."+m] = true
+	}
+}
+
+// StatusPath says whether fullMethod ("/runtime.v1.RuntimeService/Status")
+// is a call of the status path: one that answers from what the daemon
+// holds and that the kubelet makes every second or so. Such calls are not
+// traced: a trace of each would bury the ones of the calls that change
+// something.
+func StatusPath(fullMethod string) bool { return statusPath[fullMethod] }

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -200,5 +201,32 @@ func TestMountOptions(t *testing.T) {
 	_, err = containerConfigFrom(cfg("nodev", "sync"))
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "config.mounts[0].mount_options") {
 		t.Errorf("an option not supported: %v, want InvalidArgument naming the field", err)
+	}
+}
+
+// Every status-path method is a method of the CRI services, and the calls
+// that change something are not on it.
+func TestStatusPathMethods(t *testing.T) {
+	known := map[string]bool{}
+	for _, sd := range []grpc.ServiceDesc{runtimeapi.RuntimeService_ServiceDesc, runtimeapi.ImageService_ServiceDesc} {
+		for _, m := range sd.Methods {
+			known["/"+sd.ServiceName+"/"+m.MethodName] = true
+		}
+		for _, s := range sd.Streams {
+			known["/"+sd.ServiceName+"/"+s.StreamName] = true
+		}
+	}
+	for m := range statusPath {
+		if !known[m] {
+			t.Errorf("%s is no CRI method", m)
+		}
+	}
+	for _, m := range []string{"/runtime.v1.RuntimeService/RunPodSandbox", "/runtime.v1.RuntimeService/ExecSync", "/runtime.v1.ImageService/PullImage"} {
+		if StatusPath(m) {
+			t.Errorf("%s is on the status path", m)
+		}
+	}
+	if !StatusPath("/runtime.v1.RuntimeService/ListContainers") {
+		t.Error("ListContainers is not on the status path")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -118,8 +119,13 @@ func criServers(log *slog.Logger, cfg *config.Config, b *broker.Broker, m *metri
 	}
 	srv := cri.New(b, cri.Options{Version: version, Log: log, SystemdCgroup: cfg.CgroupDriver == config.CgroupDriverSystemd, Stream: streams})
 	unary, stream := srv.Interceptors()
-	opts := append(interceptors(m, unary, stream), grpc.StatsHandler(srv.StatsHandler()))
-	if h := tr.ServerHandler(); h != nil {
+	opts := append(interceptors(m, unary, stream), grpc.StatsHandler(srv.StatsHandler()),
+		// Calls run on long-lived workers, whose stacks have grown
+		// already, rather than each on a new goroutine that grows its
+		// own: the kubelet's lists come every second. Beyond as many
+		// calls at once as CPUs, gRPC starts goroutines as before.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
+	if h := tr.ServerHandler(cri.StatusPath); h != nil {
 		// First: the call's span exists before the interceptors run.
 		opts = append([]grpc.ServerOption{grpc.StatsHandler(h)}, opts...)
 	}

@@ -100,7 +100,13 @@ func TestTracing(t *testing.T) {
 			sink := otlpsink.Start(t)
 			e := newEnvOpts(t, harness.Options{Policy: policy, TracingEndpoint: sink.Addr}, true)
 			// Untraced first: at rate 0 it must not show up.
-			if _, err := e.rt().ListPodSandbox(e.ctx(), &runtimeapi.ListPodSandboxRequest{}); err != nil {
+			if _, err := e.rt().RemoveContainer(e.ctx(), &runtimeapi.RemoveContainerRequest{ContainerId: "no-such-container"}); err != nil {
+				t.Fatal(err)
+			}
+			// The status path is never traced, even under a sampled
+			// caller.
+			lctx, _, _ := traced(e.ctx())
+			if _, err := e.rt().ListPodSandbox(lctx, &runtimeapi.ListPodSandboxRequest{}); err != nil {
 				t.Fatal(err)
 			}
 			cfg := e.netPodConfig("traced-"+s.handler, s)
@@ -186,10 +192,14 @@ func TestTracing(t *testing.T) {
 				t.Errorf("no log line of the traced CreateContainer carries trace_id=%s", ctrTrace)
 			}
 			// The batch that brought these spans would have brought the
-			// untraced ListPodSandbox's, sent earlier.
+			// untraced RemoveContainer's and the ListPodSandbox's, sent
+			// earlier.
 			for _, sp := range sink.All() {
-				if sp.Name == "runtime.v1.RuntimeService/ListPodSandbox" {
+				switch sp.Name {
+				case "runtime.v1.RuntimeService/RemoveContainer":
 					t.Errorf("a call without a sampled parent was traced at rate 0: %+v", sp)
+				case "runtime.v1.RuntimeService/ListPodSandbox":
+					t.Errorf("a call of the status path was traced: %+v", sp)
 				}
 			}
 		})

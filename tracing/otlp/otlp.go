@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -129,12 +130,16 @@ func (t *Tracing) Enabled() bool { return t != nil && t.tp != nil }
 
 // ServerHandler is the gRPC stats handler that continues the caller's
 // trace in each call (otelgrpc): nil when tracing is off, so that the
-// server carries no handler at all.
-func (t *Tracing) ServerHandler() stats.Handler {
+// server carries no handler at all. Calls whose full method untraced
+// accepts get no span, whatever their caller's: the handler then returns
+// at once. It records no metrics (the daemon has its own, of every call).
+func (t *Tracing) ServerHandler(untraced func(fullMethod string) bool) stats.Handler {
 	if !t.Enabled() {
 		return nil
 	}
-	return otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(t.tp), otelgrpc.WithPropagators(propagation.TraceContext{}))
+	return otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(t.tp), otelgrpc.WithPropagators(propagation.TraceContext{}),
+		otelgrpc.WithMeterProvider(noop.NewMeterProvider()),
+		otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return !untraced(info.FullMethodName) }))
 }
 
 // Shutdown sends the spans not sent yet and stops exporting.
