@@ -122,7 +122,9 @@ test-node: deps build
 # with containerd and runc beside it where they are installed
 # (scripts/bench-containerd.sh: apt-get install containerd runc), each
 # run's medians beside containerd's and the previous figures
-# (test/bench/), and saved in $(BENCH_OUT). The last run starts kvm pods
+# (test/bench/), and saved in $(BENCH_OUT); the status-path calls of
+# stagelet and containerd side by side at 50 and 100 pods, in the same
+# rounds (--beside). The last run starts kvm pods
 # with a 64 MiB limit in cgroups the kubelet's size, without RuntimeClass
 # overhead (their qemu in the overhead cgroup).
 BENCH_OUT ?= $(CURDIR)/bin/bench
@@ -137,6 +139,8 @@ bench: deps build guest
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet -n 10 -save $(BENCH_OUT)/nspawn-podnet.tsv \
 		-against containerd=$(BENCH_OUT)/containerd.tsv -against previous=test/bench/nspawn-podnet.tsv
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -scale 10,50,100
+	./scripts/bench-containerd.sh --beside -bin $(BIN) -stage1 fly -scale 50,100 -calls 500
+	./scripts/bench-containerd.sh --beside -bin $(BIN) -stage1 nspawn -scale 50,100 -calls 500
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -save $(BENCH_OUT)/kvm-podnet.tsv \
 		-against nspawn=$(BENCH_OUT)/nspawn-podnet.tsv -against previous=test/bench/kvm-podnet.tsv
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -notemplate

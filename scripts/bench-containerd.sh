@@ -7,6 +7,11 @@
 # the conformance kit's registry on 127.0.0.1.
 #
 #   scripts/bench-containerd.sh [stagelet-bench flags...]   (e.g. -n 10)
+#   scripts/bench-containerd.sh --beside -bin BIN -stage1 fly -scale 50,100
+#
+# With --beside, stagelet runs too, and stagelet-bench times the
+# status-path calls of both in the same rounds, alternately (-beside):
+# ratios that the machine's drift between two runs does not skew.
 #
 # Without containerd and runc installed it says so and exits 0 (install
 # them with apt-get install containerd runc; the Debian package's own
@@ -112,4 +117,10 @@ CPID=$!
 for _ in $(seq 200); do [ -S "$D/containerd.sock" ] && break; kill -0 $CPID 2>/dev/null || break; sleep 0.1; done
 [ -S "$D/containerd.sock" ] || { echo "bench-containerd: containerd did not start: $(tail -5 "$D/logs/containerd.log")" >&2; exit 2; }
 
-go run ./cmd/stagelet-bench -endpoint "$D/containerd.sock" -image "$REGISTRY/e2e-test-images/busybox:1.29-2" -podnet "$@"
+image="$REGISTRY/e2e-test-images/busybox:1.29-2"
+if [ "${1:-}" = --beside ]; then
+	shift
+	go run ./cmd/stagelet-bench -beside "$D/containerd.sock" -beside-image "$image" "$@"
+else
+	go run ./cmd/stagelet-bench -endpoint "$D/containerd.sock" -image "$image" -podnet "$@"
+fi

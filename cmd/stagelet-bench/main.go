@@ -49,6 +49,11 @@ import (
 // scrape: print the daemon's stagelet_* metrics once the pods run.
 var traceRate = flag.Int("trace-rate", -1, "configure tracing (an OTLP receiver in this process) with this sampling_rate_per_million: 0 measures tracing configured but not sampled, 1000000 every call traced; -1: tracing off")
 
+var (
+	beside      = flag.String("beside", "", "with -scale: also run as many pods on another CRI runtime listening on this unix socket (containerd's, say; of -beside-image, host network) and time its status-path calls in the same rounds as stagelet's, alternately, for ratios free of the machine's drift")
+	besideImage = flag.String("beside-image", "", "with -beside: the image of the other runtime's pods (one it can pull; it needs sleep)")
+)
+
 var scrape = flag.Bool("metrics", false, "enable the daemon's metrics endpoint and print its stagelet_* series once the measured pods run (before their teardown)")
 
 // memoryLimitMiB: the measured pods' container memory limit, each pod
@@ -68,16 +73,21 @@ func main() {
 	verbose := flag.Bool("v", false, "log the harness's progress")
 	stage1 := flag.String("stage1", "fly", "stage1 (runtime handler) of the measured pods: fly, nspawn or kvm (kvm needs the guest: make guest, STAGELET_GUEST_ASSETS)")
 	podNet := flag.Bool("podnet", false, "give each pod its own network namespace and CNI attachment (otherwise the host network)")
-	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls ListContainers and ListPodSandbox and 3 kill -9 restarts at each, then -n container exits to their GetContainerEvents event")
-	calls := flag.Int("calls", 200, "list calls timed at each -scale level")
+	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls rounds of the status-path calls (List*, *Status, the list stats; -only picks some) and 3 kill -9 restarts at each, then -n container exits to their GetContainerEvents event")
+	calls := flag.Int("calls", 200, "rounds of status-path calls timed at each -scale level")
 	noTemplate := flag.Bool("notemplate", false, "kvm: pods' VMs boot their kernel instead of being restored from a template")
 	endpoint := flag.String("endpoint", "", "time another CRI runtime listening on this unix socket (containerd's, say) instead, on pods of -image run with its default handler: the same calls as stagelet's (-podnet: its pods in their own network, through its own CNI config), or with -scale the list calls on host-network pods (no restarts, no events)")
 	img := flag.String("image", "", "with -endpoint: the image of the pods' containers (one the runtime can pull; it needs sleep and echo)")
+	only := flag.String("only", "", "with -scale: time only these status-path calls (comma-separated names, e.g. ListContainers,Status)")
 	flag.Parse()
 	var levels []int
 	if *scale != "" {
 		var err error
 		if levels, err = parseLevels(*scale); err != nil {
+			fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
+			os.Exit(2)
+		}
+		if statusCalls, err = pickCalls(statusCalls, *only); err != nil {
 			fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 			os.Exit(2)
 		}
@@ -99,6 +109,10 @@ func main() {
 	defer stop()
 	if *memoryLimitMiB != 0 && (*endpoint != "" || levels != nil || *fileIO) {
 		fmt.Fprintln(os.Stderr, "stagelet-bench: -memory-limit is for stagelet's timed pod starts: not with -endpoint, -scale or -fileio")
+		os.Exit(2)
+	}
+	if *beside != "" && (levels == nil || *besideImage == "" || *endpoint != "") {
+		fmt.Fprintln(os.Stderr, "stagelet-bench: -beside is for -scale, with -beside-image, without -endpoint")
 		os.Exit(2)
 	}
 	if *endpoint != "" {
@@ -185,11 +199,18 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 		return nil
 	}
 	if levels != nil {
-		rows, lat, err := measureScale(ctx, d, ref, stage1, podNet, levels, calls, n)
+		var other *external
+		if *beside != "" {
+			if other, err = openExternal(ctx, *beside, *besideImage); err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, other.close(ctx)) }()
+		}
+		rows, lat, err := measureScale(ctx, d, ref, stage1, podNet, levels, calls, n, other)
 		if err != nil {
 			return err
 		}
-		reportScale(os.Stdout, stage1+", "+network, calls, rows, lat)
+		reportScale(os.Stdout, stage1+", "+network, calls, rows, lat, other)
 		return nil
 	}
 	res, err := measure(ctx, d, ref, n, stage1, podNet)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,13 +19,85 @@ import (
 	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
-// scaleRow is the list latencies at one number of running pods, and the
-// time a restarted daemon took to answer with them all ready.
+// scaleRow is the status-path latencies at one number of running pods,
+// by call (statusCalls' names), and the time a restarted daemon took to
+// answer with them all ready.
 type scaleRow struct {
-	pods           int
-	listContainers []time.Duration
-	listPods       []time.Duration
-	restart        []time.Duration
+	pods  int
+	calls map[string][]time.Duration
+	// size is each call's reply size in bytes, on the wire.
+	size map[string]int
+	// refused are the calls another runtime failed, and its error.
+	refused map[string]error
+	restart []time.Duration
+	// other is another runtime's, timed in the same rounds (-beside).
+	other *scaleRow
+}
+
+// statusCall is one call of the status path (what the kubelet's relist,
+// its stats and its probes of the runtime ask), timed at the gRPC level;
+// it fails when the answer is not what level running pods of one
+// container each give. pod and ctr are one of them.
+type statusCall struct {
+	name string
+	call func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, is runtimeapi.ImageServiceClient, level int, pod, ctr string) (proto.Message, error)
+}
+
+// statusCalls are timed in this order, one round of each at a time, so
+// that drift of the machine touches them alike.
+var statusCalls = []statusCall{
+	{"ListContainers", func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, _ runtimeapi.ImageServiceClient, level int, _, _ string) (proto.Message, error) {
+		r, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		return r, count(err, "containers", len(r.GetContainers()), level)
+	}},
+	{"ListPodSandbox", func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, _ runtimeapi.ImageServiceClient, level int, _, _ string) (proto.Message, error) {
+		r, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		return r, count(err, "pods", len(r.GetItems()), level)
+	}},
+	{"ListContainerStats", func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, _ runtimeapi.ImageServiceClient, level int, _, _ string) (proto.Message, error) {
+		r, err := rt.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{})
+		return r, count(err, "container stats", len(r.GetStats()), level)
+	}},
+	{"ListPodSandboxStats", func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, _ runtimeapi.ImageServiceClient, level int, _, _ string) (proto.Message, error) {
+		r, err := rt.ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{})
+		return r, count(err, "pod stats", len(r.GetStats()), level)
+	}},
+	{"PodSandboxStatus", func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, _ runtimeapi.ImageServiceClient, _ int, pod, _ string) (proto.Message, error) {
+		r, err := rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod})
+		if err == nil && r.GetStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_READY {
+			err = fmt.Errorf("pod %s is %s", pod, r.GetStatus().GetState())
+		}
+		return r, err
+	}},
+	{"ContainerStatus", func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, _ runtimeapi.ImageServiceClient, _ int, _, ctr string) (proto.Message, error) {
+		r, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctr})
+		if err == nil && r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			err = fmt.Errorf("container %s is %s", ctr, r.GetStatus().GetState())
+		}
+		return r, err
+	}},
+	{"ListImages", func(ctx context.Context, _ runtimeapi.RuntimeServiceClient, is runtimeapi.ImageServiceClient, _ int, _, _ string) (proto.Message, error) {
+		r, err := is.ListImages(ctx, &runtimeapi.ListImagesRequest{})
+		if err == nil && len(r.GetImages()) == 0 {
+			err = errors.New("ListImages listed no image")
+		}
+		return r, err
+	}},
+	{"Status", func(ctx context.Context, rt runtimeapi.RuntimeServiceClient, _ runtimeapi.ImageServiceClient, _ int, _, _ string) (proto.Message, error) {
+		r, err := rt.Status(ctx, &runtimeapi.StatusRequest{})
+		if err == nil && len(r.GetStatus().GetConditions()) == 0 {
+			err = errors.New("the runtime status has no condition")
+		}
+		return r, err
+	}},
+}
+
+// count checks that a list call listed want items.
+func count(err error, what string, got, want int) error {
+	if err == nil && got != want {
+		err = fmt.Errorf("listed %d %s at %d pods", got, what, want)
+	}
+	return err
 }
 
 // restartRuns is how many daemon restarts are timed at each level.
@@ -44,14 +117,15 @@ func parseLevels(s string) ([]int, error) {
 }
 
 // measureScale starts pods up to each level and, at each, times calls
-// ListContainers and calls ListPodSandbox at the gRPC level (what the
-// kubelet's relist does every second) and restartRuns kill -9 restarts of
-// the daemon until it answers with every pod ready. Then it times n
-// exits, from the
-// container's own finish time to its CONTAINER_STOPPED event reaching a
-// GetContainerEvents subscriber.
-func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, levels []int, calls, n int) ([]scaleRow, []time.Duration, error) {
-	rt := d.Runtime()
+// rounds of the status-path calls at the gRPC level (statusCalls: the
+// kubelet's relist does the first two every second) and restartRuns kill
+// -9 restarts of the daemon until it answers with every pod ready. Then it
+// times n exits, from the container's own finish time to its
+// CONTAINER_STOPPED event reaching a GetContainerEvents subscriber. other
+// (nil: none) is another runtime given as many pods of its own at each
+// level, whose calls are timed in the same rounds, alternately with
+// stagelet's (row.other).
+func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, levels []int, calls, n int, other *external) ([]scaleRow, []time.Duration, error) {
 	var rows []scaleRow
 	var pods []*benchPod
 	for _, level := range levels {
@@ -62,8 +136,16 @@ func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, po
 			}
 			pods = append(pods, bp)
 		}
-		row, err := timeLists(ctx, rt, level, calls)
-		if err != nil {
+		row := newScaleRow(level)
+		targets := []*target{{rt: d.Runtime(), is: d.Image(), row: row}}
+		if other != nil {
+			if err := other.startPods(ctx, level); err != nil {
+				return nil, nil, err
+			}
+			row.other = newScaleRow(level)
+			targets = append(targets, &target{rt: other.rt, is: other.is, other: true, row: row.other})
+		}
+		if err := timeRounds(ctx, targets, level, calls); err != nil {
 			return nil, nil, err
 		}
 		for range restartRuns {
@@ -73,115 +155,182 @@ func measureScale(ctx context.Context, d *harness.Daemon, ref, stage1 string, po
 			}
 			row.restart = append(row.restart, took)
 		}
-		rt = d.Runtime() // the restarted daemon's connection
-		rows = append(rows, row)
+		rows = append(rows, *row)
 	}
-	lat, err := exitToEvent(ctx, rt, pods[0], n)
+	lat, err := exitToEvent(ctx, d.Runtime(), pods[0], n)
 	return rows, lat, err
 }
 
-// timeLists times calls ListContainers and calls ListPodSandbox on rt,
-// which runs level pods of one container each.
-func timeLists(ctx context.Context, rt runtimeapi.RuntimeServiceClient, level, calls int) (scaleRow, error) {
-	row := scaleRow{pods: level}
-	for range calls {
-		began := time.Now()
-		lc, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
-		if err != nil {
-			return row, err
-		}
-		row.listContainers = append(row.listContainers, time.Since(began))
-		if len(lc.Containers) != level {
-			return row, fmt.Errorf("ListContainers at %d pods listed %d containers", level, len(lc.Containers))
-		}
-		began = time.Now()
-		lp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-		if err != nil {
-			return row, err
-		}
-		row.listPods = append(row.listPods, time.Since(began))
-		if len(lp.Items) != level {
-			return row, fmt.Errorf("ListPodSandbox at %d pods listed %d pods", level, len(lp.Items))
-		}
-	}
-	return row, nil
+func newScaleRow(pods int) *scaleRow {
+	return &scaleRow{pods: pods, calls: map[string][]time.Duration{}, size: map[string]int{}, refused: map[string]error{}}
 }
 
-// runExternal times another CRI runtime (containerd, CRI-O) at endpoint,
-// on pods of image run with the runtime's default handler, which must be
-// the only pods it runs: with levels, the list calls the way measureScale
-// times stagelet's, on host-network pods (externalScale); otherwise the
-// calls measure times, n runs each (externalCalls). Every pod it started
-// is removed at the end.
-func runExternal(ctx context.Context, endpoint, image string, levels []int, calls, n int, podNet bool) (err error) {
+// target is a runtime whose status-path calls timeRounds times into row.
+// other: not stagelet, whose failed calls are left out of the rounds and
+// reported (containerd 1.6 fails ListPodSandboxStats for pods without a
+// cgroup parent); stagelet's fail the run.
+type target struct {
+	rt    runtimeapi.RuntimeServiceClient
+	is    runtimeapi.ImageServiceClient
+	other bool
+	row   *scaleRow
+}
+
+// timeRounds times calls rounds of statusCalls on each target, which runs
+// level pods of one container each. Within a round each call is made on
+// every target in turn, the order reversed every other round, so that
+// the machine's drift touches them alike.
+func timeRounds(ctx context.Context, targets []*target, level, calls int) error {
+	ids := make([][2]string, len(targets))
+	for i, t := range targets {
+		lc, err := t.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		if err != nil {
+			return err
+		}
+		if len(lc.Containers) == 0 {
+			return fmt.Errorf("no container runs at %d pods", level)
+		}
+		ids[i] = [2]string{lc.Containers[0].PodSandboxId, lc.Containers[0].Id}
+	}
+	order := make([]int, len(targets))
+	for round := range calls {
+		for i := range order {
+			order[i] = i
+		}
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, c := range statusCalls {
+			for _, i := range order {
+				t := targets[i]
+				if t.row.refused[c.name] != nil {
+					continue
+				}
+				began := time.Now()
+				reply, err := c.call(ctx, t.rt, t.is, level, ids[i][0], ids[i][1])
+				if err != nil {
+					if t.other {
+						t.row.refused[c.name] = err
+						continue
+					}
+					return fmt.Errorf("%s: %w", c.name, err)
+				}
+				t.row.calls[c.name] = append(t.row.calls[c.name], time.Since(began))
+				t.row.size[c.name] = proto.Size(reply)
+			}
+		}
+	}
+	return nil
+}
+
+// external is another CRI runtime (containerd, CRI-O) at endpoint, whose
+// pods run image with its default handler; it must run no other pods.
+type external struct {
+	endpoint, image string
+	conn            *grpc.ClientConn
+	rt              runtimeapi.RuntimeServiceClient
+	is              runtimeapi.ImageServiceClient
+	v               *runtimeapi.VersionResponse
+	// logs holds its pods' logs; started counts the pods it runs.
+	logs    string
+	started int
+}
+
+// openExternal connects to the runtime at endpoint, checks that it runs
+// no pod and pulls image.
+func openExternal(ctx context.Context, endpoint, image string) (*external, error) {
 	conn, err := grpc.NewClient("unix://"+strings.TrimPrefix(endpoint, "unix://"),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer conn.Close()
-	rt, is := runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)
-	v, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
-	if err != nil {
-		return fmt.Errorf("%s: %w", endpoint, err)
+	x := &external{endpoint: endpoint, image: image, conn: conn,
+		rt: runtimeapi.NewRuntimeServiceClient(conn), is: runtimeapi.NewImageServiceClient(conn)}
+	if x.v, err = x.rt.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%s: %w", endpoint, err)
 	}
-	if lp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{}); err != nil {
-		return err
-	} else if len(lp.Items) != 0 {
-		return fmt.Errorf("%s runs %d pods already: the figures need it to run only the bench's", endpoint, len(lp.Items))
+	lp, err := x.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err == nil && len(lp.Items) != 0 {
+		err = fmt.Errorf("%s runs %d pods already: the figures need it to run only the bench's", endpoint, len(lp.Items))
 	}
-	if _, err := is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
-		return fmt.Errorf("pull %s: %w", image, err)
-	}
-	logs, err := os.MkdirTemp("/var/tmp", "stagelet-bench-logs-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		// Whatever is left (all of it after a failure): stopped and
-		// removed.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-		defer cancel()
-		lp, lerr := rt.ListPodSandbox(cctx, &runtimeapi.ListPodSandboxRequest{})
-		err = errors.Join(err, lerr)
-		for _, p := range lp.GetItems() {
-			if _, cerr := rt.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); cerr != nil {
-				err = errors.Join(err, cerr)
-			} else if _, cerr := rt.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); cerr != nil {
-				err = errors.Join(err, cerr)
-			}
+	if err == nil {
+		if _, err = x.is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
+			err = fmt.Errorf("pull %s: %w", image, err)
 		}
-		err = errors.Join(err, os.RemoveAll(logs))
-	}()
-	if levels == nil {
-		return externalCalls(ctx, rt, v, endpoint, logs, image, n, podNet)
 	}
-	return externalScale(ctx, rt, v, endpoint, logs, image, levels, calls)
+	if err == nil {
+		x.logs, err = os.MkdirTemp("/var/tmp", "stagelet-bench-logs-")
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return x, nil
 }
 
-// externalScale is runExternal's list calls at each level.
-func externalScale(ctx context.Context, rt runtimeapi.RuntimeServiceClient, v *runtimeapi.VersionResponse, endpoint, logs, image string, levels []int, calls int) error {
-	var started int
-	var rows []scaleRow
-	for _, level := range levels {
-		for ; started < level; started++ {
-			if _, err := startPodOn(ctx, rt, logs, image, "", false, fmt.Sprintf("scale-%d", started)); err != nil {
-				return fmt.Errorf("pod %d: %w", started, err)
-			}
+// startPods starts host-network pods until level run.
+func (x *external) startPods(ctx context.Context, level int) error {
+	for ; x.started < level; x.started++ {
+		if _, err := startPodOn(ctx, x.rt, x.logs, x.image, "", false, fmt.Sprintf("scale-%d", x.started)); err != nil {
+			return fmt.Errorf("%s: pod %d: %w", x.endpoint, x.started, err)
 		}
-		row, err := timeLists(ctx, rt, level, calls)
-		if err != nil {
+	}
+	return nil
+}
+
+// close stops and removes every pod the runtime runs (the bench's: all of
+// them after a failure too) and the logs, and disconnects.
+func (x *external) close(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	lp, err := x.rt.ListPodSandbox(cctx, &runtimeapi.ListPodSandboxRequest{})
+	for _, p := range lp.GetItems() {
+		if _, cerr := x.rt.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); cerr != nil {
+			err = errors.Join(err, cerr)
+		} else if _, cerr := x.rt.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}
+	return errors.Join(err, os.RemoveAll(x.logs), x.conn.Close())
+}
+
+// runExternal times another CRI runtime at endpoint alone, on pods of
+// image: with levels, the status-path calls the way measureScale times
+// stagelet's, on host-network pods (externalScale); otherwise the calls
+// measure times, n runs each (externalCalls). Every pod it started is
+// removed at the end.
+func runExternal(ctx context.Context, endpoint, image string, levels []int, calls, n int, podNet bool) (err error) {
+	x, err := openExternal(ctx, endpoint, image)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, x.close(ctx)) }()
+	if levels == nil {
+		return externalCalls(ctx, x.rt, x.v, endpoint, x.logs, image, n, podNet)
+	}
+	return externalScale(ctx, x, levels, calls)
+}
+
+// externalScale is runExternal's status-path calls at each level.
+func externalScale(ctx context.Context, x *external, levels []int, calls int) error {
+	var rows []*scaleRow
+	for _, level := range levels {
+		if err := x.startPods(ctx, level); err != nil {
+			return err
+		}
+		row := newScaleRow(level)
+		if err := timeRounds(ctx, []*target{{rt: x.rt, is: x.is, other: true, row: row}}, level, calls); err != nil {
 			return err
 		}
 		rows = append(rows, row)
 	}
-	fmt.Printf("stagelet-bench: %s %s at %s, host-network pods, list calls at the gRPC level, %d calls each\n\n", v.RuntimeName, v.RuntimeVersion, endpoint, calls)
+	fmt.Printf("stagelet-bench: %s %s at %s, host-network pods, status-path calls at the gRPC level, %d rounds\n\n", x.v.RuntimeName, x.v.RuntimeVersion, x.endpoint, calls)
 	const line = "%-72s %10s %10s\n"
 	fmt.Printf(line, "measure", "median", "p90")
 	for _, r := range rows {
-		fmt.Printf(line, fmt.Sprintf("ListContainers, %d pods running", r.pods), us(median(r.listContainers)), us(percentile(r.listContainers, 90)))
-		fmt.Printf(line, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), us(median(r.listPods)), us(percentile(r.listPods, 90)))
+		reportCallsAt(os.Stdout, line, *r)
 	}
 	return nil
 }
@@ -325,14 +474,64 @@ func waitEvent(evs <-chan arrival, typ runtimeapi.ContainerEventType, id string,
 	}
 }
 
-func reportScale(w io.Writer, what string, calls int, rows []scaleRow, lat []time.Duration) {
-	fmt.Fprintf(w, "stagelet-bench: stage1 %s, list calls at the gRPC level, %d calls each\n\n", what, calls)
-	const row = "%-72s %10s %10s\n"
-	fmt.Fprintf(w, row, "measure", "median", "p90")
-	for _, r := range rows {
-		fmt.Fprintf(w, row, fmt.Sprintf("ListContainers, %d pods running", r.pods), us(median(r.listContainers)), us(percentile(r.listContainers, 90)))
-		fmt.Fprintf(w, row, fmt.Sprintf("ListPodSandbox, %d pods running", r.pods), us(median(r.listPods)), us(percentile(r.listPods, 90)))
-		fmt.Fprintf(w, row, fmt.Sprintf("kill -9 and restart to all %d pods ready (%d restarts)", r.pods, len(r.restart)), ms(median(r.restart)), ms(percentile(r.restart, 90)))
+func reportScale(w io.Writer, what string, calls int, rows []scaleRow, lat []time.Duration, other *external) {
+	fmt.Fprintf(w, "stagelet-bench: stage1 %s, status-path calls at the gRPC level, %d rounds\n", what, calls)
+	if other == nil {
+		fmt.Fprintln(w)
+		const row = "%-72s %10s %10s\n"
+		fmt.Fprintf(w, row, "measure", "median", "p90")
+		for _, r := range rows {
+			reportCallsAt(w, row, r)
+			fmt.Fprintf(w, row, fmt.Sprintf("kill -9 and restart to all %d pods ready (%d restarts)", r.pods, len(r.restart)), ms(median(r.restart)), ms(percentile(r.restart, 90)))
+		}
+		fmt.Fprintf(w, row, fmt.Sprintf("container exit to its GetContainerEvents event (%d exits)", len(lat)), ms(median(lat)), ms(percentile(lat, 90)))
+		return
 	}
-	fmt.Fprintf(w, row, fmt.Sprintf("container exit to its GetContainerEvents event (%d exits)", len(lat)), ms(median(lat)), ms(percentile(lat, 90)))
+	fmt.Fprintf(w, "beside %s %s at %s (host-network pods of %s), each call made on both in turn\n\n", other.v.RuntimeName, other.v.RuntimeVersion, other.endpoint, other.image)
+	const row = "%-52s %10s %10s %10s %10s %7s\n"
+	fmt.Fprintf(w, row, "measure (reply bytes: stagelet/other)", "stagelet", "p90", "other", "p90", "ratio")
+	for _, r := range rows {
+		for _, c := range statusCalls {
+			d, o := r.calls[c.name], r.other.calls[c.name]
+			name := fmt.Sprintf("%s, %d pods (%d/%d)", c.name, r.pods, r.size[c.name], r.other.size[c.name])
+			if err := r.other.refused[c.name]; err != nil {
+				fmt.Fprintf(w, row, name, us(median(d)), us(percentile(d, 90)), "failed", "", "")
+				fmt.Fprintf(w, "    (the other runtime: %v)\n", err)
+				continue
+			}
+			fmt.Fprintf(w, row, name, us(median(d)), us(percentile(d, 90)), us(median(o)), us(percentile(o, 90)),
+				fmt.Sprintf("%.2f", float64(median(d))/float64(median(o))))
+		}
+		fmt.Fprintf(w, row, fmt.Sprintf("kill -9 and restart, %d pods ready (%d)", r.pods, len(r.restart)), ms(median(r.restart)), ms(percentile(r.restart, 90)), "", "", "")
+	}
+	fmt.Fprintf(w, row, fmt.Sprintf("container exit to its event (%d exits)", len(lat)), ms(median(lat)), ms(percentile(lat, 90)), "", "", "")
+}
+
+// reportCallsAt prints r's status-path calls, one line each in line's
+// format.
+func reportCallsAt(w io.Writer, line string, r scaleRow) {
+	for _, c := range statusCalls {
+		if err := r.refused[c.name]; err != nil {
+			fmt.Fprintf(w, "%s, %d pods running: failed: %v\n", c.name, r.pods, err)
+			continue
+		}
+		d := r.calls[c.name]
+		fmt.Fprintf(w, line, fmt.Sprintf("%s, %d pods running (%d-byte reply)", c.name, r.pods, r.size[c.name]), us(median(d)), us(percentile(d, 90)))
+	}
+}
+
+// pickCalls keeps the calls only names (comma-separated); all for "".
+func pickCalls(calls []statusCall, only string) ([]statusCall, error) {
+	if only == "" {
+		return calls, nil
+	}
+	var out []statusCall
+	for _, name := range strings.Split(only, ",") {
+		i := slices.IndexFunc(calls, func(c statusCall) bool { return c.name == strings.TrimSpace(name) })
+		if i < 0 {
+			return nil, fmt.Errorf("-only: no status-path call %q", name)
+		}
+		out = append(out, calls[i])
+	}
+	return out, nil
 }
