@@ -1308,8 +1308,27 @@ func TestUserNamespace(t *testing.T) {
 	}
 	ctr := ctrCfg("c")
 	ctr.Security.UserNS = &stage1.IDMapping{HostID: m.HostID, Size: m.Size}
-	if _, err := b.CreateContainer(ctx, id, ctr); err != nil {
+	cid, err := b.CreateContainer(ctx, id, ctr)
+	if err != nil {
 		t.Errorf("a container sharing its pod's user namespace: %v", err)
+	}
+	// No masked and no read-only paths there: the kubelet's procMount
+	// Unmasked; with them, or in the host's user namespace, not.
+	masked := ctrCfg("masked")
+	masked.Security.UserNS, masked.Security.MaskedPaths = ctr.Security.UserNS, []string{"/proc/kcore"}
+	mid, err := b.CreateContainer(ctx, id, masked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hid, _ := b.RunPod(ctx, podCfg("host-users"))
+	plain, err := b.CreateContainer(ctx, hid, ctrCfg("plain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{cid: true, mid: false, plain: false} {
+		if rec, _ := b.ContainerStatus(ctx, id); rec == nil || rec.App.Unmasked != want {
+			t.Errorf("container %s: unmasked %v, want %v", id, rec != nil && rec.App.Unmasked, want)
+		}
 	}
 	for name, ns := range map[string]*stage1.IDMapping{"the host's": nil, "another": {HostID: 2 << 20, Size: 65536}} {
 		ctr := ctrCfg("other-" + strings.Fields(name)[0])

@@ -162,8 +162,9 @@ type Security struct {
 	AppArmor SecurityProfile `json:"apparmor,omitzero"`
 	SELinux  *SELinuxOptions `json:"selinux,omitempty"`
 	// MaskedPaths and ReadonlyPaths are what the kubelet asks to hide and
-	// to make read-only; nil means the runtime's defaults. Privileged
-	// containers get neither.
+	// to make read-only; nil means the runtime's defaults, except in a
+	// pod with its own user namespace, where both nil mean none (the
+	// kubelet's procMount Unmasked). Privileged containers get neither.
 	MaskedPaths   []string `json:"maskedPaths,omitempty"`
 	ReadonlyPaths []string `json:"readonlyPaths,omitempty"`
 }

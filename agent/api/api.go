@@ -343,6 +343,9 @@ type AppSpec struct {
 	// Privileged apps get neither.
 	MaskedPaths   []string `json:"maskedPaths,omitempty"`
 	ReadonlyPaths []string `json:"readonlyPaths,omitempty"`
+	// Unmasked: neither, nor the defaults (the kubelet's procMount
+	// Unmasked).
+	Unmasked bool `json:"unmasked,omitempty"`
 
 	// LogPath is where the app's stdout/stderr go in CRI log format;
 	// empty means discard.

@@ -838,6 +838,9 @@ var (
 // does not have is skipped. A path that exists but cannot be masked is an
 // error: the app would see what it was promised not to.
 func maskPaths(app *api.AppSpec, rootfs string) error {
+	if app.Unmasked {
+		return nil
+	}
 	masked, readonly := app.MaskedPaths, app.ReadonlyPaths
 	if masked == nil {
 		masked = DefaultMaskedPaths

@@ -60,6 +60,22 @@ func TestUserNamespacePod(t *testing.T) {
 	if got := strings.TrimSpace(e.execOK(id, "id", "-u")); got != "0" {
 		t.Errorf("id -u inside = %s, want 0", got)
 	}
+	// The container names no masked and no read-only paths, as the
+	// kubelet sends procMount Unmasked: /proc/sys is not made read-only.
+	// One that names them, as the kubelet sends procMount Default, gets
+	// them.
+	const procSys = "grep ' /proc/sys ' /proc/self/mountinfo || echo UNMASKED"
+	if out := e.execOK(id, "sh", "-c", procSys); !strings.Contains(out, "UNMASKED") {
+		t.Errorf("procMount Unmasked: /proc/sys is read-only:\n%s", out)
+	}
+	masked := e.netContainer(nspawnStage1, "masked", "sleep", "3600")
+	masked.Linux.SecurityContext.NamespaceOptions.UsernsOptions = userns
+	masked.Linux.SecurityContext.MaskedPaths = []string{"/proc/kcore"}
+	masked.Linux.SecurityContext.ReadonlyPaths = []string{"/proc/sys"}
+	mid := e.createAndStart(podID, cfg, masked)
+	if out := e.execOK(mid, "sh", "-c", procSys); strings.Contains(out, "UNMASKED") || !strings.Contains(out, " ro,") {
+		t.Errorf("procMount Default: /proc/sys is not read-only:\n%s", out)
+	}
 	// The pod's root owns its root filesystem (idmapped): it writes there.
 	e.execOK(id, "sh", "-c", "echo x > /made-inside && test -O /made-inside")
 
