@@ -9,10 +9,6 @@ import (
 	"github.com/stagelet/stagelet/seccomp"
 )
 
-// DefaultAppArmorProfile is the profile RuntimeDefault means where AppArmor
-// is enabled; the daemon loads it at start (lsm.DefaultAppArmorProfile).
-const DefaultAppArmorProfile = lsm.DefaultAppArmorName
-
 // Where the broker learns about AppArmor on the node; variables for tests.
 var (
 	appArmorEnabled = lsm.AppArmorEnabled
@@ -126,9 +122,9 @@ func appArmorFor(sec *Security, guest bool) (string, error) {
 		if guest || !appArmorEnabled() || sec.Privileged {
 			return "", nil
 		}
-		name, asked = DefaultAppArmorProfile, "the default"
+		name, asked = lsm.DefaultAppArmorName, "the default"
 	case ProfileRuntimeDefault:
-		name, asked = DefaultAppArmorProfile, "runtime/default"
+		name, asked = lsm.DefaultAppArmorName, "runtime/default"
 	case ProfileLocalhost:
 		name = strings.TrimPrefix(sec.AppArmor.LocalhostRef, "localhost/")
 		if name == "" {
@@ -145,7 +141,7 @@ func appArmorFor(sec *Security, guest bool) (string, error) {
 		return "", nil
 	}
 	if !appArmorLoaded(name) {
-		if name == DefaultAppArmorProfile {
+		if name == lsm.DefaultAppArmorName {
 			return "", errdefs.FailedPrecondition("AppArmor profile %s (%s) is not loaded on this node: the daemon loads it at start; stagelet doctor says why it could not", asked, name)
 		}
 		return "", errdefs.InvalidArgument("config.linux.security_context.apparmor: AppArmor profile %s is not loaded on this node", asked)

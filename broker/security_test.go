@@ -19,7 +19,7 @@ func TestResolveSecurity(t *testing.T) {
 	os.WriteFile(bad, []byte(`{"defaultAction": "SCMP_ACT_SOMETIMES"}`), 0o644)
 
 	defer func(e func() bool, l func(string) bool) { appArmorEnabled, appArmorLoaded = e, l }(appArmorEnabled, appArmorLoaded)
-	appArmorLoaded = func(name string) bool { return name == DefaultAppArmorProfile || name == "mine" }
+	appArmorLoaded = func(name string) bool { return name == lsm.DefaultAppArmorName || name == "mine" }
 
 	tests := []struct {
 		name     string
@@ -43,10 +43,10 @@ func TestResolveSecurity(t *testing.T) {
 		{name: "apparmor unconfined without apparmor", sec: Security{AppArmor: SecurityProfile{Type: ProfileUnconfined}}},
 		{name: "apparmor default without apparmor", sec: Security{AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, err: errdefs.ErrFailedPrecondition},
 		{name: "apparmor localhost without apparmor", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "mine"}}, err: errdefs.ErrFailedPrecondition},
-		{name: "apparmor default", sec: Security{AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, appArmor: true, app: DefaultAppArmorProfile},
+		{name: "apparmor default", sec: Security{AppArmor: SecurityProfile{Type: ProfileRuntimeDefault}}, appArmor: true, app: lsm.DefaultAppArmorName},
 		{name: "apparmor localhost", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "localhost/mine"}}, appArmor: true, app: "mine"},
 		{name: "apparmor not loaded", sec: Security{AppArmor: SecurityProfile{Type: ProfileLocalhost, LocalhostRef: "other"}}, appArmor: true, err: errdefs.ErrInvalidArgument},
-		{name: "apparmor unspecified", sec: Security{}, appArmor: true, app: DefaultAppArmorProfile},
+		{name: "apparmor unspecified", sec: Security{}, appArmor: true, app: lsm.DefaultAppArmorName},
 		{name: "apparmor unspecified privileged", sec: Security{Privileged: true}, appArmor: true},
 		{name: "apparmor unspecified disabled", sec: Security{}},
 		{name: "apparmor unspecified in a VM", sec: Security{}, appArmor: true, guest: true},
