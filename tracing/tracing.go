@@ -68,6 +68,38 @@ var importer atomic.Pointer[func([]Finished)]
 // sets it).
 func SetImporter(f func([]Finished)) { importer.Store(&f) }
 
+// Align puts spans another process recorded during a call, sent at sent
+// and answered at received on this process's clock, on this clock: when
+// they do not all lie between the two (the clock of a VM restored from a
+// template, say, lags or leads the host's), they are all moved by one
+// offset that centres them between the two, as NTP assumes the way there
+// and back take alike. Spans that fit are left as they are: a process on
+// the same clock keeps its exact times. The spans are changed in place.
+func Align(spans []Finished, sent, received time.Time) []Finished {
+	if len(spans) == 0 {
+		return spans
+	}
+	first, last := spans[0].Start, spans[0].End
+	for _, s := range spans {
+		if s.Start.Before(first) {
+			first = s.Start
+		}
+		if s.End.After(last) {
+			last = s.End
+		}
+	}
+	if !first.Before(sent) && !last.After(received) {
+		return spans
+	}
+	// The middle of the spans onto the middle of the call.
+	shift := sent.Add(received.Sub(sent) / 2).Sub(first.Add(last.Sub(first) / 2))
+	for i := range spans {
+		spans[i].Start = spans[i].Start.Add(shift)
+		spans[i].End = spans[i].End.Add(shift)
+	}
+	return spans
+}
+
 // Import exports spans another process recorded; without an exporter it
 // drops them.
 func Import(spans []Finished) {

@@ -60,13 +60,15 @@ func (c *Client) Call(ctx context.Context, req *api.Request) (_ *api.Response, e
 		defer func() { tracing.End(span, err) }()
 		req.TraceParent = tracing.TraceParent(ctx)
 	}
+	sent := time.Now()
 	conn, resp, _, err := c.roundTrip(ctx, req)
 	if conn != nil {
 		conn.Close()
 	}
-	if resp != nil {
-		// The agent's own spans of the call, beneath this one.
-		tracing.Import(resp.Spans)
+	if resp != nil && len(resp.Spans) > 0 {
+		// The agent's own spans of the call, beneath this one, on this
+		// clock: a VM's may be off.
+		tracing.Import(tracing.Align(resp.Spans, sent, time.Now()))
 	}
 	return resp, err
 }

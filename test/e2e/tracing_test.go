@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +173,8 @@ func TestTracing(t *testing.T) {
 				return len(ctrTree.named("agent.create")) == 1 && len(ctrTree.named("app.launch")) == 1, ctrTree.String()
 			})
 			t.Logf("CreateContainer's and StartContainer's trace:\n%s", ctrTree)
+			drawTrace(t, s.handler+"-RunPodSandbox.svg", tree.spans)
+			drawTrace(t, s.handler+"-CreateContainer-StartContainer.svg", ctrTree.spans)
 			// The agent's own spans (in the pod, in the VM for kvm), sent
 			// back with its answers and exported by the daemon, beneath
 			// the daemon's span of each agent call.
@@ -191,6 +195,19 @@ func TestTracing(t *testing.T) {
 			if !strings.Contains(e.d.LogTail(400), "trace_id="+ctrTrace) {
 				t.Errorf("no log line of the traced CreateContainer carries trace_id=%s", ctrTrace)
 			}
+			// The agent's spans lie within the daemon's span of the call,
+			// on the daemon's clock (a VM's clock may be off).
+			for _, tr := range []spanTree{tree, ctrTree} {
+				for _, sp := range tr.spans {
+					if sp.Service != "stagelet-agent" {
+						continue
+					}
+					p, ok := tr.byID(sp.ParentID)
+					if ok && p.Service == "stagelet" && (sp.Start.Before(p.Start) || sp.End.After(p.End)) {
+						t.Errorf("%s (%v to %v) is not within %s (%v to %v)", sp.Name, sp.Start, sp.End, p.Name, p.Start, p.End)
+					}
+				}
+			}
 			// The batch that brought these spans would have brought the
 			// untraced RemoveContainer's and the ListPodSandbox's, sent
 			// earlier.
@@ -203,5 +220,23 @@ func TestTracing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// drawTrace writes spans as a waterfall picture (otlpsink.WriteSVG) named
+// name into the directory $STAGELET_TRACE_SVG, when it is set: the
+// pictures of the README come from there.
+func drawTrace(t *testing.T, name string, spans []otlpsink.Span) {
+	dir := os.Getenv("STAGELET_TRACE_SVG")
+	if dir == "" {
+		return
+	}
+	var b bytes.Buffer
+	if err := otlpsink.WriteSVG(&b, spans); err != nil {
+		t.Error(err)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), b.Bytes(), 0o644); err != nil {
+		t.Error(err)
 	}
 }

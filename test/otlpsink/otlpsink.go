@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -27,6 +28,8 @@ type Span struct {
 	// Error: the span's status is Error; Message is its description.
 	Error   bool
 	Message string
+	// Start and End are when the span began and ended.
+	Start, End time.Time
 }
 
 // Sink receives spans on Addr until the test ends.
@@ -85,6 +88,7 @@ func convert(sp *tracepb.Span, service string) Span {
 		Name: sp.GetName(), TraceID: hex.EncodeToString(sp.GetTraceId()), SpanID: hex.EncodeToString(sp.GetSpanId()),
 		ParentID: hex.EncodeToString(sp.GetParentSpanId()), Service: service, Attrs: map[string]string{},
 		Error: sp.GetStatus().GetCode() == tracepb.Status_STATUS_CODE_ERROR, Message: sp.GetStatus().GetMessage(),
+		Start: time.Unix(0, int64(sp.GetStartTimeUnixNano())), End: time.Unix(0, int64(sp.GetEndTimeUnixNano())),
 	}
 	for _, kv := range sp.GetAttributes() {
 		switch v := kv.GetValue().GetValue().(type) {
