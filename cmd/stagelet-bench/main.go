@@ -76,10 +76,14 @@ func main() {
 	scale := flag.String("scale", "", "instead: start pods up to each of these counts (e.g. 10,50,100), time -calls rounds of the status-path calls (List*, *Status, the list stats; -only picks some) and 3 kill -9 restarts at each, then -n container exits to their GetContainerEvents event")
 	calls := flag.Int("calls", 200, "rounds of status-path calls timed at each -scale level")
 	noTemplate := flag.Bool("notemplate", false, "kvm: pods' VMs boot their kernel instead of being restored from a template")
-	endpoint := flag.String("endpoint", "", "time another CRI runtime listening on this unix socket (containerd's, say) instead, on pods of -image run with its default handler: the same calls as stagelet's (-podnet: its pods in their own network, through its own CNI config), or with -scale the list calls on host-network pods (no restarts, no events)")
+	endpoint := flag.String("endpoint", "", "time another CRI runtime listening on this unix socket (containerd's, say) instead, on pods of -image run with its default handler: the same calls as stagelet's (-podnet: its pods in their own network, through its own CNI config), or with -scale the status-path calls on host-network pods (no restarts, no events)")
 	img := flag.String("image", "", "with -endpoint: the image of the pods' containers (one the runtime can pull; it needs sleep and echo)")
 	only := flag.String("only", "", "with -scale: time only these status-path calls (comma-separated names, e.g. ListContainers,Status)")
 	flag.Parse()
+	if *only != "" && *scale == "" {
+		fmt.Fprintln(os.Stderr, "stagelet-bench: -only is for -scale")
+		os.Exit(2)
+	}
 	var levels []int
 	if *scale != "" {
 		var err error
