@@ -40,11 +40,7 @@ func resolveSecurity(sec *Security, caps []string, pod lsm.Labels, guest bool) (
 		return nil, err
 	}
 	if !sec.Privileged {
-		var o *lsm.SELinuxOptions
-		if s := sec.SELinux; s != nil {
-			o = &lsm.SELinuxOptions{User: s.User, Role: s.Role, Type: s.Type, Level: s.Level}
-		}
-		l, err := lsm.ContainerSELinuxLabels(pod, o)
+		l, err := lsm.ContainerSELinuxLabels(pod, sec.SELinux.lsmOptions())
 		if err != nil {
 			return nil, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
 		}
@@ -56,6 +52,14 @@ func resolveSecurity(sec *Security, caps []string, pod lsm.Labels, guest bool) (
 	return out, nil
 }
 
+// lsmOptions is o as internal/lsm takes it; nil for nil.
+func (o *SELinuxOptions) lsmOptions() *lsm.SELinuxOptions {
+	if o == nil {
+		return nil
+	}
+	return &lsm.SELinuxOptions{User: o.User, Role: o.Role, Type: o.Type, Level: o.Level}
+}
+
 // podSELinux computes a pod's SELinux labels, reserving their MCS level
 // (lsm.PodSELinuxLabels): none for a privileged pod, whose containers run
 // as the agent does unless they ask for a context. InvalidArgument for
@@ -64,11 +68,7 @@ func podSELinux(cfg *PodConfig) (lsm.Labels, error) {
 	if cfg.Privileged {
 		return lsm.Labels{}, nil
 	}
-	var o *lsm.SELinuxOptions
-	if s := cfg.SELinux; s != nil {
-		o = &lsm.SELinuxOptions{User: s.User, Role: s.Role, Type: s.Type, Level: s.Level}
-	}
-	l, err := lsm.PodSELinuxLabels(o)
+	l, err := lsm.PodSELinuxLabels(cfg.SELinux.lsmOptions())
 	if err != nil {
 		return lsm.Labels{}, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
 	}

@@ -188,10 +188,17 @@ func securityFrom(sc *runtimeapi.LinuxContainerSecurityContext, sec *broker.Secu
 	}
 	sec.MaskedPaths = sc.GetMaskedPaths()
 	sec.ReadonlyPaths = sc.GetReadonlyPaths()
-	if o := sc.GetSelinuxOptions(); o != nil {
-		sec.SELinux = &broker.SELinuxOptions{User: o.GetUser(), Role: o.GetRole(), Type: o.GetType(), Level: o.GetLevel()}
-	}
+	sec.SELinux = seLinuxOptions(sc.GetSelinuxOptions())
 	return nil
+}
+
+// seLinuxOptions are a container's or a pod's SELinux options as the
+// broker takes them; nil for none.
+func seLinuxOptions(o *runtimeapi.SELinuxOption) *broker.SELinuxOptions {
+	if o == nil {
+		return nil
+	}
+	return &broker.SELinuxOptions{User: o.GetUser(), Role: o.GetRole(), Type: o.GetType(), Level: o.GetLevel()}
 }
 
 // securityProfile reads a seccomp or AppArmor choice: the SecurityProfile

@@ -64,9 +64,7 @@ func podConfigFrom(r *runtimeapi.RunPodSandboxRequest) (*broker.PodConfig, error
 		}
 		if sc := l.GetSecurityContext(); sc != nil {
 			pc.Privileged = sc.GetPrivileged()
-			if o := sc.GetSelinuxOptions(); o != nil {
-				pc.SELinux = &broker.SELinuxOptions{User: o.GetUser(), Role: o.GetRole(), Type: o.GetType(), Level: o.GetLevel()}
-			}
+			pc.SELinux = seLinuxOptions(sc.GetSelinuxOptions())
 			if ns := sc.GetNamespaceOptions(); ns != nil {
 				var err error
 				if pc.UserNS, err = userNS(ns, "config.linux.security_context.namespace_options"); err != nil {
