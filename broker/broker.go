@@ -43,7 +43,9 @@ type Images interface {
 	Remove(ctx context.Context, ref string) error
 	Usage() (bytes, inodes uint64, err error)
 	Root() string
-	MountRootfs(ctx context.Context, imageID, dir string, userns *image.UserNS) (string, error)
+	// MountRootfs mounts a container's root file system (image.Store's),
+	// every file of it with mountLabel where SELinux is enabled.
+	MountRootfs(ctx context.Context, imageID, dir string, userns *image.UserNS, mountLabel string) (string, error)
 	// MountImageVolume mounts an image read-only beneath dir (a
 	// container's directory, which UnmountRootfs takes away).
 	MountImageVolume(ref, dir, subPath string) (string, error)

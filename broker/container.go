@@ -15,6 +15,7 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/tracing"
@@ -285,8 +286,12 @@ func (b *Broker) mountRootfs(ctx context.Context, p *pod, img *image.Image, rec 
 		}
 	}
 	b.mu.Lock()
-	podNS := p.rec.Config.UserNS
+	podNS, podSELinux := p.rec.Config.UserNS, p.rec.SELinux
 	b.mu.Unlock()
+	sel, err := containerSELinux(&rec.Config.Security, podSELinux)
+	if err != nil {
+		return "", err
+	}
 	var userns *image.UserNS
 	if podNS != nil {
 		f, err := bindmount.UserNSFile(podNS.HostID, podNS.Size)
@@ -296,7 +301,7 @@ func (b *Broker) mountRootfs(ctx context.Context, p *pod, img *image.Image, rec 
 		defer f.Close()
 		userns = &image.UserNS{File: f, UID: int(podNS.HostID), GID: int(podNS.HostID)}
 	}
-	return b.opts.Images.MountRootfs(ctx, img.ID, rec.Dir, userns)
+	return b.opts.Images.MountRootfs(ctx, img.ID, rec.Dir, userns, sel.Mount)
 }
 
 // mountImageVolumes mounts the images of cfg's image volumes beneath the
@@ -411,6 +416,16 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 	app, err := buildAppSpec(rec.ID, &podCfg, podSELinux, cfg, img, rootfs, guest)
 	if err != nil {
 		return nil, nil, err
+	}
+	// Volumes that ask for it get the container's mount label, as in
+	// containerd and CRI-O: private to its pod's level. Others keep
+	// theirs, which the container reads only where the policy lets it.
+	for _, m := range cfg.Mounts {
+		if m.SelinuxRelabel {
+			if err := lsm.Relabel(m.HostPath, app.SELinuxMountLabel); err != nil {
+				return nil, nil, errdefs.InvalidArgument("config.mounts %s: %w", m.ContainerPath, err)
+			}
+		}
 	}
 	pci, err := b.appDevices(p, &rec.Config, app)
 	if err != nil {

@@ -81,7 +81,7 @@ func (f *fakeImages) Remove(_ context.Context, ref string) error {
 }
 func (f *fakeImages) Usage() (uint64, uint64, error) { return 1, 1, nil }
 func (f *fakeImages) Root() string                   { return "/fake" }
-func (f *fakeImages) MountRootfs(_ context.Context, id, dir string, userns *image.UserNS) (string, error) {
+func (f *fakeImages) MountRootfs(_ context.Context, id, dir string, userns *image.UserNS, _ string) (string, error) {
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
 		return "", err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/sysctl"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/tracing"
@@ -178,7 +179,9 @@ func (b *Broker) teardownNetwork(ctx context.Context, rec *PodRecord, remove boo
 
 // writePodFiles writes the files the pod's containers get: resolv.conf
 // from the CRI DNS config, and for pods with their own network hostname
-// and hosts. Paths are under the pod's run dir.
+// and hosts. Paths are under the pod's run dir. Where SELinux is
+// enabled they get the pod's mount label, which its containers read at
+// their level.
 func (b *Broker) writePodFiles(rec *PodRecord) error {
 	dir := filepath.Join(rec.RunDir, "etc")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -198,7 +201,7 @@ func (b *Broker) writePodFiles(rec *PodRecord) error {
 			return err
 		}
 	}
-	return nil
+	return lsm.Relabel(dir, rec.SELinux.Mount)
 }
 
 // podFileMounts are the bind mounts of the pod's files into a container,

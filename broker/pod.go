@@ -214,7 +214,7 @@ func (b *Broker) startInBackground(ctx context.Context, p *pod, be stage1.Backen
 		delete(b.podNames, key)
 		delete(b.pods, id)
 		b.mu.Unlock()
-		lsm.ReleaseSELinux(p.rec.SELinux.Process)
+		lsm.ReleaseSELinux(p.rec.SELinux)
 		b.log.WarnContext(ctx, "pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
 	} else {
 		b.log.InfoContext(ctx, "pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
@@ -246,22 +246,24 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		parent = c.CgroupParent
 	}
 	return &stage1.PodSpec{
-		ID:           rec.ID,
-		Name:         c.Metadata.Name,
-		Namespace:    c.Metadata.Namespace,
-		UID:          c.Metadata.UID,
-		Hostname:     c.Hostname,
-		RunDir:       rec.RunDir,
-		CgroupParent: parent,
-		HostNetwork:  c.HostNetwork,
-		HostPID:      c.HostPID,
-		HostIPC:      c.HostIPC,
-		Options:      rec.Options,
-		NetSysctls:   sysctlsOf(&c, sysctl.Net),
-		Resources:    podResourcesOf(&c),
-		UserNS:       c.UserNS,
-		AgentBinary:  b.opts.AgentBinary,
-		FailedLogDir: b.failedLogDir(),
+		ID:                  rec.ID,
+		Name:                c.Metadata.Name,
+		Namespace:           c.Metadata.Namespace,
+		UID:                 c.Metadata.UID,
+		Hostname:            c.Hostname,
+		RunDir:              rec.RunDir,
+		CgroupParent:        parent,
+		HostNetwork:         c.HostNetwork,
+		HostPID:             c.HostPID,
+		HostIPC:             c.HostIPC,
+		Options:             rec.Options,
+		NetSysctls:          sysctlsOf(&c, sysctl.Net),
+		Resources:           podResourcesOf(&c),
+		UserNS:              c.UserNS,
+		AgentBinary:         b.opts.AgentBinary,
+		FailedLogDir:        b.failedLogDir(),
+		SELinuxProcessLabel: rec.SELinux.Process,
+		SELinuxMountLabel:   rec.SELinux.Mount,
 	}
 }
 
@@ -620,7 +622,7 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 	}
 	b.publishLocked(EventDeleted, p, nil)
 	b.mu.Unlock()
-	lsm.ReleaseSELinux(rec.SELinux.Process)
+	lsm.ReleaseSELinux(rec.SELinux)
 	b.log.InfoContext(ctx, "pod removed", "pod", rec.ID)
 	return nil
 }

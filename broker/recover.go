@@ -177,7 +177,7 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 	p := &pod{rec: rec, created: make(chan struct{})}
 	close(p.created)
 	// The pod holds its MCS level until it is removed: no new pod gets it.
-	lsm.ReserveSELinux(rec.SELinux.Process)
+	lsm.ReserveSELinux(rec.SELinux)
 	result := "stopped"
 	if rec.State == PodReady {
 		result = b.reattach(ctx, log, rec, p)
@@ -318,7 +318,7 @@ func (b *Broker) recoverContainers(ctx context.Context, log *slog.Logger, p *pod
 		if cr.App != nil && p.rec.SELinux.Process == "" {
 			// Recorded before pods held the level: each such container
 			// holds its own until the daemon restarts.
-			lsm.ReserveSELinux(cr.App.SELinuxProcessLabel)
+			lsm.ReserveSELinux(lsm.Labels{Process: cr.App.SELinuxProcessLabel, Mount: cr.App.SELinuxMountLabel})
 		}
 		b.mu.Lock()
 		b.ctrs[cr.ID] = c

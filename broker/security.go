@@ -29,8 +29,8 @@ type security struct {
 // requests. caps is the container's capability set (the default seccomp
 // profile allows what they guard). InvalidArgument for a bad request,
 // FailedPrecondition for one this node cannot honour. Privileged
-// containers get no seccomp filter, no SELinux label and no default
-// AppArmor profile, as in containerd. pod are the pod's SELinux labels,
+// containers get no seccomp filter, the privileged SELinux type and no
+// default AppArmor profile, as in containerd and CRI-O. pod are the pod's SELinux labels,
 // which the container's start from. guest: the container runs under a
 // kernel of its own (a VM), whose modules are not the node's.
 func resolveSecurity(sec *Security, caps []string, pod lsm.Labels, guest bool) (*security, error) {
@@ -39,17 +39,37 @@ func resolveSecurity(sec *Security, caps []string, pod lsm.Labels, guest bool) (
 	if out.seccomp, out.seccompProfile, err = seccompFor(sec, caps); err != nil {
 		return nil, err
 	}
-	if !sec.Privileged {
-		l, err := lsm.ContainerSELinuxLabels(pod, sec.SELinux.lsmOptions())
-		if err != nil {
-			return nil, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
-		}
-		out.seLinuxProcess, out.seLinuxMount = l.Process, l.Mount
+	l, err := containerSELinux(sec, pod)
+	if err != nil {
+		return nil, err
 	}
+	out.seLinuxProcess, out.seLinuxMount = l.Process, l.Mount
 	if out.appArmor, err = appArmorFor(sec, guest); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// containerSELinux computes a container's SELinux labels from its pod's:
+// a privileged container gets the policy's privileged type and no mount
+// label (lsm.PrivilegedSELinuxLabels). InvalidArgument for options that
+// are no part of a context, or that the node's policy refuses.
+func containerSELinux(sec *Security, pod lsm.Labels) (lsm.Labels, error) {
+	if sec.Privileged {
+		// Options a privileged container gives are not applied, but
+		// bad ones are still refused, as in CRI-O and containerd.
+		if sec.SELinux != nil {
+			if _, err := lsm.ContainerSELinuxLabels(lsm.Labels{}, sec.SELinux.lsmOptions()); err != nil {
+				return lsm.Labels{}, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
+			}
+		}
+		return lsm.PrivilegedSELinuxLabels(), nil
+	}
+	l, err := lsm.ContainerSELinuxLabels(pod, sec.SELinux.lsmOptions())
+	if err != nil {
+		return lsm.Labels{}, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
+	}
+	return l, nil
 }
 
 // lsmOptions is o as internal/lsm takes it; nil for nil.
@@ -61,16 +81,27 @@ func (o *SELinuxOptions) lsmOptions() *lsm.SELinuxOptions {
 }
 
 // podSELinux computes a pod's SELinux labels, reserving their MCS level
-// (lsm.PodSELinuxLabels): none for a privileged pod, whose containers run
-// as the agent does unless they ask for a context. InvalidArgument for
-// options that are no part of a context.
+// (lsm.PodSELinuxLabels). A privileged pod, and one in the node's PID or
+// IPC namespace, is not separated, as in CRI-O: its containers run as the
+// privileged type (lsm.PrivilegedSELinuxLabels) unless they ask for a
+// context, while its mounts keep the pod's level; a process that shares
+// the node's PIDs is meant to see the node's processes. InvalidArgument
+// for options that are no part of a context.
 func podSELinux(cfg *PodConfig) (lsm.Labels, error) {
-	if cfg.Privileged {
-		return lsm.Labels{}, nil
-	}
 	l, err := lsm.PodSELinuxLabels(cfg.SELinux.lsmOptions())
 	if err != nil {
 		return lsm.Labels{}, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
+	}
+	if cfg.Privileged || cfg.HostPID || cfg.HostIPC {
+		// Its file systems keep the level (a level of its own, held as
+		// any pod's), its processes do not. Without SELinux, or without
+		// the type, it has no labels.
+		p := lsm.PrivilegedSELinuxLabels().Process
+		if p == "" {
+			lsm.ReleaseSELinux(l)
+			return lsm.Labels{}, nil
+		}
+		l.Process = p
 	}
 	return l, nil
 }

@@ -34,7 +34,7 @@ func TestExportImportLayer(t *testing.T) {
 	}
 	mount := func(dir string) string {
 		t.Cleanup(func() { _ = s.UnmountRootfs(context.Background(), dir) })
-		rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
+		rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil, "")
 		if err != nil {
 			t.Fatal(err)
 		}

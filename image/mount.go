@@ -17,6 +17,7 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/bindmount"
+	"github.com/stagelet/stagelet/internal/lsm"
 )
 
 // maxMountData is the kernel's limit on mount(2) option data (one page).
@@ -26,7 +27,9 @@ const maxMountData = 4096 - 1
 // imageID (any form Get accepts): overlayfs with the image's layers as lower
 // directories (top first), dir/upper and dir/work, mounted at dir/rootfs,
 // which it returns. Idempotent: if dir/rootfs is already mounted it is
-// returned as is. Needs root.
+// returned as is. Needs root. Where SELinux is enabled and mountLabel is
+// set, every file of the overlay has that label (context=), as a
+// container at its level needs, whatever the layers' own labels.
 //
 // The overlay is volatile where the kernel has it (5.10 and later): it
 // never syncs its writable layer, so unmounting it does not write back
@@ -39,7 +42,7 @@ const maxMountData = 4096 - 1
 // Errors: ErrNotFound for an unknown image; ErrFailedPrecondition when a
 // layer is missing on disk or the layer list is too long for one mount;
 // ErrPermissionDenied without the privilege to mount.
-func (s *Store) MountRootfs(ctx context.Context, imageID, dir string, userns *UserNS) (rootfs string, err error) {
+func (s *Store) MountRootfs(ctx context.Context, imageID, dir string, userns *UserNS, mountLabel string) (rootfs string, err error) {
 	img, err := s.Get(imageID)
 	if err != nil {
 		return "", err
@@ -100,7 +103,7 @@ func (s *Store) MountRootfs(ctx context.Context, imageID, dir string, userns *Us
 			return "", fmt.Errorf("mount rootfs: %w", err)
 		}
 	}
-	data := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work
+	data := lsm.MountData("lowerdir="+strings.Join(lowers, ":")+",upperdir="+upper+",workdir="+work, mountLabel)
 	if len(data) > maxMountData {
 		return "", errdefs.FailedPrecondition("image %s: %d layers are too many for one overlay mount (%d bytes of options)", img.ID, len(img.Layers), len(data))
 	}

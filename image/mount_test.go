@@ -35,7 +35,7 @@ func TestMountRootfs(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "ctr1")
 	t.Cleanup(func() { _ = s.UnmountRootfs(context.Background(), dir) })
-	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
+	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestMountRootfs(t *testing.T) {
 		t.Errorf("delete reached the layer: %v", err)
 	}
 	// Idempotent: no second mount.
-	again, err := s.MountRootfs(t.Context(), img.ID, dir, nil)
+	again, err := s.MountRootfs(t.Context(), img.ID, dir, nil, "")
 	if err != nil || again != rootfs {
 		t.Fatalf("second mount: %s, %v", again, err)
 	}
@@ -99,7 +99,7 @@ func TestMountRootfs(t *testing.T) {
 	if err := s.UnmountRootfs(context.Background(), dir); err != nil {
 		t.Errorf("second UnmountRootfs: %v", err)
 	}
-	if _, err := s.MountRootfs(t.Context(), img.ID, dir, nil); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.MountRootfs(t.Context(), img.ID, dir, nil, ""); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("mount of a removed image: %v", err)
 	}
 }
@@ -123,7 +123,7 @@ func BenchmarkMountRootfs(b *testing.B) {
 	base := b.TempDir()
 	for b.Loop() {
 		dir := filepath.Join(base, "c")
-		if _, err := s.MountRootfs(b.Context(), img.ID, dir, nil); err != nil {
+		if _, err := s.MountRootfs(b.Context(), img.ID, dir, nil, ""); err != nil {
 			b.Fatal(err)
 		}
 		if err := s.UnmountRootfs(context.Background(), dir); err != nil {
@@ -223,7 +223,7 @@ func TestMountRootfsIDMapped(t *testing.T) {
 	defer ns.Close()
 	dir := filepath.Join(t.TempDir(), "ctr")
 	t.Cleanup(func() { _ = s.UnmountRootfs(context.Background(), dir) })
-	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, &UserNS{File: ns, UID: base, GID: base})
+	rootfs, err := s.MountRootfs(t.Context(), img.ID, dir, &UserNS{File: ns, UID: base, GID: base}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

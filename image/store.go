@@ -77,6 +77,7 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/diskusage"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/trust"
 )
 
@@ -209,9 +210,15 @@ func NewStore(root string, cfg Config, log *slog.Logger) (*Store, error) {
 			return nil, fmt.Errorf("image store: %w", err)
 		}
 	}
-	// Lower directories must be traversable by container users.
+	// Lower directories must be traversable by container users, and
+	// readable by containers under SELinux.
 	for _, d := range []string{s.root, s.layersDir(), s.emptyDir()} {
 		if err := os.Chmod(d, 0o755); err != nil {
+			return nil, fmt.Errorf("image store: %w", err)
+		}
+	}
+	for _, d := range []string{s.layersDir(), s.emptyDir()} {
+		if err := lsm.LabelReadOnly(d); err != nil {
 			return nil, fmt.Errorf("image store: %w", err)
 		}
 	}

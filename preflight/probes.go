@@ -240,7 +240,15 @@ func LSM() Prober {
 		default:
 			parts = append(parts, "AppArmor not enabled")
 		}
-		parts = append(parts, "SELinux "+lsm.SELinuxMode())
+		switch typ := lsm.SELinuxContainerType(); {
+		case !lsm.SELinuxEnabled():
+			parts = append(parts, "SELinux disabled")
+		case typ != "":
+			parts = append(parts, "SELinux "+lsm.SELinuxMode()+", containers run as "+typ+" at a level of their pod's")
+		default:
+			c.Status = Warn
+			parts = append(parts, "SELinux "+lsm.SELinuxMode()+", but the policy has no container contexts (lxc_contexts): containers run unlabelled, as the runtime does; contrib/selinux has a policy module and the contexts for Debian's policy")
+		}
 		if c.Status == Info && (lsm.AppArmorEnabled() || lsm.SELinuxEnabled()) {
 			c.Status = OK
 		}

@@ -77,6 +77,12 @@ type PodSpec struct {
 	CgroupMemoryLimit *uint64
 	// AgentBinary is the stagelet binary to run as the pod's agent.
 	AgentBinary string
+	// SELinuxProcessLabel and SELinuxMountLabel are the pod's SELinux
+	// labels (both set where SELinux gives the pod a level): a backend
+	// whose agent runs under the node's kernel as the pod's PID 1 runs it
+	// at the pod's level, where its containers may see it, and labels the
+	// file systems it makes for the pod with the mount label.
+	SELinuxProcessLabel, SELinuxMountLabel string
 	// FailedLogDir is where a backend keeps what explains a pod that
 	// failed to start (its launcher's log, as <ID>-<what>.log): RunDir
 	// goes with the failed pod. Empty: nothing is kept.

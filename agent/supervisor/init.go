@@ -96,6 +96,9 @@ func childMain(cmd string) int {
 	// Credentials, capabilities and namespaces joined with setns are
 	// per thread: everything happens on this thread, which then execs.
 	runtime.LockOSThread()
+	// Whether the kernel runs SELinux is read here, in the agent's mount
+	// namespace: the app's root, entered later, may have no selinuxfs.
+	lsm.SELinuxInKernel()
 	// Only stdio reaches the command: the sync socket, the exec files and
 	// whatever the agent itself inherited without close-on-exec are
 	// closed by execve.
@@ -672,6 +675,9 @@ func setupDev(rootfs, mountLabel string, warn func(string, ...any)) error {
 		if _, err := os.Stat(src); err != nil {
 			warn("device %s not available: %v", src, err)
 			continue
+		}
+		if err := lsm.LabelPodDevice(src, mountLabel); err != nil {
+			return err
 		}
 		if err := mountIn(rootfs, src, false, func(t string) error {
 			return unix.Mount(src, t, "", unix.MS_BIND, "")

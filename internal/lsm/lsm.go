@@ -6,8 +6,14 @@
 package lsm
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/opencontainers/selinux/go-selinux"
 	"github.com/opencontainers/selinux/go-selinux/label"
@@ -18,6 +24,11 @@ import (
 const (
 	DefaultSELinuxProcessLabel = "system_u:system_r:container_t:s0"
 	DefaultSELinuxMountLabel   = "system_u:object_r:container_file_t:s0"
+	// PrivilegedSELinuxType is the type privileged containers run as
+	// where the policy has it (Fedora's container-selinux, and
+	// contrib/selinux on Debian): unconfined, but named, so that ps -Z
+	// tells a privileged container from the runtime.
+	PrivilegedSELinuxType = "spc_t"
 )
 
 // SELinuxOptions are the parts of a context a container asks for; empty
@@ -50,6 +61,25 @@ func SELinuxMode() string {
 		return "enforcing"
 	}
 	return "permissive"
+}
+
+// SELinuxContainerType is the type the policy's container contexts
+// (lxc_contexts) run containers as; "" without SELinux or without them,
+// when containers run unlabelled, as the agent that starts them.
+func SELinuxContainerType() string {
+	if !selinux.GetEnabled() {
+		return ""
+	}
+	p, _, err := label.InitLabels(nil)
+	if err != nil || p == "" {
+		return ""
+	}
+	selinux.ReleaseLabel(p)
+	c, err := selinux.NewContext(p)
+	if err != nil {
+		return ""
+	}
+	return c["type"]
 }
 
 // Labels are an SELinux process label and the mount label that goes with
@@ -88,7 +118,12 @@ func PodSELinuxLabels(o *SELinuxOptions) (Labels, error) {
 		if err != nil {
 			return Labels{}, fmt.Errorf("selinux labels: %w", err)
 		}
-		return Labels{Process: process, Mount: mount}, nil
+		l := Labels{Process: process, Mount: mount}
+		if err := l.check(); err != nil {
+			ReleaseSELinux(l)
+			return Labels{}, err
+		}
+		return l, nil
 	}
 	if o == nil {
 		return Labels{}, nil
@@ -99,20 +134,140 @@ func PodSELinuxLabels(o *SELinuxOptions) (Labels, error) {
 // ContainerSELinuxLabels computes a container's labels from its pod's
 // (PodSELinuxLabels) and its own options: the parts it gives replace the
 // pod's, so a container that gives none runs at the pod's level. Nothing is
-// reserved: the pod holds the level. In a pod without labels (privileged,
-// or a policy without container contexts) a container gets labels only
-// from options it gives, over the defaults above.
+// reserved: the pod holds the level. In a pod without labels (a policy
+// without container contexts) or without separation (its processes of
+// the privileged type) a container that gives options gets them over the
+// defaults above, and one that gives none the pod's labels.
 func ContainerSELinuxLabels(pod Labels, o *SELinuxOptions) (Labels, error) {
-	if pod.Process == "" {
-		if o == nil {
-			return Labels{}, nil
-		}
-		pod = Labels{Process: DefaultSELinuxProcessLabel, Mount: DefaultSELinuxMountLabel}
-	}
 	if o == nil {
 		return pod, nil
 	}
-	return derive(pod, o)
+	if pod.Process == "" || pod.Mount == "" || !pod.separated() {
+		pod = Labels{Process: DefaultSELinuxProcessLabel, Mount: DefaultSELinuxMountLabel}
+	}
+	l, err := derive(pod, o)
+	if err != nil {
+		return Labels{}, err
+	}
+	if selinux.GetEnabled() {
+		if err := l.check(); err != nil {
+			return Labels{}, err
+		}
+	}
+	return l, nil
+}
+
+// PrivilegedSELinuxLabels are a privileged container's labels: the
+// process runs as system_u:system_r:PrivilegedSELinuxType:s0, and nothing it mounts is relabelled. Empty without
+// SELinux, or where the policy has no such type: the process then runs
+// as the agent that starts it does.
+func PrivilegedSELinuxLabels() Labels {
+	if !selinux.GetEnabled() {
+		return Labels{}
+	}
+	c, err := selinux.NewContext(DefaultSELinuxProcessLabel)
+	if err != nil {
+		return Labels{}
+	}
+	c["type"], c["level"] = PrivilegedSELinuxType, "s0"
+	if selinux.SecurityCheckContext(c.Get()) != nil {
+		return Labels{}
+	}
+	return Labels{Process: c.Get()}
+}
+
+// AgentSELinuxLabel is the label of a pod's agent where the agent is the
+// pod's PID 1 (nspawn): the privileged type at the pod's level, from the
+// pod's process label.
+func AgentSELinuxLabel(podProcess string) (string, error) {
+	c, err := selinux.NewContext(podProcess)
+	if err != nil {
+		return "", err
+	}
+	c["type"] = PrivilegedSELinuxType
+	return c.Get(), nil
+}
+
+// check asks the kernel's policy whether it knows l's contexts: one it
+// does not is refused, naming its type, so that a container asking for a
+// type the node's policy lacks learns which.
+func (l Labels) check() error {
+	for _, c := range []string{l.Process, l.Mount} {
+		if c == "" {
+			continue
+		}
+		if err := selinux.SecurityCheckContext(c); err != nil {
+			typ := ""
+			if ctx, perr := selinux.NewContext(c); perr == nil {
+				typ = ctx["type"]
+			}
+			return fmt.Errorf("the node's SELinux policy does not accept the context %s (is type %s defined, and allowed with that user, role and level?): %w", c, typ, err)
+		}
+	}
+	return nil
+}
+
+// LabelReadOnly gives dir and everything beneath it the policy's label
+// for what containers read but do not own (lxc_contexts' ro_file:
+// container_ro_file_t), unless dir has it already; what is made in dir
+// later inherits it. The image store's layers need it: overlayfs checks a
+// container's reads of a lower file against the file's own label, even
+// where the overlay is mounted with the container's. A no-op without
+// SELinux or without that label.
+func LabelReadOnly(dir string) error {
+	if !selinux.GetEnabled() {
+		return nil
+	}
+	ro := containerContext("ro_file")
+	if ro == "" {
+		return nil
+	}
+	if cur, err := selinux.FileLabel(dir); err == nil && cur == ro {
+		return nil
+	}
+	if err := selinux.Chcon(dir, ro, true); err != nil {
+		return fmt.Errorf("selinux label %s as %s: %w", dir, ro, err)
+	}
+	return nil
+}
+
+// containerContext reads one of the policy's container contexts
+// (lxc_contexts: key = "context"), as go-selinux does; "" where the
+// policy has none.
+func containerContext(key string) string {
+	typ := "targeted"
+	if b, err := os.ReadFile("/etc/selinux/config"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "SELINUXTYPE="); ok {
+				typ = strings.TrimSpace(v)
+			}
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("/etc/selinux", typ, "contexts", "lxc_contexts"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.Trim(strings.TrimSpace(v), `"`)
+		}
+	}
+	return ""
+}
+
+// Relabel gives path and everything beneath it the mount label, so that
+// a container at that level may use it (a volume asking for
+// selinux_relabel, the pod's own files). A no-op without SELinux or
+// without a label. go-selinux refuses the node's system directories.
+func Relabel(path, mountLabel string) error {
+	if mountLabel == "" || !selinux.GetEnabled() {
+		return nil
+	}
+	if err := label.Relabel(path, mountLabel, false); err != nil {
+		return fmt.Errorf("selinux relabel %s to %s: %w", path, mountLabel, err)
+	}
+	return nil
 }
 
 // check refuses options that cannot be part of a context.
@@ -158,28 +313,63 @@ func derive(base Labels, o *SELinuxOptions) (Labels, error) {
 	return Labels{Process: pcon.Get(), Mount: mcon.Get()}, nil
 }
 
-// ReserveSELinux marks a recovered pod's label as in use, so that no new
-// pod gets its MCS level. A no-op without SELinux.
-func ReserveSELinux(process string) {
-	if process != "" && selinux.GetEnabled() {
+// ReserveSELinux marks a recovered pod's MCS level as in use, so that no
+// new pod gets it. A no-op without SELinux.
+func ReserveSELinux(l Labels) {
+	if lv := l.held(); lv != "" && selinux.GetEnabled() {
 		// An unparsable label reserves nothing; the process keeps it.
-		_ = selinux.ReserveLabelV2(process)
+		_ = selinux.ReserveLabelV2(lv)
 	}
 }
 
-// ReleaseSELinux gives back a removed pod's MCS level. A no-op
-// without SELinux.
-func ReleaseSELinux(process string) {
-	if process != "" && selinux.GetEnabled() {
-		selinux.ReleaseLabel(process)
+// ReleaseSELinux gives back a removed pod's MCS level. A no-op without
+// SELinux.
+func ReleaseSELinux(l Labels) {
+	if lv := l.held(); lv != "" && selinux.GetEnabled() {
+		selinux.ReleaseLabel(lv)
 	}
 }
+
+// separated tells whether the pod's processes run confined at its level,
+// not as the privileged type.
+func (l Labels) separated() bool {
+	c, err := selinux.NewContext(l.Process)
+	return err == nil && c["type"] != PrivilegedSELinuxType
+}
+
+// held is the label whose level the pod holds: the mount label's, which
+// a pod without separation keeps while its processes run at s0
+// (PodSELinuxLabels), else the process label's.
+func (l Labels) held() string {
+	if l.Mount != "" {
+		return l.Mount
+	}
+	return l.Process
+}
+
+// SELinuxInKernel tells whether the kernel runs SELinux, as the agent
+// asks it: go-selinux takes a read-only selinuxfs for SELinux disabled
+// (its rule for containers), and systemd-nspawn gives its pods one, so the
+// agent in an nspawn pod looks at the file system's type, as a
+// runtime's process must still label what it starts. The answer is read
+// once, in the mount namespace of the first call: an app's root need not
+// have a selinuxfs (a privileged app's fresh /sys has none), so the agent
+// asks before it enters one.
+func SELinuxInKernel() bool { return selinuxInKernel() }
+
+var selinuxInKernel = sync.OnceValue(func() bool {
+	if selinux.GetEnabled() {
+		return true
+	}
+	var st unix.Statfs_t
+	return unix.Statfs("/sys/fs/selinux", &st) == nil && uint32(st.Type) == uint32(unix.SELINUX_MAGIC)
+})
 
 // SetSELinuxExec makes the next execve of the calling thread run in the
 // process label. A no-op without SELinux or without a label. The caller
 // must be locked to the thread that executes.
 func SetSELinuxExec(process string) error {
-	if process == "" || !selinux.GetEnabled() {
+	if process == "" || !selinuxInKernel() {
 		return nil
 	}
 	if err := selinux.SetExecLabel(process); err != nil {
@@ -188,10 +378,61 @@ func SetSELinuxExec(process string) error {
 	return nil
 }
 
+// LabelPodDevice gives a device node of the agent's own /dev the mount
+// label, so that a container at that level may use it once bound into
+// its /dev: in an nspawn pod that /dev is a tmpfs of the pod's, whose
+// nodes are tmpfs_t, which no container type may open. A node elsewhere
+// (the host's devtmpfs, for fly) keeps its label, which the policy lets
+// containers use. A no-op without SELinux or without a label.
+func LabelPodDevice(path, mountLabel string) error {
+	if mountLabel == "" || !selinuxInKernel() {
+		return nil
+	}
+	if !onPodTmpfs(path) {
+		return nil
+	}
+	if cur, err := selinux.FileLabel(path); err == nil && cur == mountLabel {
+		return nil // nspawn mounted its /dev with the pod's label
+	}
+	if err := selinux.SetFileLabel(path, mountLabel); errors.Is(err, unix.ENOTSUP) {
+		return nil // a context= mount: its label is the mount's
+	} else if err != nil {
+		return fmt.Errorf("selinux label %s as %s: %w", path, mountLabel, err)
+	}
+	return nil
+}
+
+// onPodTmpfs tells whether path is on a tmpfs, and not on a devtmpfs,
+// which has tmpfs's magic number but is the host's: by the mount table.
+func onPodTmpfs(path string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		return false
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	// The last mount at the deepest mount point above path decides.
+	best, fstype := "", ""
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 {
+			continue
+		}
+		mp := f[4]
+		if (path == mp || strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
+			best, fstype = mp, g[0]
+		}
+	}
+	return fstype == "tmpfs"
+}
+
 // MountData adds the mount label (context=) to the data of a mount the
 // agent makes for an app. Unchanged without SELinux or without a label.
 func MountData(data, mountLabel string) string {
-	if mountLabel == "" || !selinux.GetEnabled() {
+	if mountLabel == "" || !selinuxInKernel() {
 		return data
 	}
 	return label.FormatMountLabel(data, mountLabel)

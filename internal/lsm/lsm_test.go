@@ -49,11 +49,25 @@ func TestContainerSELinuxLabels(t *testing.T) {
 		{pod, &SELinuxOptions{User: "u", Level: "s0:c1,c2"}, Labels{"u:system_r:container_t:s0:c1,c2", "u:object_r:container_file_t:s0:c1,c2"}},
 		{Labels{}, nil, Labels{}},
 		{Labels{}, &SELinuxOptions{Level: "s0:c3,c4"}, Labels{"system_u:system_r:container_t:s0:c3,c4", "system_u:object_r:container_file_t:s0:c3,c4"}},
+		// A pod without separation (privileged, or in the node's PID or
+		// IPC namespace): its type, unless a container gives options.
+		{Labels{Process: "system_u:system_r:spc_t:s0"}, nil, Labels{Process: "system_u:system_r:spc_t:s0"}},
+		{Labels{Process: "system_u:system_r:spc_t:s0"}, &SELinuxOptions{Level: "s0:c3,c4"}, Labels{"system_u:system_r:container_t:s0:c3,c4", "system_u:object_r:container_file_t:s0:c3,c4"}},
 	} {
 		got, err := ContainerSELinuxLabels(tc.pod, tc.opts)
 		if err != nil || got != tc.want {
 			t.Errorf("pod %+v, options %+v: got %+v %v, want %+v", tc.pod, tc.opts, got, err, tc.want)
 		}
+	}
+}
+
+func TestAgentSELinuxLabel(t *testing.T) {
+	got, err := AgentSELinuxLabel("system_u:system_r:container_t:s0:c7,c300")
+	if want := "system_u:system_r:spc_t:s0:c7,c300"; err != nil || got != want {
+		t.Errorf("got %q %v, want %q", got, err, want)
+	}
+	if _, err := AgentSELinuxLabel("nonsense"); err == nil {
+		t.Error("a label that is no context: no error")
 	}
 }
 

@@ -59,6 +59,7 @@ import (
 	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/stage1"
 )
 
@@ -353,6 +354,15 @@ func nspawnArgs(spec *stage1.PodSpec, st *state) []string {
 		// chown takes only ranges of exactly 2^16 from a multiple of it);
 		// the containers' files reach the pod idmapped.
 		args = append(args, fmt.Sprintf("--private-users=%d:%d", u.HostID, u.Size), "--private-users-ownership=off")
+	}
+	if spec.SELinuxProcessLabel != "" && spec.SELinuxMountLabel != "" {
+		// The agent, the pod's PID 1, runs unconfined at the pod's
+		// level, so that its containers (confined at that level) may see
+		// it as they would a pause process; nspawn's own file systems
+		// (/dev, /run) get the pod's mount label.
+		if agent, err := lsm.AgentSELinuxLabel(spec.SELinuxProcessLabel); err == nil {
+			args = append(args, "--selinux-context="+agent, "--selinux-apifs-context="+spec.SELinuxMountLabel)
+		}
 	}
 	switch {
 	case spec.HostNetwork:

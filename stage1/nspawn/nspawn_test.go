@@ -1095,3 +1095,24 @@ func TestUserNS(t *testing.T) {
 		t.Errorf("state's user namespace: %+v", lst.UserNS)
 	}
 }
+
+// TestSELinuxArgs: a pod's agent runs unconfined at the pod's level and
+// nspawn's file systems get its mount label; a pod without a level (no
+// mount label) gets neither flag.
+func TestSELinuxArgs(t *testing.T) {
+	st := layout(&stage1.PodSpec{ID: "p", RunDir: "/r"})
+	const proc, mount = "system_u:system_r:container_t:s0:c1,c2", "system_u:object_r:container_file_t:s0:c1,c2"
+	args := nspawnArgs(&stage1.PodSpec{SELinuxProcessLabel: proc, SELinuxMountLabel: mount}, st)
+	for _, want := range []string{"--selinux-context=system_u:system_r:spc_t:s0:c1,c2", "--selinux-apifs-context=" + mount} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args %v lack %s", args, want)
+		}
+	}
+	for _, spec := range []stage1.PodSpec{{}, {SELinuxProcessLabel: "system_u:system_r:spc_t:s0"}} {
+		for _, a := range nspawnArgs(&spec, st) {
+			if strings.HasPrefix(a, "--selinux") {
+				t.Errorf("%+v: %s", spec, a)
+			}
+		}
+	}
+}
