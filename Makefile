@@ -10,7 +10,7 @@ VERSION := $(RELEASE)+$(shell git describe --always --dirty 2>/dev/null || echo 
 # under TCG and fits a 128 MiB VM.
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build guest deb run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node node-e2e test-cluster
+.PHONY: all build guest deb run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node test-node-selinux node-e2e test-cluster
 
 all: build guest
 
@@ -117,6 +117,12 @@ test-systemd: systemd-testbed
 # build).
 test-node: deps build
 	./scripts/test-node.sh $(BIN)
+
+# The same VM's SELinux variant: Debian's reference policy enforcing, with
+# contrib/selinux's module; TestSELinux (test/node) on nspawn and fly,
+# then critest, with no SELinux denial while it runs.
+test-node-selinux: deps build
+	NODE_VARIANT=selinux ./scripts/test-node.sh $(BIN)
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command,
 # with containerd and runc beside it where they are installed

@@ -8,7 +8,13 @@
 # Usage: scripts/node-image.sh [DIR]
 #   DIR defaults to $STAGELET_NODE_IMAGE_DIR, else
 #   /var/cache/stagelet-node/<key>, where <key> is a checksum of this
-#   script: an image is built once per version of the script and reused.
+#   script (and, for the SELinux variant, of contrib/selinux): an image
+#   is built once per version of its inputs and reused.
+#   NODE_VARIANT=selinux builds the variant `make test-node-selinux` boots:
+#   Debian's reference policy (selinux-policy-default) with stagelet's
+#   module (contrib/selinux) installed, the tree labelled once, SELinux
+#   enforcing from /etc/selinux/config; its kernel is booted with
+#   security=selinux, and AppArmor is then off.
 #   MIRROR overrides the Debian mirror (default http://deb.debian.org/debian).
 # Prints the directory on its last line.
 #
@@ -22,8 +28,15 @@
 set -eu
 
 self=$(readlink -f "$0")
-key=$(sha256sum "$self" | cut -c1-16)
-dir=${1:-${STAGELET_NODE_IMAGE_DIR:-/var/cache/stagelet-node/$key}}
+top=$(dirname "$self")/..
+variant=${NODE_VARIANT:-}
+case $variant in
+'') key=$(sha256sum "$self" | cut -c1-16) ;;
+selinux) key=selinux-$(cat "$self" "$top"/contrib/selinux/* | sha256sum | cut -c1-16) ;;
+*) echo "node-image: unknown NODE_VARIANT $variant (selinux or none)" >&2; exit 1 ;;
+esac
+cache=/var/cache/stagelet-node
+dir=${1:-${STAGELET_NODE_IMAGE_DIR:-$cache/$key}}
 mirror=${MIRROR:-http://deb.debian.org/debian}
 
 if [ -f "$dir/.done" ]; then
@@ -54,8 +67,12 @@ trap 'rm -rf --one-file-system "$tmp"' EXIT
 # apparmor: Debian's kernel runs AppArmor, and the daemon loads its
 # default container profile with apparmor_parser; critest loads its test
 # profiles with sudo apparmor_parser.
+# selinux: Debian's reference policy, its tools, auditd (the AVCs go to
+# /var/log/audit) and what builds a policy module (selinux-policy-dev).
+extra=
+[ "$variant" != selinux ] || extra=,selinux-policy-default,selinux-utils,policycoreutils,auditd,selinux-policy-dev,make,m4,checkpolicy,semodule-utils
 debootstrap --variant=minbase \
-	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu,apparmor,apparmor-utils,sudo \
+	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu,apparmor,apparmor-utils,sudo$extra \
 	bookworm "$tree" "$mirror" >"$tmp/debootstrap.log" 2>&1 || {
 	tail -20 "$tmp/debootstrap.log" >&2
 	exit 1
@@ -97,6 +114,29 @@ UNIT
 ln -sf /etc/systemd/system/stagelet-node-run.service \
 	"$tree/etc/systemd/system/multi-user.target.wants/stagelet-node-run.service"
 
+if [ "$variant" = selinux ]; then
+	# stagelet's module, and the contexts go-selinux reads to label
+	# containers (Debian's policy has no lxc_contexts), built and loaded
+	# in the tree; then every file labelled as the policy says. The
+	# tree is labelled last: setfiles labels what exists.
+	mkdir -p "$tree/usr/share/stagelet/selinux"
+	cp "$top"/contrib/selinux/stagelet.te "$top"/contrib/selinux/stagelet.fc "$top"/contrib/selinux/stagelet.if "$tree/usr/share/stagelet/selinux/"
+	cp "$top"/contrib/selinux/lxc_contexts "$tree/etc/selinux/default/contexts/lxc_contexts"
+	printf 'SELINUX=enforcing\nSELINUXTYPE=default\n' >"$tree/etc/selinux/config"
+	mount -t proc proc "$tree/proc"
+	trap 'umount "$tree/proc" 2>/dev/null; rm -rf --one-file-system "$tmp"' EXIT
+	chroot "$tree" sh -ec 'cd /usr/share/stagelet/selinux && make -s -f /usr/share/selinux/devel/Makefile stagelet.pp && semodule -i stagelet.pp && rm -rf tmp' >"$tmp/selinux.log" 2>&1 || {
+		cat "$tmp/selinux.log" >&2
+		exit 1
+	}
+	chroot "$tree" setfiles -F /etc/selinux/default/contexts/files/file_contexts / >>"$tmp/selinux.log" 2>&1 || {
+		tail -20 "$tmp/selinux.log" >&2
+		exit 1
+	}
+	umount "$tree/proc"
+	trap 'rm -rf --one-file-system "$tmp"' EXIT
+fi
+
 kernel=$(ls "$tree"/boot/vmlinuz-* | head -n1)
 initrd=$(ls "$tree"/boot/initrd.img-* | head -n1)
 [ -f "$kernel" ] && [ -f "$initrd" ] || {
@@ -116,5 +156,17 @@ rm -rf --one-file-system "$dir"
 mkdir -p "$(dirname "$dir")"
 mv "$tmp" "$dir"
 trap - EXIT
+# Images of this variant built from older inputs are of no more use.
+if [ "$(dirname "$dir")" = "$cache" ]; then
+	for old in "$cache"/*; do
+		name=$(basename "$old")
+		[ "$old" != "$dir" ] && [ -f "$old/.done" ] || continue
+		case $variant:$name in
+		selinux:selinux-*) rm -rf --one-file-system "$old" ;;
+		:selinux-*) ;;
+		:*) rm -rf --one-file-system "$old" ;;
+		esac
+	done
+fi
 echo "node-image: built in $(($(date +%s) - start))s" >&2
 echo "$dir"

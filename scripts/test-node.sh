@@ -15,6 +15,11 @@
 # the two runs must fail the same specs. Everything it makes goes in one
 # temporary directory, removed at the end, whatever happens.
 #
+# NODE_VARIANT=selinux (make test-node-selinux) boots the image's SELinux
+# variant instead (scripts/node-image.sh), enforcing, where the node tests
+# are TestSELinux and critest then runs as it does elsewhere; any SELinux
+# denial during its run fails it.
+#
 # Environment: NODE_TIMEOUT (seconds the VM may run, default 2400),
 # NODE_TESTS (a -test.run pattern for the node tests; critest runs only
 # when it is unset),
@@ -30,6 +35,18 @@ kit=$(readlink -f "$top/../shared/conformance" 2>/dev/null || true)
 timeout_s=${NODE_TIMEOUT:-2400}
 tests=${NODE_TESTS:-}
 [ -z "$tests" ] || kit=
+variant=${NODE_VARIANT:-}
+pattern=${tests:-.}
+cmdline="root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 quiet"
+case $variant in
+'') ;;
+selinux)
+	pattern=${tests:-TestSELinux}
+	# SELinux instead of AppArmor, enforcing from the first process on.
+	cmdline="$cmdline security=selinux enforcing=1"
+	;;
+*) echo "test-node: unknown NODE_VARIANT $variant (selinux or none)" >&2; exit 1 ;;
+esac
 mem=${NODE_MEMORY:-3072}
 
 [ "$(id -u)" = 0 ] || { echo "test-node: needs root" >&2; exit 1; }
@@ -47,7 +64,7 @@ cleanup() {
 trap cleanup EXIT
 t0=$(date +%s)
 
-img=$("$top/scripts/node-image.sh" | tail -n1)
+img=$(NODE_VARIANT=$variant "$top/scripts/node-image.sh" | tail -n1)
 echo "test-node: node image $img ($(($(date +%s) - t0))s)"
 
 P=$W/payload
@@ -58,13 +75,13 @@ cp "$top/contrib/systemd/stagelet.service" "$P/stagelet.service"
 # checkpointctl, which CRI-O's and containerd's users read checkpoint
 # archives with: TestCheckpointContainer reads stagelet's with it. Built
 # static from the module proxy (cached by go), only for that test.
-if [ -z "$tests" ] || printf 'TestCheckpointContainer\nTestKubeletCheckpoint\n' | grep -Eq -- "$tests"; then
+if printf 'TestCheckpointContainer\nTestKubeletCheckpoint\n' | grep -Eq -- "$pattern"; then
 	CGO_ENABLED=0 GOBIN="$P" go install github.com/checkpoint-restore/checkpointctl@v1.4.0 ||
 		echo "test-node: checkpointctl could not be built: TestCheckpointContainer will say so"
 fi
 # The kubelet (Kubernetes v1.34.12, built once by ../shared/k8s/build.sh
 # and cached in /var/cache): TestKubeletCheckpoint runs it standalone.
-if [ -z "$tests" ] || printf 'TestKubeletCheckpoint\n' | grep -Eq -- "$tests"; then
+if printf 'TestKubeletCheckpoint\n' | grep -Eq -- "$pattern"; then
 	if [ -x "$top/../shared/k8s/build.sh" ] && kbin=$("$top/../shared/k8s/build.sh" kubelet | tail -n1) && [ -x "$kbin/kubelet" ]; then
 		cp "$kbin/kubelet" "$P/kubelet"
 	else
@@ -76,7 +93,7 @@ fi
 # (TestDebianPackage): each with a binary of its own version, so that the
 # upgrade shows in the daemon's version. About a minute: not built when
 # NODE_TESTS leaves that test out.
-if [ -z "$tests" ] || printf 'TestDebianPackage\n' | grep -Eq -- "$tests"; then
+if printf 'TestDebianPackage\n' | grep -Eq -- "$pattern"; then
 	for n in 1 2; do
 		make -s -C "$top" deb BIN="$W/deb$n/stagelet" VERSION="0.1.0+node.$n" \
 			DEB_VERSION="0.1.0~node$n" DEB_DIR="$P" >/dev/null
@@ -89,17 +106,23 @@ elif [ -n "$tests" ]; then
 else
 	echo "test-node: ../shared/conformance is missing: critest is not run"
 fi
-printf '%s\n' "${tests:-.}" >"$P/tests"
+printf '%s\n' "$pattern" >"$P/tests"
+printf '%s\n' "$variant" >"$P/variant"
 cat >"$P/run" <<'RUN'
 #!/bin/sh
 # Runs inside the node VM (stagelet-node-run.service), then the VM powers off.
 P=/payload
 echo "node: kernel $(uname -r), $(systemctl --version | head -n1), /sys/fs/cgroup is $(stat -fc %T /sys/fs/cgroup)"
 rc=0
+selinux=
+if [ "$(cat $P/variant)" = selinux ]; then
+	selinux=1
+	echo "node: SELinux $(getenforce), policy $(sed -n 's/^SELINUXTYPE=//p' /etc/selinux/config)"
+fi
 cp $P/stagelet /usr/local/bin/stagelet && /usr/local/bin/stagelet cni init --subnet 10.88.0.0/16 || rc=1
 cd /tmp
 if [ $rc = 0 ]; then
-	STAGELET_NODE_TEST=1 STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service STAGELET_CHECKPOINTCTL=$P/checkpointctl STAGELET_KUBELET=$P/kubelet \
+	STAGELET_NODE_TEST=1 STAGELET_NODE_SELINUX=$selinux STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service STAGELET_CHECKPOINTCTL=$P/checkpointctl STAGELET_KUBELET=$P/kubelet \
 		STAGELET_DEB_A=$P/stagelet_0.1.0~node1_amd64.deb STAGELET_DEB_B=$P/stagelet_0.1.0~node2_amd64.deb \
 		$P/node.test -test.v -test.timeout 20m -test.run "$(cat $P/tests)" || rc=1
 fi
@@ -107,8 +130,18 @@ R=/var/tmp/node-result
 mkdir -p $R
 if [ $rc = 0 ] && [ -x $P/conformance/critest.sh ]; then
 	mkdir -p /var/tmp/critest
+	seen=$(cat /var/log/audit/audit.log 2>/dev/null | wc -l)
 	TMPDIR=/var/tmp/critest OUT=$R CONFIG_EXTRA="cgroup_driver: systemd" \
 		$P/conformance/critest.sh /usr/local/bin/stagelet | tee $R/critest.out
+	if [ -n "$selinux" ]; then
+		# Every SELinux denial while critest ran: there must be none.
+		tail -n +$((seen + 1)) /var/log/audit/audit.log | grep 'avc:  denied' >$R/critest-avc || true
+		echo "critest-avc: $(wc -l <$R/critest-avc) SELinux denials while critest ran"
+	fi
+fi
+if [ -n "$selinux" ]; then
+	cp /var/log/audit/audit.log $R/audit.log 2>/dev/null
+	[ $rc = 0 ] || { echo "node: the last SELinux denials:"; grep 'avc:  denied' /var/log/audit/audit.log | tail -n 40; }
 fi
 echo "STAGELET-NODE-RESULT rc=$rc"
 # The result goes to the host on a disk of its own, as a tar stream: the
@@ -121,6 +154,17 @@ tar -C $R -cf /dev/disk/by-id/virtio-result . && sync
 echo o >/proc/sysrq-trigger
 RUN
 chmod +x "$P/run"
+if [ "$variant" = selinux ]; then
+	# The payload's files carry a label (mkfs.ext4 -d keeps extended
+	# attributes): commands, bin_t, which the run script starts as any
+	# service's does. Set here as plain attributes; this host need not
+	# run SELinux.
+	python3 -c 'import os, sys
+for d, ds, fs in os.walk(sys.argv[1]):
+    for n in [d] + [os.path.join(d, f) for f in fs]:
+        if not os.path.islink(n):
+            os.setxattr(n, "security.selinux", b"system_u:object_r:bin_t:s0\0")' "$P"
+fi
 size=$(( $(du -sm "$P" | cut -f1) + 64 ))
 mkfs.ext4 -q -F -L payload -d "$P" "$W/payload.img" "${size}M" >/dev/null
 truncate -s 256M "$W/result.img"
@@ -132,6 +176,13 @@ if [ -d "$P/conformance" ]; then
 	echo "test-node: critest on this host"
 	TMPDIR=$W/ct REGISTRY=${REGISTRY:-127.0.0.1:5055} "$kit/critest.sh" "$BIN" | tee "$W/host-critest" || true
 	grep '^\[FAIL\]' "$W/host-critest" | sort -u >"$host_fails" || true
+	# In the SELinux variant some specs fail by design, and some
+	# denials are what a spec asks for: scripts/node-selinux-expected
+	# names each, with why.
+	if [ "$variant" = selinux ]; then
+		sed -n 's/^FAIL //p' "$top/scripts/node-selinux-expected" | sed 's/^/[FAIL] /' | sort -u - "$host_fails" >"$W/fails"
+		mv "$W/fails" "$host_fails"
+	fi
 fi
 
 # The result disk sits in a PCI slot after the others, so that the root
@@ -145,7 +196,7 @@ TMPDIR=$W timeout "$timeout_s" qemu-system-x86_64 \
 	-M q35 -accel "$accel" -cpu max -smp 2 -m "$mem" \
 	-nographic -no-reboot -monitor none -nic none \
 	-kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
-	-append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 quiet" \
+	-append "$cmdline" \
 	-drive "file=$img/root.img,if=virtio,format=raw,snapshot=on" \
 	-drive "file=$W/payload.img,if=virtio,format=raw,readonly=on" \
 	-drive "file=$W/result.img,if=none,id=result,format=raw" \
@@ -173,17 +224,27 @@ elif [ "$(cat "$V/result")" = rc=0 ]; then
 fi
 if [ $rc = 0 ] && [ -f "$host_fails" ]; then
 	grep '^\[FAIL\]' "$V/critest.out" 2>/dev/null | sort -u >"$W/vm-fails" || true
+	: >"$W/avc-unexpected"
+	if [ -f "$V/critest-avc" ]; then
+		sed -n 's/^AVC //p' "$top/scripts/node-selinux-expected" >"$W/avc-expected"
+		grep -Evf "$W/avc-expected" "$V/critest-avc" >"$W/avc-unexpected" || true
+	fi
 	if ! grep -q '^critest: ' "$V/critest.out" 2>/dev/null; then
 		echo "test-node: critest printed no summary in the VM"
 		rc=1
+	elif [ -s "$W/avc-unexpected" ]; then
+		echo "test-node: SELinux denied $(wc -l <"$W/avc-unexpected") accesses while critest ran that scripts/node-selinux-expected does not name; one of each:"
+		sed -E 's/^.*avc: +denied +//; s/ (pid|ino)=[0-9]+//g; s/path="[^"]*"/path=…/; s/name="[0-9]+"/name=PID/' "$W/avc-unexpected" | sort | uniq -c | sort -rn | sed -n 1,40p
+		grep '^\[FAIL\]' "$V/critest.out" 2>/dev/null | sort -u
+		rc=1
 	elif ! diff -u --label host "$host_fails" --label vm "$W/vm-fails"; then
 		echo "test-node: critest failed different specs in the VM than on this host; what failed in the VM:"
-		grep -A12 '\[FAILED\]' "$V/critest.log" | head -n 200
+		grep -A12 '\[FAILED\]' "$V/critest.log" | sed -n 1,200p
 		echo "the daemon's last lines in the VM:"
 		tail -n 40 "$V/daemon.log"
 		rc=1
 	else
-		echo "test-node: critest in the VM: $(grep -m1 '^critest: ' "$V/critest.out" | cut -d' ' -f2-); on this host: $(grep -m1 '^critest: ' "$W/host-critest" | cut -d' ' -f2-); the same specs fail"
+		echo "test-node: critest in the VM: $(grep -m1 '^critest: ' "$V/critest.out" | cut -d' ' -f2-); on this host: $(grep -m1 '^critest: ' "$W/host-critest" | cut -d' ' -f2-); the same specs fail$([ "$variant" != selinux ] || echo ", besides scripts/node-selinux-expected's; SELinux denials while critest ran: $(wc -l <"$V/critest-avc"), each one it names")"
 	fi
 fi
 echo "test-node: $([ $rc = 0 ] && echo passed || echo FAILED) in $(($(date +%s) - t0))s"

@@ -216,17 +216,16 @@ func runOnce(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, ref, name
 // context sc, waits for it to exit and returns its log.
 func runWith(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, ref, name, script string, sc *runtimeapi.LinuxContainerSecurityContext) string {
 	t.Helper()
+	return runMounts(t, rt, p, ref, name, script, sc, nil)
+}
+
+// runContainer creates and starts a container of pod p from cfg (its
+// LogPath set), waits for it to exit and returns its log.
+func runContainer(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, cfg *runtimeapi.ContainerConfig) string {
+	t.Helper()
 	c := ctx(t)
-	cr, err := rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{
-		PodSandboxId: p.id, SandboxConfig: p.cfg,
-		Config: &runtimeapi.ContainerConfig{
-			Metadata: &runtimeapi.ContainerMetadata{Name: name},
-			Image:    &runtimeapi.ImageSpec{Image: ref},
-			Command:  []string{"sh", "-c", script},
-			LogPath:  name + ".log",
-			Linux:    &runtimeapi.LinuxContainerConfig{SecurityContext: sc},
-		},
-	})
+	name := cfg.Metadata.Name
+	cr, err := rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, SandboxConfig: p.cfg, Config: cfg})
 	if err != nil {
 		t.Fatalf("CreateContainer %s: %v", name, err)
 	}
@@ -240,7 +239,7 @@ func runWith(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, ref, name
 		}
 		return cs.Status.State == runtimeapi.ContainerState_CONTAINER_EXITED, cs.Status.State.String()
 	})
-	b, err := os.ReadFile(filepath.Join(p.logDir, name+".log"))
+	b, err := os.ReadFile(filepath.Join(p.logDir, cfg.LogPath))
 	if err != nil {
 		t.Fatal(err)
 	}
