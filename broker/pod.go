@@ -245,26 +245,30 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 	if c.CgroupParent != "" {
 		parent = c.CgroupParent
 	}
-	return &stage1.PodSpec{
-		ID:                  rec.ID,
-		Name:                c.Metadata.Name,
-		Namespace:           c.Metadata.Namespace,
-		UID:                 c.Metadata.UID,
-		Hostname:            c.Hostname,
-		RunDir:              rec.RunDir,
-		CgroupParent:        parent,
-		HostNetwork:         c.HostNetwork,
-		HostPID:             c.HostPID,
-		HostIPC:             c.HostIPC,
-		Options:             rec.Options,
-		NetSysctls:          sysctlsOf(&c, sysctl.Net),
-		Resources:           podResourcesOf(&c),
-		UserNS:              c.UserNS,
-		AgentBinary:         b.opts.AgentBinary,
-		FailedLogDir:        b.failedLogDir(),
-		SELinuxProcessLabel: rec.SELinux.Process,
-		SELinuxMountLabel:   rec.SELinux.Mount,
+	spec := &stage1.PodSpec{
+		ID:           rec.ID,
+		Name:         c.Metadata.Name,
+		Namespace:    c.Metadata.Namespace,
+		UID:          c.Metadata.UID,
+		Hostname:     c.Hostname,
+		RunDir:       rec.RunDir,
+		CgroupParent: parent,
+		HostNetwork:  c.HostNetwork,
+		HostPID:      c.HostPID,
+		HostIPC:      c.HostIPC,
+		Options:      rec.Options,
+		NetSysctls:   sysctlsOf(&c, sysctl.Net),
+		Resources:    podResourcesOf(&c),
+		UserNS:       c.UserNS,
+		AgentBinary:  b.opts.AgentBinary,
+		FailedLogDir: b.failedLogDir(),
 	}
+	// Where SELinux is off the pod's labels are what it asked for,
+	// shown in its status: nothing applies them, a backend neither.
+	if lsm.SELinuxEnabled() {
+		spec.SELinuxProcessLabel, spec.SELinuxMountLabel = rec.SELinux.Process, rec.SELinux.Mount
+	}
+	return spec
 }
 
 // failedLogDir keeps the backends' logs of pods that failed to start.

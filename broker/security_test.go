@@ -170,6 +170,11 @@ func TestPodSELinuxLabels(t *testing.T) {
 	if st.Record.SELinux != want || st.Info["selinuxProcessLabel"] != want.Process || st.Info["selinuxMountLabel"] != want.Mount {
 		t.Errorf("pod labels %+v, info %q %q", st.Record.SELinux, st.Info["selinuxProcessLabel"], st.Info["selinuxMountLabel"])
 	}
+	// Not for the backend: nothing applies them where SELinux is off (an
+	// nspawn pod given them failed to start).
+	if spec := b.podSpec(&st.Record); spec.SELinuxProcessLabel != "" || spec.SELinuxMountLabel != "" {
+		t.Errorf("the backend is given labels %q %q where SELinux is off", spec.SELinuxProcessLabel, spec.SELinuxMountLabel)
+	}
 	plain, err := b.CreateContainer(ctx, pid, ctrCfg("plain"))
 	if err != nil {
 		t.Fatal(err)

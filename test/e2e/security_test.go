@@ -119,6 +119,24 @@ func TestSELinuxLabelsRecorded(t *testing.T) {
 	}
 	// Not applied: SELinux is off.
 	e.execOK(id, "true")
+
+}
+
+// Options of the pod's own where SELinux is off, as the kubelet sends
+// them (its emptyDir specs give level s0): the nspawn pod starts.
+// systemd-nspawn was given the labels and refused a SELinux context on a
+// host without SELinux.
+func TestSELinuxPodOptionsInNspawnPod(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/selinux/enforce"); err == nil {
+		t.Skip("SELinux is enabled: the policy decides the labels")
+	}
+	e := newNspawnEnv(t)
+	cfg := e.netPodConfig("selinux-pod", nspawnStage1)
+	cfg.Linux.SecurityContext.SelinuxOptions = &runtimeapi.SELinuxOption{Level: "s0"}
+	podID := e.runStage1Pod(cfg, nspawnStage1)
+	id := e.createAndStart(podID, cfg, e.nspawnContainer("app", "sleep", "3600"))
+	e.waitContainerState(id, running, stateTimeout)
+	e.execOK(id, "true")
 }
 
 // In an nspawn pod the agent cannot see the node's files: the daemon loads
