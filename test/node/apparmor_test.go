@@ -5,8 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -166,40 +164,11 @@ func auditNoquiet(t *testing.T) {
 	})
 }
 
-// auditStamp is the time in a kernel audit line: audit(SECONDS.MS:SERIAL).
-var auditStamp = regexp.MustCompile(`audit\((\d+)\.\d+:\d+\)`)
-
-// waitAudit waits for a kernel audit line holding all of parts, logged at
-// since or later. The line reaches the journal through its audit socket,
-// or the kernel's log where nothing listens there.
+// waitAudit waits for an AppArmor denial logged at since or later
+// holding all of parts.
 func waitAudit(t *testing.T, what string, since time.Time, parts ...string) {
 	t.Helper()
-	from := since.Unix() - 1
-	testutil.WaitFor(t, 30*time.Second, what, func() (bool, string) {
-		j, _ := exec.Command("journalctl", "--no-pager", "--since", "@"+strconv.FormatInt(from, 10), "-g", `apparmor="DENIED"`).CombinedOutput()
-		k, _ := exec.Command("dmesg").CombinedOutput()
-		var seen []string
-		for _, l := range strings.Split(string(j)+string(k), "\n") {
-			if !strings.Contains(l, `apparmor="DENIED"`) {
-				continue
-			}
-			if m := auditStamp.FindStringSubmatch(l); m != nil {
-				if s, _ := strconv.ParseInt(m[1], 10, 64); s < from {
-					continue
-				}
-			}
-			seen = append(seen, l)
-			ok := true
-			for _, p := range parts {
-				ok = ok && strings.Contains(l, p)
-			}
-			if ok {
-				t.Logf("%s: %s", what, l)
-				return true, ""
-			}
-		}
-		return false, strings.Join(seen, "\n")
-	})
+	waitAuditLine(t, what, since, appArmorDenied, parts...)
 }
 
 // runOnce runs script in a new container of pod p with CAP_SYS_ADMIN and

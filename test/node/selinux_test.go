@@ -216,53 +216,19 @@ func checkFileLabel(t *testing.T, path, typ, level string) {
 	}
 }
 
-// avcLines are the kernel's SELinux denials logged at since or later,
-// from auditd's log and the kernel's.
-func avcLines(since time.Time) []string {
-	from := since.Unix() - 1
-	a, _ := os.ReadFile("/var/log/audit/audit.log")
-	k, _ := exec.Command("dmesg").CombinedOutput()
-	var out []string
-	for _, l := range strings.Split(string(a)+string(k), "\n") {
-		if !strings.Contains(l, "avc:  denied") {
-			continue
-		}
-		if m := auditStamp.FindStringSubmatch(l); m != nil {
-			if s, _ := strconv.ParseInt(m[1], 10, 64); s < from {
-				continue
-			}
-		}
-		out = append(out, l)
-	}
-	return out
-}
-
 // noDenials fails on any SELinux denial since since.
 func noDenials(t *testing.T, since time.Time, what string) {
 	t.Helper()
-	if l := avcLines(since); len(l) > 0 {
+	if l := auditLines(since, avcDenied); len(l) > 0 {
 		t.Errorf("%s: %d SELinux denials, want none:\n%s", what, len(l), strings.Join(l, "\n"))
 	}
 }
 
-// waitAVC waits for a denial logged at since or later holding all of
-// parts.
+// waitAVC waits for an SELinux denial logged at since or later holding
+// all of parts.
 func waitAVC(t *testing.T, what string, since time.Time, parts ...string) {
 	t.Helper()
-	testutil.WaitFor(t, 30*time.Second, what, func() (bool, string) {
-		seen := avcLines(since)
-		for _, l := range seen {
-			ok := true
-			for _, p := range parts {
-				ok = ok && strings.Contains(l, p)
-			}
-			if ok {
-				t.Logf("%s: %s", what, l)
-				return true, ""
-			}
-		}
-		return false, strings.Join(seen, "\n")
-	})
+	waitAuditLine(t, what, since, avcDenied, parts...)
 }
 
 // runMounts runs script in a new container of pod p with the security
