@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -61,6 +62,10 @@ type KVM struct {
 	// (kept in <run_dir>/kvm-templates) instead of booting their kernel.
 	// Absent means true.
 	Template *bool `yaml:"template"`
+	// BootTimeout is how long a pod's start waits for its VM's agent to
+	// answer, booted or restored, as a Go duration ("2m"); empty: 60s.
+	// A node without KVM, whose VMs run under TCG, may need more.
+	BootTimeout string `yaml:"boot_timeout"`
 	// Placement is where a pod's qemu runs, and whose memory its VM is
 	// charged to: "auto" (the default: the pod's cgroup when the limit
 	// the kubelet gives it holds the VM and qemu, else the overhead
@@ -92,6 +97,13 @@ func (k KVM) OverheadMemoryMaxBytes() int64 {
 
 // Templates reports whether kvm pods' VMs are restored from templates.
 func (k KVM) Templates() bool { return k.Template == nil || *k.Template }
+
+// BootTimeoutDuration is BootTimeout parsed; 0 when empty (the kvm
+// stage1's default). Validate refuses one that does not parse.
+func (k KVM) BootTimeoutDuration() time.Duration {
+	d, _ := time.ParseDuration(k.BootTimeout)
+	return d
+}
 
 // CNI configures pod networking.
 type CNI struct {
@@ -288,6 +300,11 @@ func (c *Config) Validate() error {
 	case "", "kvm", "tcg":
 	default:
 		errs = append(errs, fmt.Errorf("kvm.accelerator: %q: want kvm, tcg or empty (probe)", c.KVM.Accelerator))
+	}
+	if c.KVM.BootTimeout != "" {
+		if d, err := time.ParseDuration(c.KVM.BootTimeout); err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("kvm.boot_timeout: %q: want a positive duration such as 2m", c.KVM.BootTimeout))
+		}
 	}
 	switch c.KVM.Machine {
 	case "", "microvm", "q35":

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -62,6 +63,13 @@ func TestParse(t *testing.T) {
 			}
 		}},
 		{name: "unknown machine", yaml: "kvm: {machine: pc}\n", wantErr: "kvm.machine"},
+		{name: "boot timeout", yaml: "kvm: {boot_timeout: 3m}\n", check: func(t *testing.T, c *Config) {
+			if got := c.KVM.BootTimeoutDuration(); got != 3*time.Minute {
+				t.Errorf("kvm.boot_timeout = %v, want 3m", got)
+			}
+		}},
+		{name: "bad boot timeout", yaml: "kvm: {boot_timeout: soon}\n", wantErr: "kvm.boot_timeout"},
+		{name: "negative boot timeout", yaml: "kvm: {boot_timeout: -1s}\n", wantErr: "kvm.boot_timeout"},
 		{name: "relative CDI dir", yaml: "cdi: {spec_dirs: [etc/cdi]}\n", wantErr: "cdi.spec_dirs"},
 		{name: "relative signature policy", yaml: "images: {signature_policy: policy.json}\n", wantErr: "images.signature_policy: \"policy.json\" is not absolute"},
 		{name: "relative signature policy dir", yaml: "images: {signature_policy_dir: p.d}\n", wantErr: "images.signature_policy_dir"},

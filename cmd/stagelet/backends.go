@@ -29,7 +29,7 @@ func builtinBackends(log *slog.Logger, cfg *config.Config, l host.Launcher, anyA
 	}
 	assets := kvmAssetsDir(cfg)
 	if anyAssets || kvm.HasAssets(assets) {
-		kc := kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Machine: cfg.KVM.Machine, Launcher: l,
+		kc := kvm.Config{AssetsDir: assets, Accelerator: cfg.KVM.Accelerator, Machine: cfg.KVM.Machine, Launcher: l, BootTimeout: cfg.KVM.BootTimeoutDuration(),
 			Placement: kvm.Placement(cfg.KVM.Placement), OverheadCgroup: cfg.KVM.OverheadCgroup, OverheadMemoryMax: cfg.KVM.OverheadMemoryMaxBytes()}
 		if kc.OverheadCgroup == "" && cfg.CgroupDriver == config.CgroupDriverSystemd {
 			kc.OverheadCgroup = kvm.DefaultOverheadSlice

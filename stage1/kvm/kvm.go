@@ -193,6 +193,9 @@ type Config struct {
 	VCPUs     int
 	// ProbeTimeout bounds the KVM probe boot; default 10s.
 	ProbeTimeout time.Duration
+	// BootTimeout bounds how long StartPod waits for the guest's agent;
+	// 0 means AgentReadyTimeout.
+	BootTimeout time.Duration
 	// Launcher starts qemu; nil means the plain launcher (the cgroupfs
 	// driver). Under a host.UnitLauncher (the systemd driver) qemu runs
 	// as a transient unit in the pod's slice (or the overhead slice), in
@@ -562,6 +565,14 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	return pod, nil
 }
 
+// bootTimeout bounds the wait for a pod's guest agent.
+func (b *Backend) bootTimeout() time.Duration {
+	if b.cfg.BootTimeout > 0 {
+		return b.cfg.BootTimeout
+	}
+	return AgentReadyTimeout
+}
+
 // podState is a new pod's state, before anything is taken: its layout,
 // qemu's cgroup under the plain launcher (under a UnitLauncher qemu's
 // cgroup is the unit's, recorded once qemu runs), the planned VM and the
@@ -790,7 +801,7 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 	restored = time.Now()
 	// Each probe dials: a serial session whose handshake the guest
 	// answers once its agent serves the port.
-	if err := host.WaitAgentReady(ctx, pod, qemu, AgentReadyTimeout, "qemu"); err != nil {
+	if err := host.WaitAgentReady(ctx, pod, qemu, b.bootTimeout(), "qemu"); err != nil {
 		return restored, ready, fmt.Errorf("kvm: guest agent (console %s, qemu log %s): %w", console, qemuLog, err)
 	}
 	ready = time.Now()
