@@ -154,24 +154,147 @@ func EnsureAppArmorProfile(ctx context.Context, name, text, stamp string) (bool,
 			return false, nil
 		}
 	}
-	parser, err := exec.LookPath("apparmor_parser")
-	if err != nil {
-		return false, fmt.Errorf("AppArmor profile %s: apparmor_parser is not installed (Debian: apparmor): %w", name, err)
-	}
-	// -r adds or replaces, -K keeps it out of the parser's cache: the
-	// text is ours, made at each start.
-	cmd := exec.CommandContext(ctx, parser, "-Kr")
-	cmd.Stdin = strings.NewReader(text)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return false, fmt.Errorf("AppArmor profile %s: apparmor_parser: %w: %s", name, err, strings.TrimSpace(out.String()))
-	}
-	if !AppArmorProfileLoaded(name) {
-		return false, fmt.Errorf("AppArmor profile %s: apparmor_parser succeeded but the kernel does not list it: %s", name, strings.TrimSpace(out.String()))
+	if err := LoadAppArmorProfile(ctx, name, text); err != nil {
+		return false, err
 	}
 	if err := os.MkdirAll(filepath.Dir(stamp), 0o755); err != nil {
 		return true, err
 	}
 	return true, os.WriteFile(stamp, []byte(want+"\n"), 0o644)
 }
+
+// LoadAppArmorProfile loads the profile name, whose text is text, with
+// apparmor_parser, replacing one of that name.
+func LoadAppArmorProfile(ctx context.Context, name, text string) error {
+	parser, err := exec.LookPath("apparmor_parser")
+	if err != nil {
+		return fmt.Errorf("AppArmor profile %s: apparmor_parser is not installed (Debian: apparmor): %w", name, err)
+	}
+	// -r adds or replaces, -K keeps it out of the parser's cache: the
+	// text is ours, made each time.
+	cmd := exec.CommandContext(ctx, parser, "-Kr")
+	cmd.Stdin = strings.NewReader(text)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("AppArmor profile %s: apparmor_parser: %w: %s", name, err, strings.TrimSpace(out.String()))
+	}
+	if !AppArmorProfileLoaded(name) {
+		return fmt.Errorf("AppArmor profile %s: apparmor_parser succeeded but the kernel does not list it: %s", name, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// RemoveAppArmorProfile unloads the profile name from the kernel; one
+// the kernel does not hold is not an error. The processes it confined
+// then run unconfined: it is removed once they are gone.
+func RemoveAppArmorProfile(name string) error {
+	if !AppArmorProfileLoaded(name) {
+		return nil
+	}
+	if err := os.WriteFile(appArmorFSPath+"/.remove", []byte(name), 0); err != nil && AppArmorProfileLoaded(name) {
+		return fmt.Errorf("AppArmor profile %s: unload: %w", name, err)
+	}
+	return nil
+}
+
+// VMMAppArmorName is the name of the AppArmor profile of the qemu of the
+// VM pod podID (VMMAppArmorProfile).
+func VMMAppArmorName(podID string) string { return "stagelet-vm-" + podID }
+
+// VMMFiles are the files a VM pod's qemu may reach: its binary, what it
+// reads (the guest's kernel and initramfs) and the pod's own directories,
+// which it writes (its sockets, console and log; the directory it exports
+// to the guest with everything mounted beneath it).
+type VMMFiles struct {
+	QEMU string
+	Read []string
+	Own  []string
+}
+
+// VMMAppArmorProfile is the text of the AppArmor profile name that a VM
+// pod's qemu runs under where AppArmor is enabled, as libvirt confines
+// each guest's qemu with a profile of its own: besides the libraries,
+// firmware and devices every VM uses, only the files f names, so that a
+// guest that took over its qemu still cannot reach another pod's root,
+// volumes or logs. Paths holding AppArmor's pattern characters or quotes
+// are refused.
+func VMMAppArmorProfile(name string, f VMMFiles) (string, error) {
+	var b strings.Builder
+	rule := func(path, suffix, perms string) error {
+		if path == "" || !filepath.IsAbs(path) || strings.ContainsAny(path, "\"\\\n*?[]{}^") {
+			return fmt.Errorf("AppArmor profile %s: path %q cannot be put in a profile", name, path)
+		}
+		fmt.Fprintf(&b, "  \"%s%s\" %s,\n", filepath.Clean(path), suffix, perms)
+		return nil
+	}
+	b.WriteString(strings.ReplaceAll(vmmProfileHead, "NAME", name))
+	b.WriteString("\n  # This VM's own files.\n")
+	if err := rule(f.QEMU, "", "mr"); err != nil {
+		return "", err
+	}
+	for _, p := range f.Read {
+		if err := rule(p, "", "r"); err != nil {
+			return "", err
+		}
+	}
+	for _, p := range f.Own {
+		if err := rule(p, "/", "rw"); err != nil {
+			return "", err
+		}
+		if err := rule(p, "/**", "rwlkm"); err != nil {
+			return "", err
+		}
+	}
+	b.WriteString("}\n")
+	return b.String(), nil
+}
+
+// vmmProfileHead is what every VM's qemu may do: load its libraries and
+// firmware, use the KVM and tap devices, read its own process's and the
+// machine's facts, and, for the guest's 9p share with
+// security_model=passthrough, own and create files as root would.
+const vmmProfileHead = `# stagelet's profile for one VM pod's qemu, loaded when the pod starts
+# and removed when it goes.
+profile NAME flags=(attach_disconnected) {
+  capability chown,
+  capability dac_override,
+  capability dac_read_search,
+  capability fowner,
+  capability fsetid,
+  capability mknod,
+  capability setgid,
+  capability setuid,
+  capability sys_resource,
+  network unix,
+  network netlink raw,
+  signal (receive) peer=unconfined,
+  signal (send,receive) peer=NAME,
+
+  /etc/ld.so.cache r,
+  /etc/ld.so.preload r,
+  /etc/localtime r,
+  /usr/share/zoneinfo/** r,
+  /{usr/,}lib{,32,64,x32}/** mr,
+  /usr/share/qemu/** r,
+  /usr/share/seabios/** r,
+  /usr/lib/ipxe/** r,
+
+  /dev/null rw,
+  /dev/zero rw,
+  /dev/full rw,
+  /dev/urandom r,
+  /dev/random r,
+  /dev/kvm rw,
+  /dev/net/tun rw,
+  /dev/shm/ r,
+  owner /dev/shm/** rwk,
+  owner /proc/*/** r,
+  /proc/sys/vm/overcommit_memory r,
+  /proc/sys/kernel/** r,
+  /proc/cpuinfo r,
+  /proc/meminfo r,
+  /proc/filesystems r,
+  /sys/devices/system/** r,
+  /sys/kernel/mm/transparent_hugepage/** r,
+`

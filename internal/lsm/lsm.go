@@ -29,6 +29,11 @@ const (
 	// contrib/selinux on Debian): unconfined, but named, so that ps -Z
 	// tells a privileged container from the runtime.
 	PrivilegedSELinuxType = "spc_t"
+	// VMMSELinuxType is the type a VM pod's qemu runs as, at its pod's
+	// level (Fedora's container-selinux names it so for Kata's VMMs;
+	// contrib/selinux defines it on Debian): qemu reaches its own pod's
+	// files, as sVirt's svirt_t does a libvirt guest's, and no other's.
+	VMMSELinuxType = "container_kvm_t"
 )
 
 // SELinuxOptions are the parts of a context a container asks for; empty
@@ -158,9 +163,10 @@ func ContainerSELinuxLabels(pod Labels, o *SELinuxOptions) (Labels, error) {
 }
 
 // PrivilegedSELinuxLabels are a privileged container's labels: the
-// process runs as system_u:system_r:PrivilegedSELinuxType:s0, and nothing it mounts is relabelled. Empty without
-// SELinux, or where the policy has no such type: the process then runs
-// as the agent that starts it does.
+// process runs as system_u:system_r:PrivilegedSELinuxType:s0, and
+// nothing it mounts is relabelled. Empty without SELinux, or where the
+// policy has no such type: the process then runs as the agent that
+// starts it does.
 func PrivilegedSELinuxLabels() Labels {
 	if !selinux.GetEnabled() {
 		return Labels{}
@@ -180,11 +186,36 @@ func PrivilegedSELinuxLabels() Labels {
 // pod's PID 1 (nspawn): the privileged type at the pod's level, from the
 // pod's process label.
 func AgentSELinuxLabel(podProcess string) (string, error) {
-	c, err := selinux.NewContext(podProcess)
+	return withType(podProcess, PrivilegedSELinuxType)
+}
+
+// VMMSELinuxLabel is the label a VM pod's qemu runs with: the type of
+// the policy's kvm_process context (lxc_contexts), else VMMSELinuxType,
+// at the pod's level, from the pod's process label. A policy without
+// that type is an error naming it: qemu would otherwise run unconfined,
+// as the daemon does, beside confined containers.
+func VMMSELinuxLabel(podProcess string) (string, error) {
+	typ := VMMSELinuxType
+	if c, err := selinux.NewContext(containerContext("kvm_process")); err == nil && c["type"] != "" {
+		typ = c["type"]
+	}
+	l, err := withType(podProcess, typ)
 	if err != nil {
 		return "", err
 	}
-	c["type"] = PrivilegedSELinuxType
+	if err := (Labels{Process: l}).check(); err != nil {
+		return "", fmt.Errorf("a VM pod's qemu: %w", err)
+	}
+	return l, nil
+}
+
+// withType is the context label with its type replaced by typ.
+func withType(label, typ string) (string, error) {
+	c, err := selinux.NewContext(label)
+	if err != nil {
+		return "", err
+	}
+	c["type"] = typ
 	return c.Get(), nil
 }
 

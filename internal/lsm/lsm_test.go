@@ -69,6 +69,10 @@ func TestAgentSELinuxLabel(t *testing.T) {
 	if _, err := AgentSELinuxLabel("nonsense"); err == nil {
 		t.Error("a label that is no context: no error")
 	}
+	got, err = withType("system_u:system_r:container_t:s0:c7,c300", VMMSELinuxType)
+	if want := "system_u:system_r:container_kvm_t:s0:c7,c300"; err != nil || got != want {
+		t.Errorf("qemu's label: got %q %v, want %q", got, err, want)
+	}
 }
 
 func TestAppArmorFiles(t *testing.T) {

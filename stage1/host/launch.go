@@ -13,6 +13,8 @@ import (
 
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/internal/osthread"
 	"github.com/stagelet/stagelet/tracing"
 )
 
@@ -54,6 +56,13 @@ type LaunchSpec struct {
 	// MemoryMax= and CPUWeight=.
 	MemoryMax int64
 	CPUShares int64
+	// SELinuxLabel is the SELinux context the process runs in, and
+	// AppArmorProfile the AppArmor profile it runs under (loaded
+	// already); empty leaves the launcher's. Either is set at its exec,
+	// by the plain launcher on the thread that starts it, by a
+	// UnitLauncher as its unit's SELinuxContext= and AppArmorProfile=.
+	SELinuxLabel    string
+	AppArmorProfile string
 }
 
 // Launcher starts detached pod processes. Implementations: the plain
@@ -156,12 +165,7 @@ func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (_ *Process
 			return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
 		}
 	}
-	if spec.Cgroup != nil {
-		err = spec.Cgroup.Start(cmd)
-	} else {
-		err = cmd.Start()
-	}
-	if err != nil {
+	if err := startConfined(cmd, spec); err != nil {
 		return nil, fmt.Errorf("launch %s: %w", spec.Name, err)
 	}
 	pid := cmd.Process.Pid
@@ -180,6 +184,31 @@ func (l *PlainLauncher) Launch(ctx context.Context, spec LaunchSpec) (_ *Process
 	}()
 	log.DebugContext(ctx, "pod process started", "name", spec.Name, "pid", pid, "path", spec.Path, "cgroup", cgroupString(spec.Cgroup))
 	return p, nil
+}
+
+// startConfined starts cmd in spec.Cgroup (when set), with spec's
+// SELinux label and AppArmor profile from its exec on: both are
+// attributes of the thread that forks it, which the child inherits, so
+// they are set on a thread that ends once cmd has started.
+func startConfined(cmd *exec.Cmd, spec LaunchSpec) error {
+	start := func() error {
+		if spec.Cgroup != nil {
+			return spec.Cgroup.Start(cmd)
+		}
+		return cmd.Start()
+	}
+	if spec.SELinuxLabel == "" && spec.AppArmorProfile == "" {
+		return start()
+	}
+	return osthread.Run(func() error {
+		if err := lsm.SetSELinuxExec(spec.SELinuxLabel); err != nil {
+			return err
+		}
+		if err := lsm.SetAppArmorExec(spec.AppArmorProfile); err != nil {
+			return err
+		}
+		return start()
+	})
 }
 
 func exitString(err error) string {

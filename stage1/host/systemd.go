@@ -226,6 +226,18 @@ func (l *SystemdLauncher) properties(spec LaunchSpec) []sddbus.Property {
 	if spec.CPUShares > 0 {
 		props = append(props, sddbus.Property{Name: "CPUWeight", Value: dbus.MakeVariant(uint64(cgroups.SharesToWeight(spec.CPUShares)))})
 	}
+	// Both "(bs)": whether a failure to apply it is ignored (never), and
+	// the value.
+	type label struct {
+		IgnoreFailure bool
+		Value         string
+	}
+	if spec.SELinuxLabel != "" {
+		props = append(props, sddbus.Property{Name: "SELinuxContext", Value: dbus.MakeVariant(label{Value: spec.SELinuxLabel})})
+	}
+	if spec.AppArmorProfile != "" {
+		props = append(props, sddbus.Property{Name: "AppArmorProfile", Value: dbus.MakeVariant(label{Value: spec.AppArmorProfile})})
+	}
 	return props
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/godbus/dbus/v5"
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/internal/lsm"
 )
 
 func TestSystemdProperties(t *testing.T) {
@@ -87,6 +88,50 @@ func TestPlainLauncherRefusesNetNS(t *testing.T) {
 	_, err := (&PlainLauncher{}).Launch(t.Context(), LaunchSpec{Name: "n", Path: "/bin/true", LogPath: t.TempDir() + "/log", NetNS: "/run/netns/x"})
 	if err == nil {
 		t.Fatal("launched with a network namespace it cannot join")
+	}
+}
+
+// TestConfinementProperties: a launch's SELinux label and AppArmor
+// profile become its unit's SELinuxContext= and AppArmorProfile=, both
+// "(bs)" with failures not ignored; without them the unit has neither.
+func TestConfinementProperties(t *testing.T) {
+	l := &SystemdLauncher{}
+	props := map[string]dbus.Variant{}
+	for _, p := range l.properties(LaunchSpec{
+		Name: "n", Path: "/p", LogPath: "/l",
+		SELinuxLabel: "system_u:system_r:container_kvm_t:s0:c1,c2", AppArmorProfile: "stagelet-vm-x",
+	}) {
+		props[p.Name] = p.Value
+	}
+	for name, want := range map[string]string{"SELinuxContext": "system_u:system_r:container_kvm_t:s0:c1,c2", "AppArmorProfile": "stagelet-vm-x"} {
+		v, ok := props[name]
+		if !ok {
+			t.Errorf("no %s", name)
+			continue
+		}
+		if sig := v.Signature().String(); sig != "(bs)" {
+			t.Errorf("%s has signature %s, want (bs)", name, sig)
+		}
+		if got := fmt.Sprint(v.Value()); got != "{false "+want+"}" {
+			t.Errorf("%s = %s, want {false %s}", name, got, want)
+		}
+	}
+	for _, p := range l.properties(LaunchSpec{Name: "n", Path: "/p", LogPath: "/l"}) {
+		if p.Name == "SELinuxContext" || p.Name == "AppArmorProfile" {
+			t.Errorf("%s set without being asked for", p.Name)
+		}
+	}
+}
+
+// TestPlainLauncherRefusesAppArmorWithout: a profile asked for where
+// AppArmor is off is refused, not ignored.
+func TestPlainLauncherRefusesAppArmorWithout(t *testing.T) {
+	if lsm.AppArmorKernelEnabled() {
+		t.Skip("AppArmor is enabled here")
+	}
+	_, err := (&PlainLauncher{}).Launch(t.Context(), LaunchSpec{Name: "n", Path: "/bin/true", LogPath: t.TempDir() + "/log", AppArmorProfile: "stagelet-vm-x"})
+	if !errors.Is(err, lsm.ErrAppArmorDisabled) {
+		t.Fatalf("launched under a profile AppArmor cannot apply: %v", err)
 	}
 }
 
