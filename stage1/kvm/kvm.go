@@ -234,6 +234,9 @@ type Backend struct {
 	chosen atomic.Pointer[string]
 	// Template hits, misses, builds and failed builds (VMStats).
 	hits, misses, built, buildFailures atomic.Uint64
+	// confinedOnce logs once that confined VMs are not restored from
+	// templates.
+	confinedOnce sync.Once
 
 	mu      sync.Mutex
 	dialers map[string]*transport.SerialDialer // by control socket path
@@ -533,17 +536,22 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	defer tap.Close() // qemu holds its own copy, or opens it by name
 
 	tctx, span := tracing.Start(ctx, "kvm.template")
-	tpl, err := b.podTemplate(tctx, log, res, plan.vm)
+	tpl, err := b.podTemplate(tctx, log, res, plan.vm, confined(spec))
 	span.SetAttributes(attribute.Bool("stagelet.kvm.template", tpl != nil))
 	tracing.End(span, err)
 	if err != nil {
 		return nil, err
 	}
 	vs := podVMSpec(spec, st, gcfg, tpl, tapMode)
+	conf, err := confine(ctx, spec, st, res, save)
+	if err != nil {
+		return nil, err
+	}
 	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
 	launch := qemuLaunch(spec, st, res, vs, cg, tap, unitLaunch)
+	conf.apply(&launch)
 	if plan.overhead {
 		if err := b.placeInOverhead(ctx, &launch, spec, plan); err != nil {
 			return nil, err
@@ -605,11 +613,20 @@ func guestConfig(spec *stage1.PodSpec) *guest.Config {
 }
 
 // podTemplate is the template the pod's VM (vm) is restored from, built
-// first when there is none; nil without a template directory. A template
-// that cannot be had is logged and the VM boots its kernel: the error is
-// returned only when ctx ended.
-func (b *Backend) podTemplate(ctx context.Context, log *slog.Logger, res *tools, vm vmInfo) (*template, error) {
+// first when there is none; nil without a template directory, or when
+// the pod's qemu runs confined (confined): qemu (7.2) opens a template's
+// memory for writing even to map it copy-on-write, and a confined qemu
+// allowed that could change the memory every later VM starts from.
+// A template that cannot be had is logged and the VM boots its kernel:
+// the error is returned only when ctx ended.
+func (b *Backend) podTemplate(ctx context.Context, log *slog.Logger, res *tools, vm vmInfo, confined bool) (*template, error) {
 	if b.cfg.TemplateDir == "" {
+		return nil, nil
+	}
+	if confined {
+		b.confinedOnce.Do(func() {
+			log.InfoContext(ctx, "kvm: VMs boot their kernel instead of being restored from a template: qemu runs confined (SELinux or AppArmor), and qemu opens a template's memory for writing")
+		})
 		return nil, nil
 	}
 	tpl, err := b.template(ctx, res, vm)
@@ -660,7 +677,7 @@ func podVMSpec(spec *stage1.PodSpec, st *state, gcfg *guest.Config, tpl *templat
 		name:    "stagelet-" + spec.ID,
 		vm:      st.VM,
 		port:    gcfg.Port,
-		console: filepath.Join(st.dir(), "console.log"),
+		console: filepath.Join(st.dir(), consoleName),
 		ctl:     st.sockName(ctlSocketName),
 		qmp:     st.sockName(qmpSocketName),
 		share:   st.mounts(),
@@ -687,7 +704,7 @@ func qemuLaunch(spec *stage1.PodSpec, st *state, res *tools, vs vmSpec, cg *cgro
 		Args:    qemuArgs(res, vs),
 		Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		Dir:     st.sockDir(),
-		LogPath: filepath.Join(st.dir(), "qemu.log"),
+		LogPath: filepath.Join(st.dir(), qemuLogName),
 		Cgroup:  cg,
 		Slice:   cgroups.SliceOf(spec.CgroupParent),
 	}
@@ -863,7 +880,8 @@ func (b *Backend) release(ctx context.Context, st *state) error {
 		b.dropDialer(st.ctlSocket())
 	}
 	rel := host.Releaser{Launcher: b.Launcher, Grace: ExitGrace, Custom: map[host.Kind]func(context.Context, host.Resource) error{
-		kindTap: func(_ context.Context, r host.Resource) error { return teardownTap(r.NetNS, r.Name) },
+		kindTap:      func(_ context.Context, r host.Resource) error { return teardownTap(r.NetNS, r.Name) },
+		kindAppArmor: removeProfile,
 	}}
 	if err := st.Release(ctx, rel); err != nil {
 		return fmt.Errorf("kvm: %w", err)

@@ -231,7 +231,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 		return nil, fmt.Errorf("kvm: template: %w", err)
 	}
 	gcfg := &guest.Config{Port: guest.DefaultPort, Template: true}
-	console := filepath.Join(tmp, "console.log")
+	console := filepath.Join(tmp, consoleName)
 	args := qemuArgs(t, vmSpec{
 		name:    "stagelet-template-" + key,
 		vm:      vm,
@@ -251,7 +251,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	defer stop()
 	if err := waitConsole(ctx, console, guest.Ready, alive); err != nil {
 		return nil, fmt.Errorf("kvm: template boot: %w (qemu: %s; console: %s)", err,
-			lastLine(filepath.Join(tmp, "qemu.log")), lastLine(console))
+			lastLine(filepath.Join(tmp, qemuLogName)), lastLine(console))
 	}
 	boot := time.Since(start)
 	q, err := dialQMP(ctx, filepath.Join(tmp, "qmp.sock"), alive)
@@ -278,7 +278,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 // alive tells whether it runs, exited closes when it ends, and stop kills
 // it and waits for it.
 func templateQEMU(t *tools, tmp string, args []string) (alive func() bool, exited <-chan struct{}, stop func(), err error) {
-	logf, err := os.Create(filepath.Join(tmp, "qemu.log"))
+	logf, err := os.Create(filepath.Join(tmp, qemuLogName))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("kvm: template: %w", err)
 	}
