@@ -115,14 +115,14 @@ test-systemd: systemd-testbed
 # service of contrib/systemd/stagelet.service under both cgroup drivers,
 # then critest (scripts/test-node.sh; the image is cached after the first
 # build).
-test-node: deps build
-	./scripts/test-node.sh $(BIN)
+test-node: deps build guest
+	GUEST=$(GUEST_DIR) ./scripts/test-node.sh $(BIN)
 
 # The same VM's SELinux variant: Debian's reference policy enforcing, with
 # contrib/selinux's module; TestSELinux (test/node) on nspawn and fly,
 # then critest, with no SELinux denial while it runs.
-test-node-selinux: deps build
-	NODE_VARIANT=selinux ./scripts/test-node.sh $(BIN)
+test-node-selinux: deps build guest
+	NODE_VARIANT=selinux GUEST=$(GUEST_DIR) ./scripts/test-node.sh $(BIN)
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command,
 # with containerd and runc beside it where they are installed

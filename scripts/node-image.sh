@@ -67,12 +67,14 @@ trap 'rm -rf --one-file-system "$tmp"' EXIT
 # apparmor: Debian's kernel runs AppArmor, and the daemon loads its
 # default container profile with apparmor_parser; critest loads its test
 # profiles with sudo apparmor_parser.
+# qemu-system-x86: the kvm stage1's pods, whose qemu is confined here
+# (its SELinux domain, its AppArmor profile); their VMs run under TCG.
 # selinux: Debian's reference policy, its tools, auditd (the AVCs go to
 # /var/log/audit) and what builds a policy module (selinux-policy-dev).
 extra=
 [ "$variant" != selinux ] || extra=,selinux-policy-default,selinux-utils,policycoreutils,auditd,selinux-policy-dev,make,m4,checkpolicy,semodule-utils
 debootstrap --variant=minbase \
-	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu,apparmor,apparmor-utils,sudo$extra \
+	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu,apparmor,apparmor-utils,qemu-system-x86,sudo$extra \
 	bookworm "$tree" "$mirror" >"$tmp/debootstrap.log" 2>&1 || {
 	tail -20 "$tmp/debootstrap.log" >&2
 	exit 1

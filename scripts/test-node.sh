@@ -17,8 +17,12 @@
 #
 # NODE_VARIANT=selinux (make test-node-selinux) boots the image's SELinux
 # variant instead (scripts/node-image.sh), enforcing, where the node tests
-# are TestSELinux and critest then runs as it does elsewhere; any SELinux
-# denial during its run fails it.
+# are TestSELinux and TestVMMConfined and critest then runs as it does
+# elsewhere; any SELinux denial during its run fails it.
+#
+# GUEST names the kvm stage1's guest (make guest: bin/guest), which goes
+# in the payload for TestVMMConfined (a VM pod, its qemu confined); that
+# test skips without it.
 #
 # Environment: NODE_TIMEOUT (seconds the VM may run, default 2400),
 # NODE_TESTS (a -test.run pattern for the node tests; critest runs only
@@ -41,7 +45,7 @@ cmdline="root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 quiet
 case $variant in
 '') ;;
 selinux)
-	pattern=${tests:-TestSELinux}
+	pattern=${tests:-TestSELinux|TestVMMConfined}
 	# SELinux instead of AppArmor, enforcing from the first process on.
 	cmdline="$cmdline security=selinux enforcing=1"
 	;;
@@ -99,6 +103,10 @@ if printf 'TestDebianPackage\n' | grep -Eq -- "$pattern"; then
 			DEB_VERSION="0.1.0~node$n" DEB_DIR="$P" >/dev/null
 	done
 fi
+if [ -n "${GUEST:-}" ] && printf 'TestVMMConfined\n' | grep -Eq -- "$pattern"; then
+	mkdir -p "$P/guest"
+	cp "$GUEST/vmlinux" "$GUEST/initrd.cpio" "$GUEST/manifest" "$P/guest/"
+fi
 if [ -n "$kit" ] && [ -x "$kit/critest.sh" ]; then
 	cp -r "$kit" "$P/conformance"
 elif [ -n "$tests" ]; then
@@ -123,6 +131,7 @@ cp $P/stagelet /usr/local/bin/stagelet && /usr/local/bin/stagelet cni init --sub
 cd /tmp
 if [ $rc = 0 ]; then
 	STAGELET_NODE_TEST=1 STAGELET_NODE_SELINUX=$selinux STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service STAGELET_CHECKPOINTCTL=$P/checkpointctl STAGELET_KUBELET=$P/kubelet \
+		STAGELET_GUEST=$([ -d $P/guest ] && echo $P/guest) \
 		STAGELET_DEB_A=$P/stagelet_0.1.0~node1_amd64.deb STAGELET_DEB_B=$P/stagelet_0.1.0~node2_amd64.deb \
 		$P/node.test -test.v -test.timeout 20m -test.run "$(cat $P/tests)" || rc=1
 fi
