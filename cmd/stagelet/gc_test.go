@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestStateLock: one holder at a time; the second is told who holds it;
@@ -31,6 +35,59 @@ func TestStateLock(t *testing.T) {
 		t.Fatalf("lock after release: %v", err)
 	}
 	g.Close()
+}
+
+// TestStateLockOfTheDead: a lock still held after its holder died (by a
+// child it forked, until that child's exec) is waited for; one whose
+// holder lives is not.
+func TestStateLockOfTheDead(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, stateLockName)
+	// The transient holder: another open file of the lock, locked.
+	h, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := unix.Flock(int(h.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	// The PID of a process that is gone.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(dead.Process.Pid)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func(w time.Duration) { staleLockWait = w }(staleLockWait)
+	staleLockWait = 200 * time.Millisecond
+	start := time.Now()
+	if _, err := lockState(dir); !errors.Is(err, errStateBusy) {
+		t.Fatalf("a lock held past the wait: %v", err)
+	}
+	if waited := time.Since(start); waited < staleLockWait {
+		t.Errorf("gave up on a dead holder's lock after %s, want a wait of %s", waited, staleLockWait)
+	}
+	unix.Flock(int(h.Fd()), unix.LOCK_UN)
+	f, err := lockState(dir)
+	if err != nil {
+		t.Fatalf("the lock of a dead holder, released: %v", err)
+	}
+	f.Close()
+
+	// A live holder (this process) is not waited for.
+	if err := unix.Flock(int(h.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+	start = time.Now()
+	if _, err := lockState(dir); !errors.Is(err, errStateBusy) {
+		t.Errorf("a live holder's lock: %v", err)
+	}
+	if waited := time.Since(start); waited >= staleLockWait {
+		t.Errorf("waited %s for a live holder", waited)
+	}
 }
 
 // TestGCUsage: gc wants exactly one of --set-aside and --all, and --all
