@@ -287,8 +287,9 @@ func (b *Broker) mountRootfs(ctx context.Context, p *pod, img *image.Image, rec 
 	}
 	b.mu.Lock()
 	podNS, podSELinux := p.rec.Config.UserNS, p.rec.SELinux
+	guest := b.caps[p.rec.Stage1].KernelIsolated
 	b.mu.Unlock()
-	sel, err := containerSELinux(&rec.Config.Security, podSELinux)
+	sel, err := containerSELinux(&rec.Config.Security, podSELinux, guest)
 	if err != nil {
 		return "", err
 	}

@@ -39,7 +39,7 @@ func resolveSecurity(sec *Security, caps []string, pod lsm.Labels, guest bool) (
 	if out.seccomp, out.seccompProfile, err = seccompFor(sec, caps); err != nil {
 		return nil, err
 	}
-	l, err := containerSELinux(sec, pod)
+	l, err := containerSELinux(sec, pod, guest)
 	if err != nil {
 		return nil, err
 	}
@@ -52,16 +52,24 @@ func resolveSecurity(sec *Security, caps []string, pod lsm.Labels, guest bool) (
 
 // containerSELinux computes a container's SELinux labels from its pod's:
 // a privileged container gets the policy's privileged type and no mount
-// label (lsm.PrivilegedSELinuxLabels). InvalidArgument for options that
-// are no part of a context, or that the node's policy refuses.
-func containerSELinux(sec *Security, pod lsm.Labels) (lsm.Labels, error) {
-	if sec.Privileged {
+// label (lsm.PrivilegedSELinuxLabels). A container of a VM (guest) gets
+// its pod's labels, whatever it asks for: the guest's kernel enforces no
+// SELinux, and on the node its files are served by its pod's qemu,
+// confined at the pod's level, which a root file system, log or volume
+// at another level would be out of reach of. InvalidArgument for options
+// that are no part of a context, or that the node's policy refuses, even
+// where they are not applied.
+func containerSELinux(sec *Security, pod lsm.Labels, guest bool) (lsm.Labels, error) {
+	if sec.Privileged || guest {
 		// Options a privileged container gives are not applied, but
 		// bad ones are still refused, as in CRI-O and containerd.
 		if sec.SELinux != nil {
 			if _, err := lsm.ContainerSELinuxLabels(lsm.Labels{}, sec.SELinux.lsmOptions()); err != nil {
 				return lsm.Labels{}, errdefs.InvalidArgument("config.linux.security_context.selinux_options: %w", err)
 			}
+		}
+		if guest {
+			return pod, nil
 		}
 		return lsm.PrivilegedSELinuxLabels(), nil
 	}

@@ -115,6 +115,30 @@ func TestSELinuxLabels(t *testing.T) {
 	}
 }
 
+// TestGuestContainerSELinux: a VM's container has its pod's labels,
+// whatever it asks for or however privileged (its qemu, at the pod's
+// level, serves its files); bad options are still refused.
+func TestGuestContainerSELinux(t *testing.T) {
+	pod := lsm.Labels{Process: "system_u:system_r:container_t:s0:c1,c2", Mount: "system_u:object_r:container_file_t:s0:c1,c2"}
+	for _, sec := range []Security{
+		{},
+		{SELinux: &SELinuxOptions{Level: "s0:c7,c8"}},
+		{SELinux: &SELinuxOptions{Type: "spc_t"}, Privileged: true},
+		{Privileged: true},
+	} {
+		got, err := resolveSecurity(&sec, nil, pod, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.seLinuxProcess != pod.Process || got.seLinuxMount != pod.Mount {
+			t.Errorf("%+v in a VM: got %q %q, want the pod's", sec, got.seLinuxProcess, got.seLinuxMount)
+		}
+	}
+	if _, err := resolveSecurity(&Security{SELinux: &SELinuxOptions{Type: "a:b"}}, nil, pod, true); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("type with ':' in a VM: %v", err)
+	}
+}
+
 // The container record carries what was resolved, for the agent and for
 // status.
 func TestContainerSecurityRecorded(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/bindmount"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -50,6 +51,12 @@ type SharedDir struct {
 	// in the pod). The directories beneath Host are made traversable by
 	// the pod's IDs.
 	UserNS func() (*os.File, error)
+	// LabelLogs gives a container's log directory the container's
+	// SELinux mount label before it is bound (where SELinux is enabled):
+	// a VM's qemu, confined at its pod's level, writes the logs its guest
+	// sends through the file server. An nspawn pod's agent, unconfined,
+	// writes its own.
+	LabelLogs bool
 }
 
 var _ stage1.ContainerPaths = SharedDir{}
@@ -138,7 +145,7 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 		return nil, fmt.Errorf("container %s: rootfs: %w", spec.ID, err)
 	}
 	if spec.LogPath != "" {
-		if inPod.LogPath, err = bindLogDir(spec, dir, bind); err != nil {
+		if inPod.LogPath, err = bindLogDir(spec, dir, bind, d.LabelLogs); err != nil {
 			return nil, err
 		}
 	}
@@ -206,16 +213,21 @@ func (d SharedDir) binder(id, dir string) (bind func(src, dst string) error, clo
 	return bind, func() { ns.Close() }, nil
 }
 
-// bindLogDir binds the directory of spec's log path (made first) at
-// <dir>/log and returns the log path beneath it. InvalidArgument: a
-// relative log path.
-func bindLogDir(spec *stage1.ContainerSpec, dir string, bind func(src, dst string) error) (string, error) {
+// bindLogDir binds the directory of spec's log path (made first, and
+// given the container's mount label when label) at <dir>/log and returns
+// the log path beneath it. InvalidArgument: a relative log path.
+func bindLogDir(spec *stage1.ContainerSpec, dir string, bind func(src, dst string) error, label bool) (string, error) {
 	if !filepath.IsAbs(spec.LogPath) {
 		return "", errdefs.InvalidArgument("container %s: log path %q is not absolute", spec.ID, spec.LogPath)
 	}
 	logDir := filepath.Dir(spec.LogPath)
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return "", fmt.Errorf("container %s: log: %w", spec.ID, err)
+	}
+	if label {
+		if err := lsm.Relabel(logDir, spec.SELinuxMountLabel); err != nil {
+			return "", fmt.Errorf("container %s: log: %w", spec.ID, err)
+		}
 	}
 	if err := bind(logDir, filepath.Join(dir, "log")); err != nil {
 		return "", fmt.Errorf("container %s: log: %w", spec.ID, err)

@@ -48,6 +48,31 @@ func auditLines(since time.Time, marker string) []string {
 	return out
 }
 
+// auditLinesBut are auditLines(since, marker) without the lines of seen
+// (by their audit stamps): the lines logged after seen was read, though
+// in the same second.
+func auditLinesBut(since time.Time, marker string, seen []string) []string {
+	old := map[string]bool{}
+	for _, l := range seen {
+		old[auditKey(l)] = true
+	}
+	var out []string
+	for _, l := range auditLines(since, marker) {
+		if !old[auditKey(l)] {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// auditKey is a line's audit stamp, or the line where it has none.
+func auditKey(l string) string {
+	if m := auditID.FindString(l); m != "" {
+		return m
+	}
+	return l
+}
+
 // waitAuditLine waits for an audit line holding marker and all of parts,
 // logged at since or later.
 func waitAuditLine(t *testing.T, what string, since time.Time, marker string, parts ...string) {

@@ -178,24 +178,32 @@ func appPID(t *testing.T, rt runtimeapi.RuntimeServiceClient, p *pod, cmd, name 
 	t.Helper()
 	var pid int
 	testutil.WaitFor(t, 30*time.Second, "the process of "+name, func() (bool, string) {
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			n, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
+		pid = processWhere(func(n int, cmdline []byte) bool {
+			if string(bytes.ReplaceAll(bytes.TrimRight(cmdline, "\x00"), []byte{0}, []byte(" "))) != cmd {
+				return false
 			}
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n))
-			if string(bytes.ReplaceAll(bytes.TrimRight(b, "\x00"), []byte{0}, []byte(" "))) != cmd {
-				continue
-			}
-			if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", n)); bytes.Contains(cg, []byte(p.id[:12])) || bytes.Contains(cg, []byte(p.ctr[:12])) {
-				pid = n
-				return true, ""
-			}
-		}
-		return false, "no process " + cmd
+			cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", n))
+			return bytes.Contains(cg, []byte(p.id[:12])) || bytes.Contains(cg, []byte(p.ctr[:12]))
+		})
+		return pid != 0, "no process " + cmd
 	})
 	return pid
+}
+
+// processWhere is a process whose pid and command line (its arguments
+// each ended by a NUL) satisfy match; 0 if none does.
+func processWhere(match func(pid int, cmdline []byte) bool) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n)); err == nil && match(n, b) {
+			return n
+		}
+	}
+	return 0
 }
 
 // checkProcessLabel checks a process's label as ps -Z shows it.

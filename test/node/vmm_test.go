@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,8 +26,9 @@ import (
 // played by QMP, through which qemu is told to open files: A's own
 // console log opens, B's root file and B's log are denied (qemu runs as
 // root, so what refuses is the module), each with the kernel's audit
-// line naming A's confinement and B's file. Nothing else is denied on the
-// way, and A's profile goes with A. A runs no container: a container
+// line naming A's confinement and B's file. A container created in A has
+// its log directory labelled A's. Nothing else is denied on the way, and
+// A's profile goes with A. A's container is not started: a container
 // call in a VM emulated inside an emulated VM outlasts the daemon's
 // 30-second bound on agent calls.
 func TestVMMConfined(t *testing.T) {
@@ -139,6 +139,34 @@ func TestVMMConfined(t *testing.T) {
 	}
 	q.close()
 
+	// A container of A: its log directory is A's, for qemu writes the
+	// logs its guest sends. (Its start, a container call in the inner
+	// VM, outlasts the agent's bound here: created only.)
+	marker := appArmorDenied
+	if selinuxOn {
+		marker = avcDenied
+	}
+	before := auditLines(since, marker) // the denials just provoked
+	cr, err := rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{
+		PodSandboxId: a.id, SandboxConfig: a.cfg,
+		Config: &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "app"},
+			Image:    &runtimeapi.ImageSpec{Image: ref},
+			Command:  []string{"true"},
+			LogPath:  "app.log",
+		},
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer in pod A: %v", err)
+	}
+	if selinuxOn {
+		checkFileLabel(t, a.logDir, "container_file_t", aLevel)
+		checkFileLabel(t, rootfsOf(t, cr.ContainerId), "container_file_t", aLevel)
+	}
+	if l := auditLinesBut(since, marker, before); len(l) > 0 {
+		t.Errorf("a container's creation in a VM pod: %d denials, want none:\n%s", len(l), strings.Join(l, "\n"))
+	}
+
 	a.remove(t, rt)
 	b.remove(t, rt)
 	if !selinuxOn && profileLoaded(t, profile) {
@@ -220,19 +248,13 @@ func rootfsOf(t *testing.T, ctr string) string {
 // qemuPID is the pid of the qemu of VM pod id (named stagelet-<id>).
 func qemuPID(t *testing.T, id string) int {
 	t.Helper()
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n))
-		if bytes.Contains(b, []byte("\x00-name\x00stagelet-"+id+"\x00")) {
-			return n
-		}
+	pid := processWhere(func(_ int, cmdline []byte) bool {
+		return bytes.Contains(cmdline, []byte("\x00-name\x00stagelet-"+id+"\x00"))
+	})
+	if pid == 0 {
+		t.Fatalf("no qemu of pod %s", id)
 	}
-	t.Fatalf("no qemu of pod %s", id)
-	return 0
+	return pid
 }
 
 // qmpConn is a QMP session with a VM's qemu, as a guest that took over
