@@ -172,24 +172,12 @@ type pod struct {
 	removed bool
 }
 
+// startPod runs a pod (startSandbox) with one container, app, started:
+// it logs a greeting, then sleeps.
 func startPod(t *testing.T, rt runtimeapi.RuntimeServiceClient, img, name, namespace, handler, cgroupParent string) *pod {
 	t.Helper()
 	c := ctx(t)
-	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
-	p := &pod{logDir: t.TempDir(), handler: handler}
-	p.cfg = &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: namespace, Uid: uid},
-		Hostname:     name,
-		LogDirectory: p.logDir,
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: cgroupParent},
-	}
-	r, err := rt.RunPodSandbox(c, &runtimeapi.RunPodSandboxRequest{Config: p.cfg, RuntimeHandler: handler})
-	if err != nil {
-		t.Fatalf("RunPodSandbox %s: %v\n%s", name, err, journal(t))
-	}
-	p.id = r.PodSandboxId
-	// A test that fails half way must not leave its pods to the next.
-	t.Cleanup(func() { p.removeQuietly(t) })
+	p := startSandbox(t, rt, name, namespace, handler, cgroupParent)
 	cr, err := rt.CreateContainer(c, &runtimeapi.CreateContainerRequest{
 		PodSandboxId:  p.id,
 		SandboxConfig: p.cfg,
@@ -210,6 +198,28 @@ func startPod(t *testing.T, rt runtimeapi.RuntimeServiceClient, img, name, names
 	if _, err := rt.StartContainer(c, &runtimeapi.StartContainerRequest{ContainerId: p.ctr}); err != nil {
 		t.Fatalf("StartContainer in %s: %v", name, err)
 	}
+	return p
+}
+
+// startSandbox runs a pod with no container on the runtime handler; the
+// test's end removes it if the test did not.
+func startSandbox(t *testing.T, rt runtimeapi.RuntimeServiceClient, name, namespace, handler, cgroupParent string) *pod {
+	t.Helper()
+	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
+	p := &pod{logDir: t.TempDir(), handler: handler}
+	p.cfg = &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: namespace, Uid: uid},
+		Hostname:     name,
+		LogDirectory: p.logDir,
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: cgroupParent},
+	}
+	r, err := rt.RunPodSandbox(ctx(t), &runtimeapi.RunPodSandboxRequest{Config: p.cfg, RuntimeHandler: handler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox %s: %v\n%s", name, err, journal(t))
+	}
+	p.id = r.PodSandboxId
+	// A test that fails half way must not leave its pods to the next.
+	t.Cleanup(func() { p.removeQuietly(t) })
 	return p
 }
 

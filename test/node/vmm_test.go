@@ -77,7 +77,7 @@ func TestVMMConfined(t *testing.T) {
 	b := startPod(t, rt, ref, "vmm-b", "default", "", "")
 	b.check(t, rt, "vmm-b")
 	execIn(t, rt, b, "echo secret-of-b > /secret")
-	a := startSandbox(t, rt, "vmm-a", "kvm")
+	a := startSandbox(t, rt, "vmm-a", "default", "kvm", "")
 	aDir := filepath.Join("/run/stagelet/pods", a.id, "vm")
 	own := filepath.Join(aDir, "console.log")
 	if b, err := os.ReadFile(own); err != nil || len(b) == 0 {
@@ -193,26 +193,6 @@ func installGuest(t *testing.T, dir, to string) {
 			}
 		}
 	}
-}
-
-// startSandbox runs a pod with no container on the runtime handler.
-func startSandbox(t *testing.T, rt runtimeapi.RuntimeServiceClient, name, handler string) *pod {
-	t.Helper()
-	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
-	p := &pod{logDir: t.TempDir(), handler: handler}
-	p.cfg = &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "default", Uid: uid},
-		Hostname:     name,
-		LogDirectory: p.logDir,
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
-	}
-	r, err := rt.RunPodSandbox(ctx(t), &runtimeapi.RunPodSandboxRequest{Config: p.cfg, RuntimeHandler: handler})
-	if err != nil {
-		t.Fatalf("RunPodSandbox %s: %v\n%s", name, err, journal(t))
-	}
-	p.id = r.PodSandboxId
-	t.Cleanup(func() { p.removeQuietly(t) })
-	return p
 }
 
 // execIn runs script in pod p's container, which must succeed.
