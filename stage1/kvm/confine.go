@@ -24,23 +24,10 @@ import (
 // confined VM boots its kernel rather than being restored from a template
 // (podTemplate).
 
-// confined tells whether the pod's qemu runs confined: SELinux gave the
-// pod labels, or AppArmor is enabled.
-func confined(spec *stage1.PodSpec) bool {
-	return spec.SELinuxProcessLabel != "" || lsm.AppArmorEnabled()
-}
-
 // kindAppArmor is an AppArmor profile (Name) loaded for the pod's qemu.
 const kindAppArmor host.Kind = "apparmor-profile"
 
 const roleAppArmor = "qemu AppArmor profile"
-
-// qemu's files that exist before it starts, so that they get the pod's
-// label: its console and its output.
-const (
-	consoleName = "console.log"
-	qemuLogName = "qemu.log"
-)
 
 // confinement is how a pod's qemu is confined from its exec on: its
 // SELinux label and its AppArmor profile (empty: none).
@@ -62,6 +49,8 @@ func confine(ctx context.Context, spec *stage1.PodSpec, st *state, res *tools, s
 		if err != nil {
 			return c, errdefs.FailedPrecondition("kvm: %w", err)
 		}
+		// qemu's files made before it starts, so that they get the pod's
+		// label too.
 		for _, name := range []string{consoleName, qemuLogName} {
 			f, err := os.OpenFile(filepath.Join(st.dir(), name), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 			if err != nil {
@@ -94,6 +83,9 @@ func confine(ctx context.Context, spec *stage1.PodSpec, st *state, res *tools, s
 	c.apparmor = name
 	return c, nil
 }
+
+// confined tells whether qemu runs confined at all.
+func (c confinement) confined() bool { return c.selinux != "" || c.apparmor != "" }
 
 // apply gives launch the confinement.
 func (c confinement) apply(launch *host.LaunchSpec) {

@@ -424,6 +424,12 @@ const (
 	qmpSocketName = "qmp.sock"
 )
 
+// qemu's console and its output (stdout and stderr), in state.Dir.
+const (
+	consoleName = "console.log"
+	qemuLogName = "qemu.log"
+)
+
 func (s *state) ctlSocket() string { return filepath.Join(s.dir(), ctlSocketName) }
 func (s *state) qmpSocket() string { return filepath.Join(s.dir(), qmpSocketName) }
 
@@ -535,18 +541,18 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	}
 	defer tap.Close() // qemu holds its own copy, or opens it by name
 
+	conf, err := confine(ctx, spec, st, res, save)
+	if err != nil {
+		return nil, err
+	}
 	tctx, span := tracing.Start(ctx, "kvm.template")
-	tpl, err := b.podTemplate(tctx, log, res, plan.vm, confined(spec))
+	tpl, err := b.podTemplate(tctx, log, res, plan.vm, conf.confined())
 	span.SetAttributes(attribute.Bool("stagelet.kvm.template", tpl != nil))
 	tracing.End(span, err)
 	if err != nil {
 		return nil, err
 	}
 	vs := podVMSpec(spec, st, gcfg, tpl, tapMode)
-	conf, err := confine(ctx, spec, st, res, save)
-	if err != nil {
-		return nil, err
-	}
 	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)
 	}
