@@ -810,7 +810,7 @@ func (b *Backend) launchQEMU(ctx context.Context, st *state, launch host.LaunchS
 func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl *template, gcfg *guest.Config, console, qemuLog string) (restored, ready time.Time, err error) {
 	if tpl != nil {
 		rctx, span := tracing.Start(ctx, "kvm.restore")
-		err := restore(rctx, pod.st.qmpSocket(), qemu, tpl)
+		err := restore(rctx, pod.st.qmpSocket(), qemu, tpl, b.bootTimeout())
 		tracing.End(span, err)
 		if err != nil {
 			if ctx.Err() == nil {

@@ -396,9 +396,9 @@ func waitConsole(ctx context.Context, path, want string, alive func() bool) erro
 }
 
 // restore loads the template's saved state into the pod's qemu, started
-// with -incoming defer, and lets it run.
-func restore(ctx context.Context, qmpPath string, qemu *host.Process, tpl *template) error {
-	ctx, cancel := context.WithTimeout(ctx, AgentReadyTimeout)
+// with -incoming defer, and lets it run, within timeout (kvm.boot_timeout).
+func restore(ctx context.Context, qmpPath string, qemu *host.Process, tpl *template, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	q, err := dialQMP(ctx, qmpPath, processAlive(qemu))
 	if err != nil {
