@@ -32,9 +32,10 @@ guest: deps build
 
 # The Debian package, bin/stagelet_<DEB_VERSION>_amd64.deb (DEB_DIR),
 # built with dpkg-deb (scripts/deb.sh): the binary, the service, a
-# commented /etc/stagelet/config.yaml and the kvm guest. DEB_VERSION is a
-# pre-release of RELEASE that grows with the commits ("~" sorts before the
-# release itself); a package built from a tree with changes says so.
+# commented /etc/stagelet/config.yaml, the kvm guest and the SELinux
+# module's source. DEB_VERSION is a pre-release of RELEASE that grows with
+# the commits ("~" sorts before the release itself); a package built from
+# a tree with changes says so.
 DEB_VERSION ?= $(RELEASE)~git$(shell git rev-list --count HEAD 2>/dev/null || echo 0).g$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)$(shell git diff --quiet HEAD 2>/dev/null || echo .dirty)
 DEB_DIR     ?= bin
 deb: deps build

@@ -14,6 +14,10 @@
 #   /usr/lib/stagelet/guest/             the kvm guest (guest/build.sh with
 #                                        BINARY, built here; the kernel comes
 #                                        from its cache)
+#   /usr/share/stagelet/selinux/         the SELinux module's source and
+#                                        container contexts (contrib/selinux),
+#                                        which an SELinux node builds and
+#                                        loads (README, "Security modules")
 #   /usr/share/doc/stagelet/             README.md, copyright, changelog
 # and the maintainer scripts of contrib/debian. DEB_MAINTAINER names the
 # maintainer (default: a placeholder lintian calls bogus).
@@ -72,6 +76,13 @@ mkdir -p "$R/etc/stagelet"
 mkdir -p "$R/usr/lib/stagelet/guest"
 for f in vmlinux vmlinuz initrd.cpio manifest; do
 	[ -f "$W/guest/$f" ] && install -m 0644 "$W/guest/$f" "$R/usr/lib/stagelet/guest/$f"
+done
+
+# The module is built on the node, against the policy it runs
+# (selinux-policy-dev there), not here.
+mkdir -p "$R/usr/share/stagelet/selinux"
+for f in stagelet.te stagelet.fc stagelet.if lxc_contexts; do
+	install -m 0644 "$top/contrib/selinux/$f" "$R/usr/share/stagelet/selinux/$f"
 done
 
 doc=$R/usr/share/doc/stagelet

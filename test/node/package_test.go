@@ -55,6 +55,7 @@ func TestDebianPackage(t *testing.T) {
 
 	apt(t, "install", "-y", debA)
 	checkPackagedService(t)
+	checkSELinuxSource(t)
 	rt, img := client(t)
 	checkGuestFound(t)
 	v1 := runtimeVersion(t, rt)
@@ -227,6 +228,22 @@ func checkPackagedService(t *testing.T) {
 	}
 	if es := unitProp(t, unitName, "ExecStart"); !strings.Contains(es, "--config "+filepath.Join(configDir, "config.yaml")) {
 		t.Errorf("the service does not read the packaged configuration: %s", es)
+	}
+}
+
+// checkSELinuxSource: the package carries the SELinux module's source
+// and container contexts, for an SELinux node to build and load.
+func checkSELinuxSource(t *testing.T) {
+	t.Helper()
+	dir := "/usr/share/stagelet/selinux"
+	for _, f := range []string{"stagelet.fc", "stagelet.if", "lxc_contexts"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("the package lacks the SELinux module's %s: %v", f, err)
+		}
+	}
+	te, err := os.ReadFile(filepath.Join(dir, "stagelet.te"))
+	if err != nil || !strings.HasPrefix(string(te), "policy_module(stagelet,") {
+		t.Errorf("the package's %s/stagelet.te is not stagelet's module (%v): %.60q", dir, err, te)
 	}
 }
 
