@@ -157,8 +157,9 @@ const (
 
 // Timeouts; variables so tests may shorten them.
 var (
-	// AgentReadyTimeout bounds how long StartPod waits for the guest's
-	// agent to answer (a TCG boot takes about 2 s on an idle core).
+	// AgentReadyTimeout is Config.BootTimeout's default: how long StartPod
+	// waits for the guest's agent to answer (a TCG boot takes about 2 s on
+	// an idle core).
 	AgentReadyTimeout = 60 * time.Second
 	// ExitGrace is how long Stop waits for qemu to exit after the agent
 	// powered the guest off, beyond the apps' stop timeout, and how long
@@ -193,8 +194,8 @@ type Config struct {
 	VCPUs     int
 	// ProbeTimeout bounds the KVM probe boot; default 10s.
 	ProbeTimeout time.Duration
-	// BootTimeout bounds how long StartPod waits for the guest's agent;
-	// 0 means AgentReadyTimeout.
+	// BootTimeout bounds how long StartPod waits for a template's state
+	// to load and for the guest's agent; 0 means AgentReadyTimeout.
 	BootTimeout time.Duration
 	// Launcher starts qemu; nil means the plain launcher (the cgroupfs
 	// driver). Under a host.UnitLauncher (the systemd driver) qemu runs
@@ -499,7 +500,7 @@ func validate(spec *stage1.PodSpec) error {
 // pod cgroup). With templates, qemu is restored from the VM's template
 // (built first when there is none; when it cannot be, the VM boots its
 // kernel) and the agent then gets the pod's identity. It returns once the
-// guest's agent answers Info (at most AgentReadyTimeout, or ctx). Errors:
+// guest's agent answers Info (at most Config.BootTimeout, or ctx). Errors:
 // InvalidArgument (a spec a VM cannot run, bad options),
 // FailedPrecondition (qemu or the guest assets missing), Unavailable or
 // DeadlineExceeded (the guest did not come up; the console log is named).
