@@ -33,6 +33,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/stagelet/stagelet/internal/rlimit"
 	"github.com/stagelet/stagelet/tracing"
 )
 
@@ -297,6 +298,10 @@ type AppSpec struct {
 
 	Mounts    []Mount   `json:"mounts,omitempty"`
 	Resources Resources `json:"resources"`
+	// Rlimits are the resource limits the app's processes start with
+	// (the daemon's children's, as containerd passes its own to runc);
+	// nil: the agent's children's.
+	Rlimits []rlimit.Limit `json:"rlimits,omitempty"`
 
 	// Devices are the device nodes made in the app's root (mknod, with
 	// the mode and owner given), as the host's devices are numbered; a

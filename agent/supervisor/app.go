@@ -17,6 +17,7 @@ import (
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/internal/rlimit"
 	"github.com/stagelet/stagelet/seccomp"
 	"github.com/stagelet/stagelet/tracing"
 )
@@ -82,6 +83,9 @@ func validateSpec(s *api.AppSpec) error {
 	if _, err := parseCaps(s.Capabilities); err != nil {
 		return errdefs.InvalidArgument("app %s: %w", s.ID, err)
 	}
+	if err := rlimit.Check(s.Rlimits); err != nil {
+		return errdefs.InvalidArgument("app %s: %w", s.ID, err)
+	}
 	if s.Seccomp != nil {
 		if _, err := seccomp.Compile(s.Seccomp); err != nil {
 			return errdefs.InvalidArgument("app %s: seccomp profile %s: %w", s.ID, s.SeccompProfile, err)
@@ -143,6 +147,7 @@ func (a *Agent) create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, 
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
+	a.sys.useRlimits(spec.Rlimits)
 	ap := &app{id: spec.ID, spec: spec, st: api.AppStatus{ID: spec.ID, State: api.StateCreated, CreatedAt: time.Now()}, cg: a.sys.appCgroup(spec.ID)}
 	ap.mu.Lock()
 	defer ap.mu.Unlock()

@@ -61,9 +61,10 @@ type directExec struct {
 	app  *api.AppSpec
 	args []string
 	// mnt is the app's mount namespace; uts and pidns its UTS and PID
-	// namespaces when the command joins them (nil otherwise).
-	mnt, uts, pidns *os.File
-	cg              *cgroups.Cgroup // nil: none
+	// namespaces when the command joins them (nil otherwise), cgns its
+	// cgroup namespace when the thread can join it (see enterApp).
+	mnt, uts, pidns, cgns *os.File
+	cg                    *cgroups.Cgroup // nil: none
 	// guard is cg's gate against a Kill while the thread is in it; nil
 	// without cg.
 	guard  *guardedCgroup
@@ -361,9 +362,23 @@ func takeOnAgentSide(d *directExec, home *cgroups.Cgroup) (placed *cgroups.Threa
 	return placed, nil
 }
 
-// enterApp moves the calling thread into the app's PID namespace (for
-// its children), UTS namespace and, last, mount namespace.
+// enterApp moves the calling thread into the app's cgroup namespace
+// (d.cgns, unless nil), PID namespace (for its children), UTS namespace
+// and, last, mount namespace.
+//
+// The cgroup namespace is joined only where the thread was moved into
+// the app's cgroups (cgroup v1): a command cloned into a v2 cgroup
+// (CLONE_INTO_CGROUP) must be cloned from a thread that sees both its
+// own cgroup and the app's, which the app's namespace hides where cgroup2
+// delegates at namespaces (nsdelegate). Such a command reads its cgroup
+// relative to the agent's (/proc/self/cgroup "0::/app-ID"), and so do
+// the mounts it reads: the same directory, named from another root.
 func enterApp(d *directExec) error {
+	if d.cgns != nil {
+		if err := unix.Setns(int(d.cgns.Fd()), unix.CLONE_NEWCGROUP); err != nil {
+			return failedPrecondition(fmt.Errorf("join the app's cgroup namespace: %w", err))
+		}
+	}
 	if d.pidns != nil {
 		if err := unix.Setns(int(d.pidns.Fd()), unix.CLONE_NEWPID); err != nil {
 			return failedPrecondition(fmt.Errorf("enter the app's PID namespace: %w", err))

@@ -19,6 +19,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/internal/rlimit"
 	"github.com/stagelet/stagelet/seccomp"
 )
 
@@ -48,12 +49,14 @@ const (
 )
 
 // Files of a child: syncFD is its end of the sync socket; an exec child
-// also gets the app's mount namespace as mntFD and, when the app has its
-// own hostname, the app's UTS namespace as utsFD.
+// also gets the app's mount namespace as mntFD, its cgroup namespace as
+// cgroupNSFD and, when the app has its own hostname, the app's UTS
+// namespace as utsFD.
 const (
-	syncFD = 3
-	mntFD  = 4
-	utsFD  = 5
+	syncFD     = 3
+	mntFD      = 4
+	cgroupNSFD = 5
+	utsFD      = 6
 )
 
 // procSpec is what the agent sends a child.
@@ -63,6 +66,7 @@ type procSpec struct {
 	Args []string `json:"args"`
 	// JoinUTS (exec): fd utsFD is the app's UTS namespace, to join.
 	JoinUTS bool `json:"joinUTS,omitempty"`
+
 	// TTY: open a terminal in the root, send its master to the agent and
 	// run the command on its slave; Size is its initial size.
 	TTY  bool              `json:"tty,omitempty"`
@@ -133,15 +137,15 @@ func childMain(cmd string) int {
 // ownOOMScoreAdj is the calling process's OOM score adjustment.
 const ownOOMScoreAdj = "/proc/self/oom_score_adj"
 
-// setOOMScoreAdj gives the process the oom_score_adj its app asked for (0:
-// none), but always above the agent's own, which the process inherited:
-// every app of the pod needs the agent, so the OOM killer must take an app
-// before it, as it takes a runc container before containerd's shim. Under
-// the service unit the agent inherits the daemon's -999 and the kubelet's
-// scores (-997 at the lowest) stand; where the daemon runs with a higher
-// score and may not lower one (no CAP_SYS_RESOURCE), an app asking less
-// than the agent's gets the agent's + 1, with a warning. Raising a score
-// needs no privilege.
+// setOOMScoreAdj gives the process the oom_score_adj its app asked for (0
+// when it names none, as runc gives), but never below the agent's own,
+// which the process inherited: every app of the pod needs the agent, so
+// the OOM killer must not prefer the agent to an app (at equal scores it
+// takes the larger, the app). Under the service unit the agent inherits
+// the daemon's -999 and the kubelet's scores (-997 at the lowest) stand;
+// where the daemon runs with a higher score and may not lower one (no
+// CAP_SYS_RESOURCE), an app asking less than the agent's gets the
+// agent's, with a warning. Raising a score needs no privilege.
 //
 // The score is written to target: the caller's own (/proc/self) or a
 // process it started (/proc/PID), whose score is still the agent's.
@@ -156,9 +160,9 @@ func setOOMScoreAdj(asked int, target string, warn func(string, ...any)) {
 		warn("oom_score_adj %q: %v", trimNL(b), err)
 		return
 	}
-	adj := max(asked, min(agentAdj+1, 1000))
+	adj := max(asked, agentAdj)
 	if asked != 0 && adj != asked {
-		warn("oom_score_adj %d is not above the agent's %d: the app gets %d, so that the OOM killer takes it before the pod's agent", asked, agentAdj, adj)
+		warn("oom_score_adj %d is below the agent's %d: the app gets %d, so that the OOM killer never prefers the pod's agent", asked, agentAdj, adj)
 	}
 	if adj == agentAdj {
 		return
@@ -182,6 +186,10 @@ func runChild(cmd string, spec *procSpec, warn func(string, ...any), sendPTY fun
 	}
 	if err := enterAppRoot(cmd, spec, warn); err != nil {
 		return err
+	}
+	// While the child may still raise a hard limit (CAP_SYS_RESOURCE).
+	if err := rlimit.Apply(app.Rlimits, warn); err != nil {
+		return failedPrecondition(err)
 	}
 	if spec.TTY {
 		if err := takeTerminal(app.UID, spec.Size, sendPTY); err != nil {
@@ -264,7 +272,9 @@ func setupAppInit(app *api.AppSpec, warn func(string, ...any)) error {
 }
 
 // joinAppNamespaces moves an exec'd command's child into the app's UTS
-// namespace (fd utsFD, when spec.JoinUTS) and mount namespace (fd mntFD),
+// namespace (fd utsFD, when spec.JoinUTS), cgroup namespace (fd
+// cgroupNSFD; the child is in the app's cgroups already) and mount
+// namespace (fd mntFD),
 // closing each fd once joined, and gives it the app's OOM score.
 func joinAppNamespaces(spec *procSpec, warn func(string, ...any)) error {
 	if spec.JoinUTS {
@@ -273,6 +283,10 @@ func joinAppNamespaces(spec *procSpec, warn func(string, ...any)) error {
 		}
 		unix.Close(utsFD)
 	}
+	if err := unix.Setns(cgroupNSFD, unix.CLONE_NEWCGROUP); err != nil {
+		return failedPrecondition(fmt.Errorf("join the app's cgroup namespace: %w", err))
+	}
+	unix.Close(cgroupNSFD)
 	if err := joinMountNS(mntFD); err != nil {
 		return failedPrecondition(fmt.Errorf("enter the app's mount namespace: %w", err))
 	}
@@ -548,6 +562,9 @@ func setupRoot(app *api.AppSpec, warn func(string, ...any)) error {
 	if err := mountSystemFS(rootfs, app, warn); err != nil {
 		return err
 	}
+	if err := mountCgroupView(rootfs, app, warn); err != nil {
+		return err
+	}
 	if err := bindAppMounts(rootfs, app.Mounts, shared); err != nil {
 		return err
 	}
@@ -700,8 +717,13 @@ func setupDev(rootfs, mountLabel string, warn func(string, ...any)) error {
 	}); err != nil {
 		warn("%v", err)
 	}
-	// The tmpfs is fresh and ours: plain joins are safe inside it.
-	dev := filepath.Join(rootfs, "dev")
+	// The tmpfs is fresh and ours: plain joins are safe inside it, once
+	// its own path is resolved inside the root (the image's /dev may be
+	// a link).
+	dev, err := securejoin.SecureJoin(rootfs, "/dev")
+	if err != nil {
+		return err
+	}
 	for link, target := range map[string]string{
 		"ptmx":   "pts/ptmx",
 		"fd":     "/proc/self/fd",

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/internal/rlimit"
 )
 
 // System is what the agent does to the system beneath its apps: it starts
@@ -47,6 +48,10 @@ type System interface {
 	dialPort(port int32) (net.Conn, error)
 	// kernel names the kernel the apps run on (Info).
 	kernel() string
+	// useRlimits makes the agent's children start with the limits ls
+	// (nil: as they are), where they differ from its own, warning where
+	// it cannot; see linuxSystem's.
+	useRlimits(ls []rlimit.Limit)
 }
 
 // startSpec is a process to start: an app's own, or an exec'd command in a

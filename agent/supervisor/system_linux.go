@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -23,6 +24,7 @@ import (
 	"github.com/stagelet/stagelet/agent/wire"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/rlimit"
 )
 
 // linuxSystem is the real System: apps and execs are `stagelet agent
@@ -44,6 +46,8 @@ type linuxSystem struct {
 	mu sync.Mutex
 	// gates are the apps' cgroup gates (guardedCgroup), by app ID.
 	gates map[string]*sync.RWMutex
+	// rlimits are the limits last given to useRlimits.
+	rlimits []rlimit.Limit
 }
 
 // Linux returns the real System: exe is the stagelet binary re-executed
@@ -164,6 +168,50 @@ func (c *guardedCgroup) place(f func() error) error {
 	return f()
 }
 
+// useRlimits gives the agent's own process the limits of ls that differ
+// from its own, so that every process it starts (an app's init, an
+// exec'd command, one forked from the agent's thread, which no per-child
+// limit reaches) gets them: in a VM's guest the agent, the kernel's init,
+// starts with the kernel's defaults. For open files only a hard limit
+// that differs counts: the agent's soft one was raised by the Go runtime,
+// which gives its children the one the agent started with, the daemon's
+// children's in every stage1 that starts the agent from the daemon.
+func (l *linuxSystem) useRlimits(ls []rlimit.Limit) {
+	if ls == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if slices.Equal(ls, l.rlimits) {
+		return
+	}
+	own, err := rlimit.Of(0)
+	if err != nil {
+		l.log.Warn("the apps' resource limits", "err", err)
+		return
+	}
+	var differ []rlimit.Limit
+	for _, want := range ls {
+		i := slices.IndexFunc(own, func(o rlimit.Limit) bool { return o.Type == want.Type })
+		switch {
+		case i < 0:
+			differ = append(differ, want)
+		case want.Type == "RLIMIT_NOFILE" && own[i].Hard != want.Hard:
+			differ = append(differ, want)
+		case want.Type != "RLIMIT_NOFILE" && own[i] != want:
+			differ = append(differ, want)
+		}
+	}
+	warn := func(format string, args ...any) {
+		l.log.Warn("the apps' resource limits", "warning", fmt.Sprintf(format, args...))
+	}
+	if err := rlimit.Apply(differ, warn); err != nil {
+		l.log.Warn("the apps' resource limits", "err", err)
+		return
+	}
+	l.rlimits = slices.Clone(ls)
+}
+
 func (l *linuxSystem) setSysctls(sysctls map[string]string, scratch string) error {
 	return setIPCSysctls(sysctls, scratch)
 }
@@ -279,7 +327,13 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 		return nil, errdefs.FailedPrecondition("app %s is not running: %w", id, err)
 	}
 	defer mnt.Close()
-	extra := []*os.File{mnt}
+	// The app's cgroup namespace (its init made one, see cgroupview.go).
+	cgns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/cgroup")
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("app %s is not running: %w", id, err)
+	}
+	defer cgns.Close()
+	extra := []*os.File{mnt, cgns}
 	if spec.OwnUTS() {
 		uts, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
 		if err != nil {
@@ -313,7 +367,10 @@ func (l *linuxSystem) spawnExec(s *startSpec) (*child, error) {
 			d.guard = gc
 			d.mnt, d.pidns = mnt, pidns
 			if spec.OwnUTS() {
-				d.uts = extra[1]
+				d.uts = extra[2]
+			}
+			if cg == nil || !cg.IsV2() {
+				d.cgns = cgns
 			}
 			if !s.deadline.IsZero() && time.Now().After(s.deadline) {
 				return nil, fmt.Errorf("app %s: %w", id, errdefs.ErrDeadlineExceeded)

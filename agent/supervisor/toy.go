@@ -15,6 +15,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/rlimit"
 )
 
 // Toy is a System for tests that have no root (stage1/fake): the agent's
@@ -42,6 +43,10 @@ type Toy struct {
 }
 
 var _ System = (*Toy)(nil)
+
+// useRlimits implements System: the toy's processes have no limits of
+// their own.
+func (*Toy) useRlimits([]rlimit.Limit) {}
 
 // toyProc is one process of a Toy.
 type toyProc struct {
