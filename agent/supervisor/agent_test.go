@@ -1296,10 +1296,10 @@ func TestUpdate(t *testing.T) {
 	}
 }
 
-// TestOOMScoreAboveAgent: an app scores as it asked, but always above its
-// agent, so that the OOM killer takes the app first; an exec'd command
-// scores as its app.
-func TestOOMScoreAboveAgent(t *testing.T) {
+// TestOOMScoreNotBelowAgent: an app scores as it asked (0, runc's, when
+// it names none), but never below its agent, so that the OOM killer never
+// prefers the agent; an exec'd command scores as its app.
+func TestOOMScoreNotBelowAgent(t *testing.T) {
 	ta := startAgent(t)
 	score := func(pid int) int {
 		t.Helper()
@@ -1323,8 +1323,8 @@ func TestOOMScoreAboveAgent(t *testing.T) {
 		asked, want int
 	}{
 		{"asked", 500, 500},
-		{"none", 0, agent + 1},
-		{"below", agent - 1, agent + 1},
+		{"none", 0, max(0, agent)},
+		{"below", agent - 1, agent},
 	} {
 		ta.run(&api.AppSpec{ID: c.id, Rootfs: rootfs, Args: []string{"sleep", "1000"}, Resources: api.Resources{OOMScoreAdj: c.asked}})
 		if got := score(ta.appPID(c.id)); got != c.want {
