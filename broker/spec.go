@@ -141,7 +141,7 @@ func buildAppSpec(id string, pod *PodConfig, podSELinux lsm.Labels, cfg *Contain
 		return nil, errdefs.InvalidArgument("config.command: the image %s has no entrypoint or cmd, and none was given", cfg.Image)
 	}
 	sec := &cfg.Security
-	uid, gid, groups, err := appUser(sec, img, rootfs)
+	user, err := appUser(sec, img, rootfs)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +165,7 @@ func buildAppSpec(id string, pod *PodConfig, podSELinux lsm.Labels, cfg *Contain
 	}
 	hostname := ""
 	if !pod.HostNetwork {
-		hostname = pod.Hostname
+		hostname = podHostname(pod)
 	}
 	pidns, err := pidNamespace(sec.PIDMode, pod)
 	if err != nil {
@@ -184,9 +184,9 @@ func buildAppSpec(id string, pod *PodConfig, podSELinux lsm.Labels, cfg *Contain
 		Cwd:            cwd,
 		Hostname:       hostname,
 		PrivateUTS:     !pod.HostNetwork,
-		UID:            uid,
-		GID:            gid,
-		AdditionalGIDs: groups,
+		UID:            user.UID,
+		GID:            user.GID,
+		AdditionalGIDs: user.AdditionalGIDs,
 		Capabilities:   caps,
 		Privileged:     sec.Privileged,
 		NoNewPrivs:     sec.NoNewPrivs && !sec.Privileged,
@@ -211,7 +211,9 @@ func buildAppSpec(id string, pod *PodConfig, podSELinux lsm.Labels, cfg *Contain
 		Stdin:               cfg.Stdin,
 		StdinOnce:           cfg.Stdin && cfg.StdinOnce,
 	}
-	spec.Env = defaultEnv(spec.Env, hostname, cfg.TTY)
+	// HOSTNAME is the pod's, the node's in the node's network, as
+	// containerd sets it.
+	spec.Env = defaultEnv(spec.Env, podHostname(pod), user.Home, cfg.TTY)
 	return spec, nil
 }
 
@@ -262,31 +264,31 @@ func pidNamespace(mode string, pod *PodConfig) (string, error) {
 	return "", nil
 }
 
-// appUser is the app's user, group and supplementary groups: the security
-// context's, else the image's, resolved in rootfs.
-func appUser(sec *Security, img *image.Image, rootfs string) (uid, gid uint32, groups []uint32, err error) {
+// appUser is the app's user, group, supplementary groups and home: the
+// security context's, else the image's, resolved in rootfs.
+func appUser(sec *Security, img *image.Image, rootfs string) (image.User, error) {
 	if sec.RunAsUser != nil && *sec.RunAsUser < 0 {
-		return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.run_as_user: %d is negative", *sec.RunAsUser)
+		return image.User{}, errdefs.InvalidArgument("config.linux.security_context.run_as_user: %d is negative", *sec.RunAsUser)
 	}
-	uid, gid, groups, err = image.ResolveUser(rootfs, userOf(sec, img.Config.User))
+	u, err := image.ResolveUser(rootfs, userOf(sec, img.Config.User))
 	if err != nil {
-		return 0, 0, nil, err
+		return image.User{}, err
 	}
 	if sec.RunAsGroup != nil {
 		if *sec.RunAsGroup < 0 {
-			return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.run_as_group: %d is negative", *sec.RunAsGroup)
+			return image.User{}, errdefs.InvalidArgument("config.linux.security_context.run_as_group: %d is negative", *sec.RunAsGroup)
 		}
-		gid = uint32(*sec.RunAsGroup)
+		u.GID = uint32(*sec.RunAsGroup)
 	}
 	// The process's groups, as containerd gives them and the CRI's
 	// ContainerUser reports them: its group, the pod's supplemental
 	// groups, then (policy Merge) those the image's /etc/group gives its
 	// user.
-	imageGroups := groups
-	groups = []uint32{gid}
+	imageGroups := u.AdditionalGIDs
+	groups := []uint32{u.GID}
 	for _, g := range sec.SupplementalGroups {
 		if g < 0 || g > 1<<32-1 {
-			return 0, 0, nil, errdefs.InvalidArgument("config.linux.security_context.supplemental_groups: %d is out of range", g)
+			return image.User{}, errdefs.InvalidArgument("config.linux.security_context.supplemental_groups: %d is out of range", g)
 		}
 		if !slices.Contains(groups, uint32(g)) {
 			groups = append(groups, uint32(g))
@@ -299,15 +301,20 @@ func appUser(sec *Security, img *image.Image, rootfs string) (uid, gid uint32, g
 			}
 		}
 	}
-	return uid, gid, groups, nil
+	u.AdditionalGIDs = groups
+	return u, nil
 }
 
-// defaultEnv adds what an app's environment lacks: HOSTNAME (the pod's,
-// outside the host network), TERM for a terminal, as Docker and containerd
-// give it, and a PATH.
-func defaultEnv(env []string, hostname string, tty bool) []string {
+// defaultEnv adds what an app's environment lacks: HOSTNAME (the pod's),
+// HOME (the user's home, as runc sets it), TERM for a terminal, as Docker
+// and containerd give it, and a PATH.
+func defaultEnv(env []string, hostname, home string, tty bool) []string {
 	if hasEnv(env, "HOSTNAME") == "" && hostname != "" {
 		env = append(env, "HOSTNAME="+hostname)
+	}
+	if hasEnv(env, "HOME") == "" && home != "" {
+		// runc's rule: unset or empty.
+		env = append(slices.DeleteFunc(env, func(kv string) bool { return kv == "HOME=" }), "HOME="+home)
 	}
 	if tty && hasEnv(env, "TERM") == "" {
 		env = append(env, "TERM=xterm")

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stagelet/stagelet/image"
@@ -99,12 +100,36 @@ func TestAppUserGroupsPolicy(t *testing.T) {
 		{true, []uint32{1000, 7}},      // Strict: its group and the pod's only
 	} {
 		sec := &Security{SupplementalGroups: []int64{7}, StrictGroups: tc.strict}
-		uid, gid, groups, err := appUser(sec, img, root)
+		u, err := appUser(sec, img, root)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if uid != 1000 || gid != 1000 || !slices.Equal(groups, tc.want) {
-			t.Errorf("strict=%v: %d:%d %v, want 1000:1000 %v", tc.strict, uid, gid, groups, tc.want)
+		if u.UID != 1000 || u.GID != 1000 || !slices.Equal(u.AdditionalGIDs, tc.want) {
+			t.Errorf("strict=%v: %+v, want 1000:1000 %v", tc.strict, u, tc.want)
+		}
+	}
+}
+
+// TestDefaultEnvHome: HOME is the user's home where the image and the
+// container leave it unset or empty (runc's rule), and theirs otherwise.
+func TestDefaultEnvHome(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, "/home/app"},
+		{[]string{"HOME="}, "/home/app"},
+		{[]string{"HOME=/data"}, "/data"},
+	} {
+		env := defaultEnv(tc.env, "", "/home/app", false)
+		var homes []string
+		for _, kv := range env {
+			if v, ok := strings.CutPrefix(kv, "HOME="); ok {
+				homes = append(homes, v)
+			}
+		}
+		if !slices.Equal(homes, []string{tc.want}) {
+			t.Errorf("env %q: HOME %q, want only %q", tc.env, homes, tc.want)
 		}
 	}
 }

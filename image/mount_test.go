@@ -150,37 +150,39 @@ func TestResolveUser(t *testing.T) {
 	type res struct {
 		uid, gid uint32
 		extra    []uint32
+		home     string
 	}
 	for _, tc := range []struct {
 		user string
 		want res
 		err  bool
 	}{
-		{"", res{0, 0, nil}, false},
-		{"root", res{0, 0, nil}, false},
-		{"0", res{0, 0, nil}, false},
-		{"app", res{1000, 1000, []uint32{2000, 3000}}, false},
-		{"1000", res{1000, 1000, []uint32{2000, 3000}}, false},
-		{"nobody", res{65534, 65534, []uint32{3000}}, false},
-		{"4242", res{4242, 0, nil}, false},
-		{"4242:77", res{4242, 77, nil}, false},
-		{"app:extra", res{1000, 2000, []uint32{2000, 3000}}, false},
-		{"app:5", res{1000, 5, []uint32{2000, 3000}}, false},
-		{"1000:nogroup", res{1000, 65534, []uint32{2000, 3000}}, false},
+		{"", res{0, 0, nil, "/root"}, false},
+		{"root", res{0, 0, nil, "/root"}, false},
+		{"0", res{0, 0, nil, "/root"}, false},
+		{"app", res{1000, 1000, []uint32{2000, 3000}, "/home/app"}, false},
+		{"1000", res{1000, 1000, []uint32{2000, 3000}, "/home/app"}, false},
+		{"nobody", res{65534, 65534, []uint32{3000}, "/nonexistent"}, false},
+		{"4242", res{4242, 0, nil, "/"}, false},
+		{"4242:77", res{4242, 77, nil, "/"}, false},
+		{"app:extra", res{1000, 2000, []uint32{2000, 3000}, "/home/app"}, false},
+		{"app:5", res{1000, 5, []uint32{2000, 3000}, "/home/app"}, false},
+		{"1000:nogroup", res{1000, 65534, []uint32{2000, 3000}, "/home/app"}, false},
 		{"ghost", res{}, true},
 		{"app:ghosts", res{}, true},
 		{"app:", res{}, true},
 		{":1", res{}, true},
 	} {
-		uid, gid, extra, err := ResolveUser(rootfs, tc.user)
+		u, err := ResolveUser(rootfs, tc.user)
+		uid, gid, extra := u.UID, u.GID, u.AdditionalGIDs
 		if tc.err {
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Errorf("ResolveUser(%q) err = %v, want ErrInvalidArgument", tc.user, err)
 			}
 			continue
 		}
-		if err != nil || uid != tc.want.uid || gid != tc.want.gid || !slices.Equal(extra, tc.want.extra) {
-			t.Errorf("ResolveUser(%q) = %d, %d, %v, %v; want %+v", tc.user, uid, gid, extra, err, tc.want)
+		if err != nil || uid != tc.want.uid || gid != tc.want.gid || !slices.Equal(extra, tc.want.extra) || u.Home != tc.want.home {
+			t.Errorf("ResolveUser(%q) = %+v, %v; want %+v", tc.user, u, err, tc.want)
 		}
 	}
 
@@ -188,17 +190,17 @@ func TestResolveUser(t *testing.T) {
 	must(os.WriteFile(filepath.Join(outside, "passwd"), []byte("evil:x:0:0::/:/bin/sh\n"), 0o644))
 	must(os.Remove(filepath.Join(rootfs, "etc/passwd")))
 	must(os.Symlink(filepath.Join(outside, "passwd"), filepath.Join(rootfs, "etc/passwd")))
-	if _, _, _, err := ResolveUser(rootfs, "evil"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := ResolveUser(rootfs, "evil"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("user from a file outside the rootfs: err = %v", err)
 	}
 	must(os.Remove(filepath.Join(rootfs, "etc/passwd")))
 	must(os.Symlink("../../../../../../"+outside+"/passwd", filepath.Join(rootfs, "etc/passwd")))
-	if _, _, _, err := ResolveUser(rootfs, "evil"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := ResolveUser(rootfs, "evil"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("user from a file outside the rootfs (relative): err = %v", err)
 	}
 	// Numeric users work without any passwd file.
-	if uid, gid, _, err := ResolveUser(rootfs, "12:34"); err != nil || uid != 12 || gid != 34 {
-		t.Errorf("numeric without passwd: %d %d %v", uid, gid, err)
+	if u, err := ResolveUser(rootfs, "12:34"); err != nil || u.UID != 12 || u.GID != 34 || u.Home != "/" {
+		t.Errorf("numeric without passwd: %+v %v", u, err)
 	}
 }
 

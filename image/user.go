@@ -22,6 +22,17 @@ const maxUserDB = 4 << 20
 type passwdEntry struct {
 	name     string
 	uid, gid uint32
+	home     string
+}
+
+// User is a user spec resolved in a container's root filesystem.
+type User struct {
+	UID, GID       uint32
+	AdditionalGIDs []uint32
+	// Home is the user's home directory in the image's /etc/passwd; "/"
+	// for a user it does not list, or lists without one (runc's rule
+	// for HOME).
+	Home string
 }
 
 type groupEntry struct {
@@ -40,22 +51,35 @@ type groupEntry struct {
 // supplementary groups are the /etc/group groups that list the user's name
 // as a member. Errors: ErrInvalidArgument for an unknown user or group name,
 // or a malformed spec.
-func ResolveUser(rootfs, user string) (uid, gid uint32, additionalGIDs []uint32, err error) {
+func ResolveUser(rootfs, user string) (User, error) {
+	uid, gid, groups, pw, err := resolveUser(rootfs, user)
+	if err != nil {
+		return User{}, err
+	}
+	u := User{UID: uid, GID: gid, AdditionalGIDs: groups, Home: "/"}
+	if pw != nil && pw.home != "" {
+		u.Home = pw.home
+	}
+	return u, nil
+}
+
+// resolveUser is ResolveUser's work; pw is the user's passwd entry, nil
+// when the image has none.
+func resolveUser(rootfs, user string) (uid, gid uint32, additionalGIDs []uint32, pw *passwdEntry, err error) {
 	userPart, groupPart, hasGroup := strings.Cut(user, ":")
 	if hasGroup && groupPart == "" {
-		return 0, 0, nil, errdefs.InvalidArgument("user %q: empty group", user)
+		return 0, 0, nil, nil, errdefs.InvalidArgument("user %q: empty group", user)
 	}
 	if userPart == "" {
 		if hasGroup {
-			return 0, 0, nil, errdefs.InvalidArgument("user %q: empty user", user)
+			return 0, 0, nil, nil, errdefs.InvalidArgument("user %q: empty user", user)
 		}
 		userPart = "0"
 	}
 	passwd, err := readDB(rootfs, "/etc/passwd", parsePasswd)
 	if err != nil {
-		return 0, 0, nil, err
+		return 0, 0, nil, nil, err
 	}
-	var pw *passwdEntry
 	if n, ok := parseID(userPart); ok {
 		uid = n
 		for i := range passwd {
@@ -72,7 +96,7 @@ func ResolveUser(rootfs, user string) (uid, gid uint32, additionalGIDs []uint32,
 			}
 		}
 		if pw == nil {
-			return 0, 0, nil, errdefs.InvalidArgument("user %q: no user named %q in the image's /etc/passwd", user, userPart)
+			return 0, 0, nil, nil, errdefs.InvalidArgument("user %q: no user named %q in the image's /etc/passwd", user, userPart)
 		}
 		uid = pw.uid
 	}
@@ -81,7 +105,7 @@ func ResolveUser(rootfs, user string) (uid, gid uint32, additionalGIDs []uint32,
 	}
 	groups, err := readDB(rootfs, "/etc/group", parseGroup)
 	if err != nil {
-		return 0, 0, nil, err
+		return 0, 0, nil, nil, err
 	}
 	if hasGroup {
 		if n, ok := parseID(groupPart); ok {
@@ -95,7 +119,7 @@ func ResolveUser(rootfs, user string) (uid, gid uint32, additionalGIDs []uint32,
 				}
 			}
 			if !found {
-				return 0, 0, nil, errdefs.InvalidArgument("user %q: no group named %q in the image's /etc/group", user, groupPart)
+				return 0, 0, nil, nil, errdefs.InvalidArgument("user %q: no group named %q in the image's /etc/group", user, groupPart)
 			}
 		}
 	}
@@ -106,7 +130,7 @@ func ResolveUser(rootfs, user string) (uid, gid uint32, additionalGIDs []uint32,
 			}
 		}
 	}
-	return uid, gid, additionalGIDs, nil
+	return uid, gid, additionalGIDs, pw, nil
 }
 
 func parseID(s string) (uint32, bool) {
@@ -170,7 +194,11 @@ func parsePasswd(line string) (passwdEntry, bool) {
 	if !ok1 || !ok2 || f[0] == "" {
 		return passwdEntry{}, false
 	}
-	return passwdEntry{name: f[0], uid: uid, gid: gid}, true
+	e := passwdEntry{name: f[0], uid: uid, gid: gid}
+	if len(f) > 5 {
+		e.home = f[5]
+	}
+	return e, true
 }
 
 // parseGroup parses "name:x:gid:member,member".
