@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/atomicfile"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/sysctl"
 	"github.com/stagelet/stagelet/network"
@@ -177,11 +179,13 @@ func (b *Broker) teardownNetwork(ctx context.Context, rec *PodRecord, remove boo
 	return nil
 }
 
-// writePodFiles writes the files the pod's containers get: resolv.conf
-// from the CRI DNS config, and for pods with their own network hostname
-// and hosts. Paths are under the pod's run dir. Where SELinux is
-// enabled they get the pod's mount label, which its containers read at
-// their level.
+// writePodFiles writes the files the pod's containers get, as containerd
+// gives them: resolv.conf from the CRI DNS config, else the node's;
+// hostname, the pod's (podHostname: the node's where its client named
+// none); hosts, for a pod with its own network whose client named its
+// hostname one naming it at its addresses, else the node's. Paths are under the pod's
+// run dir. Where SELinux is enabled they get the pod's mount label, which
+// its containers read at their level.
 func (b *Broker) writePodFiles(rec *PodRecord) error {
 	dir := filepath.Join(rec.RunDir, "etc")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -192,16 +196,40 @@ func (b *Broker) writePodFiles(rec *PodRecord) error {
 		if err := network.WriteResolvConf(filepath.Join(dir, "resolv.conf"), c.DNS.Servers, c.DNS.Searches, c.DNS.Options); err != nil {
 			return err
 		}
+	} else if err := copyNodeFile(nodeResolvConf, filepath.Join(dir, "resolv.conf")); err != nil {
+		return err
 	}
-	if !c.HostNetwork && c.Hostname != "" {
-		if err := network.WriteHostname(filepath.Join(dir, "hostname"), c.Hostname); err != nil {
+	if h := podHostname(&c); h != "" {
+		if err := network.WriteHostname(filepath.Join(dir, "hostname"), h); err != nil {
 			return err
 		}
+	}
+	if !c.HostNetwork && c.Hostname != "" {
 		if err := network.WriteHosts(filepath.Join(dir, "hosts"), c.Hostname, rec.IPs); err != nil {
 			return err
 		}
+	} else if err := copyNodeFile(nodeHosts, filepath.Join(dir, "hosts")); err != nil {
+		return err
 	}
 	return lsm.Relabel(dir, rec.SELinux.Mount)
+}
+
+// The node's files a pod gets a copy of.
+var (
+	nodeResolvConf = "/etc/resolv.conf"
+	nodeHosts      = "/etc/hosts"
+)
+
+// copyNodeFile copies the node's file src to dst, atomically; a node
+// without src gives none.
+func copyNodeFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("copy the node's %s: %w", src, err)
+	}
+	return atomicfile.WriteVolatile(dst, b, 0o644)
 }
 
 // podFileMounts are the bind mounts of the pod's files into a container,

@@ -170,6 +170,20 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 	return id, nil
 }
 
+// podHostname is the pod's hostname: its client's, else the node's, as
+// containerd gives it: its containers' HOSTNAME, /etc/hostname and, in
+// its own UTS namespace, hostname. Where the node's cannot be read the
+// pod has none.
+func podHostname(cfg *PodConfig) string {
+	if cfg.Hostname != "" {
+		return cfg.Hostname
+	}
+	if h, err := os.Hostname(); err == nil && len(h) <= maxHostname {
+		return h
+	}
+	return ""
+}
+
 // newPod is pod id of cfg (whose hash is hash), placed by dec, being
 // created for a RunPod call made at runAt: its creation ends when its
 // created channel closes.
@@ -250,7 +264,7 @@ func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 		Name:         c.Metadata.Name,
 		Namespace:    c.Metadata.Namespace,
 		UID:          c.Metadata.UID,
-		Hostname:     c.Hostname,
+		Hostname:     podHostname(&c),
 		RunDir:       rec.RunDir,
 		CgroupParent: parent,
 		HostNetwork:  c.HostNetwork,
