@@ -29,6 +29,7 @@ import (
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/rlimit"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
@@ -87,6 +88,10 @@ type Options struct {
 	// Inspect: an operator tool that only reads the state, maybe beside
 	// the running daemon (stagelet doctor): New makes no directory.
 	Inspect bool
+	// Rlimits are the resource limits every container starts with: the
+	// daemon's children's (rlimit.Inherited), as containerd's containers
+	// get containerd's; nil leaves each agent's children's.
+	Rlimits []rlimit.Limit
 	// CRIU is the criu binary that works on this node, or why none does;
 	// nil: checkpoints are refused. Asked at each checkpoint or restore.
 	CRIU func(context.Context) (string, error)

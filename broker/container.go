@@ -418,6 +418,7 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 	if err != nil {
 		return nil, nil, err
 	}
+	app.Rlimits = slices.Clone(b.opts.Rlimits)
 	// Volumes that ask for it get the container's mount label, as in
 	// containerd and CRI-O: private to its pod's level. Others keep
 	// theirs, which the container reads only where the policy lets it.

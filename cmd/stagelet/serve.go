@@ -26,6 +26,7 @@ import (
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/logctx"
+	"github.com/stagelet/stagelet/internal/rlimit"
 	"github.com/stagelet/stagelet/internal/staticbin"
 	"github.com/stagelet/stagelet/metrics"
 	"github.com/stagelet/stagelet/network"
@@ -316,7 +317,12 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 			return nil, nil, err
 		}
 	}
+	limits, err := rlimit.Inherited()
+	if err != nil {
+		log.Warn("containers start with their agent's resource limits: the daemon's children's could not be read", "err", err)
+	}
 	b, err := broker.New(broker.Options{
+		Rlimits:       limits,
 		Trust:         imageTrust,
 		Network:       netm,
 		StateDir:      state,
