@@ -10,7 +10,7 @@ VERSION := $(RELEASE)+$(shell git describe --always --dirty 2>/dev/null || echo 
 # under TCG and fits a 128 MiB VM.
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build guest deb run deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node test-node-selinux node-e2e test-cluster
+.PHONY: all build guest deb run deps test-deps test unit e2e conformance bench fuzz race lint clean systemd-testbed test-systemd test-node test-node-selinux node-e2e test-cluster
 
 all: build guest
 
@@ -18,8 +18,15 @@ all: build guest
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stagelet
 
+# What running and building need (make run installs no more).
 deps:
 	./scripts/install-deps.sh
+
+# What only the tests use besides: containerd and runc (the reference the
+# side-by-side test compares with), OpenJDK 17's runtime (the JVM test
+# image) and cosign (the signature tests).
+test-deps: deps
+	./scripts/install-test-deps.sh
 
 # The kvm stage1's guest: a kernel built from Debian's kernel source with
 # guest/kernel.config (cached in /var/cache/stagelet-guest-kernel, built
@@ -52,7 +59,7 @@ run: deps build guest
 # tests (they skip, saying why, without root); and the scripts' own tests
 # (scripts/*_test.py).
 SCRIPT_TESTS = python3 -B -m unittest discover -s scripts -p '*_test.py'
-test: deps lint guest
+test: test-deps lint guest
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -count=1 -timeout 40m ./...
 	$(SCRIPT_TESTS)
 
@@ -60,7 +67,7 @@ unit:
 	$(GO) test -count=1 -short ./...
 	$(SCRIPT_TESTS)
 
-e2e: deps guest
+e2e: test-deps guest
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -count=1 -timeout 30m -v ./test/e2e/...
 
 # The CRI conformance suite (critest, from the kit in ../shared/conformance)
@@ -97,7 +104,7 @@ node-e2e: deps build guest
 # kube-proxy, the pod network and CoreDNS as pods (test/cluster). The
 # Kubernetes binaries, coredns and the tree are built once and cached in
 # /var/cache (scripts/cluster-build.sh).
-test-cluster: deps build guest
+test-cluster: test-deps build guest
 	./scripts/test-cluster.sh $(BIN) $(GUEST_DIR)
 
 # The Debian tree (debootstrap, a few minutes the first time) that the
@@ -116,13 +123,13 @@ test-systemd: systemd-testbed
 # service of contrib/systemd/stagelet.service under both cgroup drivers,
 # then critest (scripts/test-node.sh; the image is cached after the first
 # build).
-test-node: deps build guest
+test-node: test-deps build guest
 	GUEST=$(GUEST_DIR) ./scripts/test-node.sh $(BIN)
 
 # The same VM's SELinux variant: Debian's reference policy enforcing, with
 # contrib/selinux's module; TestSELinux (test/node) on nspawn and fly,
 # then critest, with no SELinux denial while it runs.
-test-node-selinux: deps build guest
+test-node-selinux: test-deps build guest
 	NODE_VARIANT=selinux GUEST=$(GUEST_DIR) ./scripts/test-node.sh $(BIN)
 
 # Speed and memory figures: Go benchmarks and the end-to-end bench command,
@@ -135,7 +142,7 @@ test-node-selinux: deps build guest
 # with a 64 MiB limit in cgroups the kubelet's size, without RuntimeClass
 # overhead (their qemu in the overhead cgroup).
 BENCH_OUT ?= $(CURDIR)/bin/bench
-bench: deps build guest
+bench: test-deps build guest
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/supervisor/ ./network/ ./stage1/nspawn/
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -run '^$$' -bench . -benchtime 10x ./stage1/kvm/
 	mkdir -p $(BENCH_OUT)
@@ -157,7 +164,7 @@ bench: deps build guest
 # broker, the CRI server, policy, the stage1s and the agent. The race
 # runtime needs cgo (gcc); the binaries the tests build stay static.
 RACE_PKGS = ./broker/... ./cri/... ./policy/... ./stage1/... ./agent/...
-race: deps guest
+race: test-deps guest
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
 
 # Each fuzz target briefly; the corpora in the packages' testdata/fuzz

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Installs the Debian packages stagelet and its tests need, if missing.
+# Installs the Debian packages stagelet needs to run and to be built, if
+# missing; what only the tests use is scripts/install-test-deps.sh's.
 # Safe to run repeatedly; does nothing when everything is present.
 set -eu
 
@@ -71,16 +72,4 @@ if ! criu_works; then
 		exit 1
 	fi
 	"$(dirname "$0")/build-criu.sh" >/dev/null
-fi
-
-# The image signature tests sign with cosign (sigstore), the release that
-# scripts/build-cosign.sh pins (its VERSION), built with go install (cached
-# in /var/cache/stagelet-cosign) into /usr/local/bin.
-cosign_version=$(sed -n 's/^VERSION=//p' "$(dirname "$0")/build-cosign.sh")
-if ! /usr/local/bin/cosign version 2>/dev/null | grep -q "^GitVersion: *$cosign_version\$"; then
-	if [ "$(id -u)" != 0 ]; then
-		echo "install-deps: no cosign $cosign_version in /usr/local/bin, and building one (scripts/build-cosign.sh) needs root" >&2
-		exit 1
-	fi
-	"$(dirname "$0")/build-cosign.sh" >/dev/null
 fi
