@@ -7,6 +7,7 @@
 package rlimit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -177,5 +178,58 @@ func Apply(ls []Limit, warn func(string, ...any)) error {
 		}
 		warn("%s: hard limit %d above the agent's %d, which it may not raise: %d/%d", l.Type, want.Max, own.Max, got.Cur, got.Max)
 	}
+	return nil
+}
+
+// limitJSON is a Limit as records keep it: an unlimited value is
+// "unlimited", so that a record read and written by any JSON tool (which
+// may hold numbers as doubles) keeps it.
+type limitJSON struct {
+	Type string `json:"type"`
+	Soft any    `json:"soft"`
+	Hard any    `json:"hard"`
+}
+
+func jsonValue(v uint64) any {
+	if v == unix.RLIM_INFINITY {
+		return "unlimited"
+	}
+	return v
+}
+
+func parseValue(v any) (uint64, error) {
+	switch x := v.(type) {
+	case string:
+		if x == "unlimited" {
+			return unix.RLIM_INFINITY, nil
+		}
+	case float64:
+		if x >= 0 && x < 1<<53 && x == float64(uint64(x)) {
+			return uint64(x), nil
+		}
+	}
+	return 0, fmt.Errorf("rlimit: bad value %v", v)
+}
+
+// MarshalJSON implements json.Marshaler.
+func (l Limit) MarshalJSON() ([]byte, error) {
+	return json.Marshal(limitJSON{Type: l.Type, Soft: jsonValue(l.Soft), Hard: jsonValue(l.Hard)})
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (l *Limit) UnmarshalJSON(b []byte) error {
+	var j limitJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	soft, err := parseValue(j.Soft)
+	if err != nil {
+		return err
+	}
+	hard, err := parseValue(j.Hard)
+	if err != nil {
+		return err
+	}
+	*l = Limit{Type: j.Type, Soft: soft, Hard: hard}
 	return nil
 }

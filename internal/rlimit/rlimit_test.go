@@ -1,8 +1,10 @@
 package rlimit
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -115,5 +117,24 @@ func TestInheritedBelowRaised(t *testing.T) {
 	f := strings.Fields(string(out))
 	if len(f) != 2 || f[0] != "512" || f[1] == "512" {
 		t.Errorf("a process started with 512 open files (its own raised) reports inherited/own %q, want 512 and its raised one", out)
+	}
+}
+
+// TestLimitJSON: an unlimited value survives a JSON tool that holds
+// numbers as doubles.
+func TestLimitJSON(t *testing.T) {
+	in := []Limit{{Type: "RLIMIT_CORE", Soft: 0, Hard: ^uint64(0)}, {Type: "RLIMIT_NOFILE", Soft: 1024, Hard: 524288}}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generic any
+	if err := json.Unmarshal(b, &generic); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = json.Marshal(generic)
+	var out []Limit
+	if err := json.Unmarshal(b, &out); err != nil || !slices.Equal(in, out) {
+		t.Errorf("%s read back as %v, %v", b, out, err)
 	}
 }
