@@ -195,6 +195,19 @@ func viewName(m mount) string {
 	return strings.Join(names, ",")
 }
 
+// HierarchyOf is the v1 hierarchy a cgroup mount with super options opts
+// shows, as /proc/PID/cgroup names it: its controllers ("cpu,cpuacct")
+// or its name ("name=systemd").
+func HierarchyOf(opts []string) string {
+	var names []string
+	for _, o := range opts {
+		if strings.HasPrefix(o, "name=") || knownV1Controller(o) {
+			names = append(names, o)
+		}
+	}
+	return strings.Join(names, ",")
+}
+
 // knownV1Controller tells a controller's name from a mount option.
 func knownV1Controller(o string) bool {
 	switch o {

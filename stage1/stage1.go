@@ -233,6 +233,12 @@ type ExternalMount struct {
 	// /dev/null: a device, or a masked file); empty: one of the
 	// container's mounts, at Point in its spec.
 	Device string `json:"device,omitempty"`
+	// Cgroup, for a mount of a cgroup hierarchy (the app's own cgroup,
+	// shown at /sys/fs/cgroup), is the hierarchy's controllers as
+	// /proc/PID/cgroup names them ("memory", "cpu,cpuacct",
+	// "name=systemd"; "" for cgroup2): the restored app gets its own
+	// cgroup in that hierarchy there.
+	Cgroup *string `json:"cgroup,omitempty"`
 }
 
 // AppRestorer is a Pod whose apps can be restored from CRIU images (an

@@ -63,6 +63,11 @@ func mountCgroupView(rootfs string, app *api.AppSpec, warn func(string, ...any))
 	return mountCgroupV1(rootfs, dirs, ro, app.SELinuxMountLabel)
 }
 
+// private makes the mount at t private: the view's mounts propagate
+// nowhere, and criu, which checkpoints the app with its mounts, finds no
+// peer or master of theirs outside the app's namespace.
+func private(t string) error { return unix.Mount("", t, "", unix.MS_PRIVATE, "") }
+
 // viewFlags are the flags of the cgroup view's mounts.
 func viewFlags(ro bool) uintptr {
 	f := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
@@ -91,7 +96,7 @@ func mountCgroup2(rootfs, dir string, ro bool) error {
 			return nil
 		}
 		return unix.Mount("", t, "", unix.MS_BIND|unix.MS_REMOUNT|viewFlags(ro), "")
-	})
+	}, private)
 }
 
 // mountCgroupV1 lays out the v1 hierarchies dirs beneath rootfs's
@@ -99,7 +104,7 @@ func mountCgroup2(rootfs, dir string, ro bool) error {
 func mountCgroupV1(rootfs string, dirs []cgroups.ViewDir, ro bool, mountLabel string) error {
 	if err := mountIn(rootfs, cgroupFS, true, func(t string) error {
 		return unix.Mount("tmpfs", t, "tmpfs", viewFlags(false), lsm.MountData("mode=755", mountLabel))
-	}); err != nil {
+	}, private); err != nil {
 		return err
 	}
 	links := map[string]string{}
@@ -112,7 +117,7 @@ func mountCgroupV1(rootfs string, dirs []cgroups.ViewDir, ro bool, mountLabel st
 			return unix.Mount(d.Dir, t, "", unix.MS_BIND, "")
 		}, func(t string) error {
 			return unix.Mount("", t, "", unix.MS_BIND|unix.MS_REMOUNT|viewFlags(ro), "")
-		}); err != nil {
+		}, private); err != nil {
 			return err
 		}
 		if strings.Contains(d.Name, ",") {

@@ -341,7 +341,7 @@ var (
 // child (the agent is in the node's PID namespace, not its init), leaves
 // the restored app to the agent.
 func (p *Pod) RestoreApp(ctx context.Context, r *stage1.AppRestore) (int, error) {
-	pid, err := host.RestoreAppInAgent(ctx, r)
+	pid, err := host.RestoreAppInAgent(ctx, p.st.cgroup(), r)
 	if err != nil {
 		return 0, fmt.Errorf("fly: restore %s: %w", r.Spec.ID, err)
 	}

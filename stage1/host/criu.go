@@ -178,9 +178,10 @@ func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, di
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("checkpoint: process %d: %w", pid, err)
 	}
-	for _, point := range externalMounts(mounts) {
+	for _, m := range externalMounts(mounts) {
+		point := m.Mountpoint
 		args = append(args, "--ext-mount-map", point+":"+MountKey(point))
-		img.Mounts = append(img.Mounts, stage1.ExternalMount{Point: point, Device: deviceOf(filepath.Join(proc, "root", point))})
+		img.Mounts = append(img.Mounts, stage1.ExternalMount{Point: point, Device: deviceOf(filepath.Join(proc, "root", point)), Cgroup: cgroupsOf(m)})
 	}
 	for fd := 0; fd <= 2; fd++ {
 		if l, err := os.Readlink(fmt.Sprintf("%s/fd/%d", proc, fd)); err == nil && strings.HasPrefix(l, "pipe:") {
@@ -275,10 +276,25 @@ func MountKey(point string) string {
 	return "m" + strings.NewReplacer("/", "_", ":", "_", ",", "_").Replace(point)
 }
 
-// externalMounts are the mount points, in a process's mountinfo, of file
+// cgroupsOf is the controllers of the hierarchy mount m shows, as
+// /proc/PID/cgroup names them ("" for cgroup2); nil when m is no cgroup
+// mount.
+func cgroupsOf(m *mountinfo.Info) *string {
+	var ctls string
+	switch m.FSType {
+	case "cgroup2":
+	case "cgroup":
+		ctls = cgroups.HierarchyOf(strings.Split(m.VFSOptions, ","))
+	default:
+		return nil
+	}
+	return &ctls
+}
+
+// externalMounts are the mounts, in a process's mountinfo, of file
 // systems it does not mount whole: criu cannot reach their source from
 // the process's namespace, so they are named external.
-func externalMounts(ms []*mountinfo.Info) []string {
+func externalMounts(ms []*mountinfo.Info) []*mountinfo.Info {
 	type dev struct{ major, minor int }
 	whole := map[dev]bool{}
 	for _, m := range ms {
@@ -286,10 +302,10 @@ func externalMounts(ms []*mountinfo.Info) []string {
 			whole[dev{m.Major, m.Minor}] = true
 		}
 	}
-	var out []string
+	var out []*mountinfo.Info
 	for _, m := range ms {
 		if m.Mountpoint != "/" && !whole[dev{m.Major, m.Minor}] {
-			out = append(out, m.Mountpoint)
+			out = append(out, m)
 		}
 	}
 	return out

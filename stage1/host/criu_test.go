@@ -25,10 +25,24 @@ func TestExternalMounts(t *testing.T) {
 		{Major: 254, Minor: 1, Root: "/run/stagelet/pods/x/etc/hosts", Mountpoint: "/etc/hosts"},
 		{Major: 0, Minor: 41, Root: "/sys", Mountpoint: "/proc/sys"}, // a bind of the app's own proc
 		{Major: 0, Minor: 43, Root: "/", Mountpoint: "/data"},        // a volume mounted whole
+		// The app's own cgroup, shown at /sys/fs/cgroup.
+		{Major: 0, Minor: 30, Root: "/k/pod-x/app-c", Mountpoint: "/sys/fs/cgroup/cpu,cpuacct", FSType: "cgroup", VFSOptions: "rw,cpu,cpuacct"},
+		{Major: 0, Minor: 31, Root: "/k/pod-x/app-c", Mountpoint: "/sys/fs/cgroup/systemd", FSType: "cgroup", VFSOptions: "rw,xattr,name=systemd"},
 	}
-	want := []string{"/dev/null", "/proc/kcore", "/etc/hosts"}
-	if got := externalMounts(ms); !slices.Equal(got, want) {
+	want := []string{"/dev/null", "/proc/kcore", "/etc/hosts", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/systemd"}
+	var got []string
+	var hierarchies []string
+	for _, m := range externalMounts(ms) {
+		got = append(got, m.Mountpoint)
+		if c := cgroupsOf(m); c != nil {
+			hierarchies = append(hierarchies, *c)
+		}
+	}
+	if !slices.Equal(got, want) {
 		t.Errorf("externalMounts = %q, want %q", got, want)
+	}
+	if want := []string{"cpu,cpuacct", "name=systemd"}; !slices.Equal(hierarchies, want) {
+		t.Errorf("the cgroup mounts' hierarchies: %q, want %q", hierarchies, want)
 	}
 	if k := MountKey("/dev/null"); k != "m_dev_null" {
 		t.Errorf("MountKey = %q", k)

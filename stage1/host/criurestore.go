@@ -63,7 +63,7 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 		}
 	}()
 	pidfile := filepath.Join(r.Images, "restore.pid")
-	args, err := criuRestoreArgs(r.CRIU, pidfile, r, func(what, key string) (int, error) {
+	args, err := criuRestoreArgs(r.CRIU, pidfile, r, appCg, func(what, key string) (int, error) {
 		path, flag := proc+"/ns/"+what, os.O_RDONLY
 		switch what {
 		case "stdout":
@@ -113,18 +113,22 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 }
 
 // RestoreAppInAgent restores, with criu run by the pod's agent as its
-// child (stage1.AppRestore.InAgent), app r.Spec.ID of a pod whose agent
+// child (stage1.AppRestore.InAgent), app r.Spec.ID of the pod in cg, whose agent
 // runs in the node's PID namespace and mount namespace (fly's
 // stage1.AppRestorer): criu, detached, leaves the restored process to the
 // agent, a child subreaper. It returns the process's PID.
-func RestoreAppInAgent(ctx context.Context, r *stage1.AppRestore) (int, error) {
+func RestoreAppInAgent(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (int, error) {
 	if r.InAgent == nil {
 		return 0, errdefs.FailedPrecondition("restore: the agent cannot run criu for this pod")
+	}
+	appCg, err := appCgroup(cg, r.Spec.ID)
+	if err != nil {
+		return 0, err
 	}
 	pidfile := filepath.Join(r.Images, "restore.pid")
 	// The agent's fds, as OpRestoreRun gives them.
 	fds := map[string]int{"stdout": 3, "stderr": 4, "net": 5}
-	args, err := criuRestoreArgs(r.CRIU, pidfile, r, func(what, key string) (int, error) {
+	args, err := criuRestoreArgs(r.CRIU, pidfile, r, appCg, func(what, key string) (int, error) {
 		fd, ok := fds[what]
 		if !ok {
 			return 0, errdefs.FailedPrecondition("restore: the app's images leave out its pod's %s namespace, which this pod cannot give back", what)
@@ -144,8 +148,10 @@ func RestoreAppInAgent(ctx context.Context, r *stage1.AppRestore) (int, error) {
 // criuRestoreArgs is the command line (criu first) that restores r, its
 // PID written to pidfile. fd gives the file descriptor criu is given for
 // what the images left out: "net" and "pid" (the pod's namespaces),
-// "stdout" and "stderr" (the agent's pipes), each by its criu key.
-func criuRestoreArgs(criu, pidfile string, r *stage1.AppRestore, fd func(what, key string) (int, error)) ([]string, error) {
+// "stdout" and "stderr" (the agent's pipes), each by its criu key. app is
+// the new app's cgroup, which criu restores into (it leaves cgroups
+// alone), and which the restored app is shown at /sys/fs/cgroup.
+func criuRestoreArgs(criu, pidfile string, r *stage1.AppRestore, app *cgroups.Cgroup, fd func(what, key string) (int, error)) ([]string, error) {
 	if err := os.Remove(pidfile); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("restore: %w", err) // criu refuses to overwrite it
 	}
@@ -187,7 +193,7 @@ func criuRestoreArgs(criu, pidfile string, r *stage1.AppRestore, fd func(what, k
 		}
 	}
 	for _, m := range r.Image.Mounts {
-		src, err := mountSource(r.Spec, m)
+		src, err := mountSource(r.Spec, m, app)
 		if err != nil {
 			return nil, err
 		}
@@ -242,8 +248,12 @@ func pidsFree(cg *cgroups.Cgroup, level int, pids []int) error {
 }
 
 // mountSource is the node path to bind where the app had external mount
-// m: the device node it showed, or the source of the app's mount there.
-func mountSource(spec *api.AppSpec, m stage1.ExternalMount) (string, error) {
+// m: the device node it showed, the new app's cgroup (app) in the
+// hierarchy it showed, or the source of the app's mount there.
+func mountSource(spec *api.AppSpec, m stage1.ExternalMount, app *cgroups.Cgroup) (string, error) {
+	if m.Cgroup != nil {
+		return cgroupSource(*m.Cgroup, app)
+	}
 	if m.Device != "" {
 		if !slices.Contains(stdDevices, strings.TrimPrefix(m.Device, "/dev/")) {
 			return "", errdefs.InvalidArgument("restore: mount %s shows device %s, not one an app is given", m.Point, m.Device)
@@ -256,6 +266,33 @@ func mountSource(spec *api.AppSpec, m stage1.ExternalMount) (string, error) {
 		}
 	}
 	return "", errdefs.FailedPrecondition("restore: the checkpointed app had a mount at %s, which the new container does not have", m.Point)
+}
+
+// cgroupSource is the directory of hierarchy h (as /proc/PID/cgroup
+// names it; "" for cgroup2) where a restored app runs: its own cgroup in
+// the hierarchies its pod manages; elsewhere the restorer's, which criu
+// leaves it in.
+func cgroupSource(h string, app *cgroups.Cgroup) (string, error) {
+	if h == "" {
+		if d, ok := app.Paths[cgroups.Unified]; ok {
+			return d, nil
+		}
+	}
+	for _, c := range strings.Split(h, ",") {
+		if d, ok := app.Paths[c]; ok && h != "" {
+			return d, nil
+		}
+	}
+	_, own, err := cgroups.OwnView("")
+	if err != nil {
+		return "", errdefs.FailedPrecondition("restore: the app's cgroup in %q: %w", h, err)
+	}
+	for _, d := range own {
+		if strings.Join(d.Controllers, ",") == h {
+			return d.Dir, nil
+		}
+	}
+	return "", errdefs.FailedPrecondition("restore: the checkpointed app was shown its cgroup in the hierarchy %q, which this node does not mount", h)
 }
 
 // findCgroup is the directory named name beneath root (at most three

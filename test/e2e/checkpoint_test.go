@@ -124,6 +124,11 @@ func (e *env) restoreInto(s podStage1, name, image string, before int) {
 	if !strings.Contains(env, "MOVED_FROM=the first pod") {
 		t.Errorf("%s: the restored container's environment lacks the checkpointed one's: %q", name, env)
 	}
+	// It is shown its new cgroup (its old one went with the first pod).
+	procs := e.execOK(id, "sh", "-c", "cat /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/pids/cgroup.procs 2>/dev/null; true")
+	if len(strings.Fields(procs)) == 0 {
+		t.Errorf("%s: the restored container sees no process in its cgroup at /sys/fs/cgroup", name)
+	}
 	t.Logf("%s %s: restored in %v (StartContainer); its log goes on from %d (checkpointed at %d or after)", s.handler, name, took.Round(time.Millisecond), first, before)
 	if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 10}); err != nil {
 		t.Errorf("%s: StopContainer (restored): %v", name, err)
