@@ -30,10 +30,14 @@ func TestJVMSizesToItsContainer(t *testing.T) {
 		t.Run(s.handler, func(t *testing.T) {
 			e := &env{t: t, reg: e.reg, d: e.d, image: e.image}
 			podCfg := e.netPodConfig("jvm-"+s.handler, s)
+			// The sum of its containers' limits, as the kubelet sends
+			// it (a VM is sized from it and the guest's own memory).
+			limits := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20, CpuQuota: 50000, CpuPeriod: 100000}
+			podCfg.Linux.Resources = limits
 			pod := e.runStage1Pod(podCfg, s)
 			cfg := e.netContainer(s, "java", "java", "-XshowSettings:system", "-version")
 			cfg.Image = &runtimeapi.ImageSpec{Image: jre}
-			cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20, CpuQuota: 50000, CpuPeriod: 100000}
+			cfg.Linux.Resources = limits
 			id := e.createAndStart(pod, podCfg, cfg)
 			// Under TCG (kvm here) the JVM starts in minutes, not seconds.
 			st := e.waitContainerState(id, runtimeapi.ContainerState_CONTAINER_EXITED, 5*time.Minute)
