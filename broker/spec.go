@@ -211,8 +211,6 @@ func buildAppSpec(id string, pod *PodConfig, podSELinux lsm.Labels, cfg *Contain
 		Stdin:               cfg.Stdin,
 		StdinOnce:           cfg.Stdin && cfg.StdinOnce,
 	}
-	// HOSTNAME is the pod's, the node's in the node's network, as
-	// containerd sets it.
 	spec.Env = defaultEnv(spec.Env, podHostname(pod), user.Home, cfg.TTY)
 	return spec, nil
 }
@@ -305,9 +303,10 @@ func appUser(sec *Security, img *image.Image, rootfs string) (image.User, error)
 	return u, nil
 }
 
-// defaultEnv adds what an app's environment lacks: HOSTNAME (the pod's),
-// HOME (the user's home, as runc sets it), TERM for a terminal, as Docker
-// and containerd give it, and a PATH.
+// defaultEnv adds what an app's environment lacks: HOSTNAME (the pod's,
+// also in the node's network, as containerd sets it), HOME (the user's
+// home, as runc sets it), TERM for a terminal, as Docker and containerd
+// give it, and a PATH.
 func defaultEnv(env []string, hostname, home string, tty bool) []string {
 	if hasEnv(env, "HOSTNAME") == "" && hostname != "" {
 		env = append(env, "HOSTNAME="+hostname)
