@@ -18,8 +18,11 @@ var v2Controllers = []string{"cpu", "memory", "pids"}
 
 // v2Optional are controllers enabled where the layout allows: their
 // absence only matters to a cgroup that is asked for their limits (Set
-// then reports the missing file).
-var v2Optional = []string{"cpuset"}
+// then reports the missing file). Besides cpuset, whose limits stagelet
+// sets, they are every other controller the node may delegate, as runc
+// enables them: a container sees their files (io.max, hugetlb.*) in its
+// cgroup, as under runc.
+var v2Optional = []string{"cpuset", "io", "hugetlb", "misc", "rdma"}
 
 func isRequired(c string) bool { return slices.Contains(v2Controllers, c) }
 

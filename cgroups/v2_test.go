@@ -71,13 +71,13 @@ func TestDelegateV2(t *testing.T) {
 		if err := delegateV2(f.root, filepath.Join(b, "pod")); err != nil {
 			t.Fatal(err)
 		}
-		if got := read(t, f.root, "cgroup.subtree_control"); got != "+cpu +memory +pids +cpuset" {
+		if got := read(t, f.root, "cgroup.subtree_control"); got != "+cpu +memory +pids +cpuset +io" {
 			t.Errorf("root subtree_control = %q", got)
 		}
-		if got := read(t, a, "cgroup.subtree_control"); got != "+cpuset" {
-			t.Errorf("a, which had all but cpuset, was written %q, want only +cpuset", got)
+		if got := read(t, a, "cgroup.subtree_control"); got != "+cpuset +io" {
+			t.Errorf("a, which had all but cpuset and io, was written %q, want only +cpuset +io", got)
 		}
-		if got := read(t, b, "cgroup.subtree_control"); got != "+cpu +memory +pids +cpuset" {
+		if got := read(t, b, "cgroup.subtree_control"); got != "+cpu +memory +pids +cpuset +io" {
 			t.Errorf("b subtree_control = %q", got)
 		}
 	})
