@@ -724,13 +724,19 @@ func setupDev(rootfs, mountLabel string, warn func(string, ...any)) error {
 	if err != nil {
 		return err
 	}
-	for link, target := range map[string]string{
+	links := map[string]string{
 		"ptmx":   "pts/ptmx",
 		"fd":     "/proc/self/fd",
 		"stdin":  "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1",
 		"stderr": "/proc/self/fd/2",
-	} {
+	}
+	// As runc makes it, where the kernel has /proc/kcore (masked in an
+	// unprivileged app).
+	if _, err := os.Stat("/proc/kcore"); err == nil {
+		links["core"] = "/proc/kcore"
+	}
+	for link, target := range links {
 		if err := os.Symlink(target, filepath.Join(dev, link)); err != nil {
 			return fmt.Errorf("/dev/%s: %w", link, err)
 		}
