@@ -4,11 +4,9 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
-
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/test/e2e/harness"
+	"github.com/stagelet/stagelet/test/runcview"
 )
 
 // TestJVMSizesToItsContainer: a real program that sizes itself from its
@@ -28,24 +26,8 @@ func TestJVMSizesToItsContainer(t *testing.T) {
 	e.pull(jre)
 	for _, s := range stage1s {
 		t.Run(s.handler, func(t *testing.T) {
-			e := &env{t: t, reg: e.reg, d: e.d, image: e.image}
-			podCfg := e.netPodConfig("jvm-"+s.handler, s)
-			// The sum of its containers' limits, as the kubelet sends
-			// it (a VM is sized from it and the guest's own memory).
-			limits := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20, CpuQuota: 50000, CpuPeriod: 100000}
-			podCfg.Linux.Resources = limits
-			pod := e.runStage1Pod(podCfg, s)
-			cfg := e.netContainer(s, "java", "java", "-XshowSettings:system", "-version")
-			cfg.Image = &runtimeapi.ImageSpec{Image: jre}
-			cfg.Linux.Resources = limits
-			id := e.createAndStart(pod, podCfg, cfg)
-			// Under TCG (kvm here) the JVM starts in minutes, not seconds.
-			st := e.waitContainerState(id, runtimeapi.ContainerState_CONTAINER_EXITED, 5*time.Minute)
-			out := e.logText(logPath(podCfg, cfg))
-			if st.ExitCode != 0 {
-				t.Fatalf("java exited %d:\n%s", st.ExitCode, out)
-			}
-			for _, want := range []string{"Memory Limit: 256.00M", "Effective CPU Count: 1"} {
+			out := runcview.RunJVM(t, e.rt(), e.d.LogsDir, jre, runcview.Pod{Handler: s.handler, Namespace: "e2e", Name: "jvm-" + s.handler, NS: s.podNetNS()})
+			for _, want := range runcview.JVMReports {
 				if !strings.Contains(out, want) {
 					t.Errorf("the JVM does not report %q:\n%s", want, out)
 				}

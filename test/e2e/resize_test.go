@@ -53,12 +53,23 @@ func (e *env) appCgroupFile(id, ctl, v1File, v2File string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// checkOwnLimit: container id reads the memory limit want, its cgroup's
+// after an update, in its own view of its cgroups (/sys/fs/cgroup).
+func checkOwnLimit(t *testing.T, e *env, id, want string) {
+	t.Helper()
+	got := strings.TrimSpace(e.execOK(id, "sh", "-c", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null; true"))
+	if got != want {
+		t.Errorf("the container reads its memory limit %q at /sys/fs/cgroup, its cgroup's is %q", got, want)
+	}
+}
+
 // TestResizeInPlace: UpdateContainerResources changes a running
 // container's memory and CPU limits in its cgroup on the host, ContainerStatus
 // reads them back, and what cannot be honoured is refused.
 func TestResizeInPlace(t *testing.T) {
 	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
 		id := checkResize(t, e, s, false, e.appMemoryLimit)
+		checkOwnLimit(t, e, id, e.appMemoryLimit(id))
 		// A cpuset: the last CPU alone, in the app's cgroup and in what
 		// the kernel lets a process of the container run on.
 		last := strconv.Itoa(runtime.NumCPU() - 1)
@@ -91,6 +102,7 @@ func TestResizeInPlaceKVM(t *testing.T) {
 	id := checkResize(t, e, kvmStage1, true, func(id string) string {
 		return strings.TrimSpace(e.execOK(id, "cat", "/proc/1/root/sys/fs/cgroup/memory/pod/app-"+id+"/memory.limit_in_bytes"))
 	})
+	checkOwnLimit(t, e, id, strings.TrimSpace(e.execOK(id, "cat", "/proc/1/root/sys/fs/cgroup/memory/pod/app-"+id+"/memory.limit_in_bytes")))
 	// A cpuset names host CPUs, which a guest does not see: refused.
 	_, err := e.rt().UpdateContainerResources(e.ctx(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id,
 		Linux: &runtimeapi.LinuxContainerResources{CpusetCpus: "0"}})
