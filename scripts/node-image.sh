@@ -69,12 +69,15 @@ trap 'rm -rf --one-file-system "$tmp"' EXIT
 # profiles with sudo apparmor_parser.
 # qemu-system-x86: the kvm stage1's pods, whose qemu is confined here
 # (its SELinux domain, its AppArmor profile); their VMs run under TCG.
+# containerd, runc and openjdk-17-jre-headless: the reference runtime the
+# side-by-side test compares a container's view with, and the JVM that
+# test runs (TestSeenAsUnderRunc, test/node).
 # selinux: Debian's reference policy, its tools, auditd (the AVCs go to
 # /var/log/audit) and what builds a policy module (selinux-policy-dev).
 extra=
 [ "$variant" != selinux ] || extra=,selinux-policy-default,selinux-utils,policycoreutils,auditd,selinux-policy-dev,make,m4,checkpolicy,semodule-utils
 debootstrap --variant=minbase \
-	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu,apparmor,apparmor-utils,qemu-system-x86,sudo$extra \
+	--include=systemd,systemd-sysv,dbus,systemd-container,containernetworking-plugins,iptables,iproute2,kmod,linux-image-cloud-amd64,python3,xz-utils,busybox-static,procps,criu,apparmor,apparmor-utils,qemu-system-x86,sudo,containerd,runc,openjdk-17-jre-headless$extra \
 	bookworm "$tree" "$mirror" >"$tmp/debootstrap.log" 2>&1 || {
 	tail -20 "$tmp/debootstrap.log" >&2
 	exit 1
@@ -84,11 +87,13 @@ echo stagelet-node >"$tree/etc/hostname"
 printf '127.0.0.1 localhost\n127.0.1.1 stagelet-node\n' >"$tree/etc/hosts"
 printf '/dev/vda / ext4 rw,relatime 0 1\n' >"$tree/etc/fstab"
 : >"$tree/etc/machine-id" # transient, made at each boot
-# A quick, quiet boot: no getty, no network configuration, no timers.
+# A quick, quiet boot: no getty, no network configuration, no timers;
+# no containerd (the side-by-side test starts a private one).
 for u in getty@.service serial-getty@.service console-getty.service \
 	systemd-networkd.service systemd-resolved.service systemd-timesyncd.service \
 	apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
-	man-db.timer dpkg-db-backup.timer logrotate.timer; do
+	man-db.timer dpkg-db-backup.timer logrotate.timer \
+	containerd.service; do
 	ln -sf /dev/null "$tree/etc/systemd/system/$u"
 done
 mkdir -p "$tree/payload"

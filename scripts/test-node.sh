@@ -114,6 +114,12 @@ if [ -n "${GUEST:-}" ] && printf 'TestVMMConfined\n' | grep -Eq -- "$pattern"; t
 	mkdir -p "$P/guest"
 	cp "$GUEST/vmlinux" "$GUEST/initrd.cpio" "$GUEST/manifest" "$P/guest/"
 fi
+# The node e2e kit's containerd-up.sh and containerd-down.sh: the
+# reference runtime TestSeenAsUnderRunc compares with.
+if [ -f "$top/../shared/nodee2e/containerd-up.sh" ]; then
+	mkdir -p "$P/nodee2e"
+	cp "$top/../shared/nodee2e/containerd-up.sh" "$top/../shared/nodee2e/containerd-down.sh" "$P/nodee2e/"
+fi
 if [ -n "$kit" ] && [ -x "$kit/critest.sh" ]; then
 	cp -r "$kit" "$P/conformance"
 elif [ -n "$tests" ]; then
@@ -138,7 +144,7 @@ cp $P/stagelet /usr/local/bin/stagelet && /usr/local/bin/stagelet cni init --sub
 cd /tmp
 if [ $rc = 0 ]; then
 	STAGELET_NODE_TEST=1 STAGELET_NODE_SELINUX=$selinux STAGELET_BIN=$P/stagelet STAGELET_UNIT=$P/stagelet.service STAGELET_CHECKPOINTCTL=$P/checkpointctl STAGELET_KUBELET=$P/kubelet \
-		STAGELET_GUEST=$([ -d $P/guest ] && echo $P/guest) \
+		STAGELET_GUEST=$([ -d $P/guest ] && echo $P/guest) STAGELET_NODEE2E_KIT=$([ -d $P/nodee2e ] && echo $P/nodee2e) \
 		STAGELET_DEB_A=$P/stagelet_0.1.0~node1_amd64.deb STAGELET_DEB_B=$P/stagelet_0.1.0~node2_amd64.deb \
 		$P/node.test -test.v -test.timeout 20m -test.run "$(cat $P/tests)" || rc=1
 fi
