@@ -50,3 +50,33 @@ func TestSeenAsUnderRunc(t *testing.T) {
 		})
 	}
 }
+
+// TestCgroupViewWritableWhenPrivileged: a privileged container's cgroups
+// at /sys/fs/cgroup are read-write, as runc mounts them; an
+// unprivileged one's read-only (TestSeenAsUnderRunc compares those with
+// runc's).
+func TestCgroupViewWritableWhenPrivileged(t *testing.T) {
+	forEachStage1(t, func(t *testing.T, e *env, s podStage1) {
+		cfg := e.netPodConfig("privileged-view", s)
+		cfg.Linux.SecurityContext.Privileged = true
+		pod := e.runStage1Pod(cfg, s)
+		c := e.netContainer(s, "app", "sleep", "3600")
+		c.Linux.SecurityContext.Privileged = true
+		id := e.createAndStart(pod, cfg, c)
+		mi := e.execOK(id, "cat", "/proc/self/mountinfo")
+		var seen int
+		for _, l := range strings.Split(mi, "\n") {
+			f := strings.Fields(l)
+			if len(f) < 6 || !strings.HasPrefix(f[4], "/sys/fs/cgroup/") {
+				continue
+			}
+			seen++
+			if opts := strings.Split(f[5], ","); opts[0] != "rw" {
+				t.Errorf("a privileged container's %s is mounted %s, want rw", f[4], f[5])
+			}
+		}
+		if seen == 0 {
+			t.Errorf("a privileged container sees no cgroup mounts beneath /sys/fs/cgroup:\n%s", mi)
+		}
+	})
+}

@@ -45,7 +45,7 @@ sec cgroup-dir; ls /sys/fs/cgroup
 sec proc-cgroup; cat /proc/self/cgroup
 sec cgroup-mounts; awk '$5 ~ "^/sys/fs/cgroup" { print $5, $4 }' /proc/self/mountinfo
 sec limits; tail -n +2 /proc/self/limits
-sec env; for v in HOME PATH HOSTNAME TERM; do echo "$v=$(printenv $v)"; done
+sec env; env | grep -E '^(HOME|PATH|HOSTNAME|TERM)=' | sort
 sec hostname; cat /proc/sys/kernel/hostname
 sec etc-hostname; cat /etc/hostname
 sec etc-hosts; cat /etc/hosts
@@ -61,6 +61,9 @@ sec shm; df -k /dev/shm | awk 'NR == 2 { print $2 }'
 sec end
 exec sleep 100000
 `
+
+// reported are the sections a probe always fills, in any container.
+var reported = []string{"proc-cgroup", "limits", "env", "hostname", "etc-hostname", "etc-hosts", "umask", "status", "oom", "dev", "mounts", "sysctl", "cpus", "shm"}
 
 // View is a probe's report: its lines by section.
 type View map[string][]string
@@ -357,6 +360,13 @@ func Run(t *testing.T, rt runtimeapi.RuntimeServiceClient, logRoot, image string
 			out := harness.JoinPartial(lines, "stdout")
 			if slices.Contains(out, "== end") {
 				v := Parse(out)
+				// A section the probe failed to fill compares equal to
+				// another runtime's failure: every one must say something.
+				for _, sec := range reported {
+					if len(v[sec]) == 0 {
+						t.Fatalf("the probe reported nothing in section %s (a missing applet?); its output:\n%s", sec, strings.Join(out, "\n"))
+					}
+				}
 				v.cgroupConsistency()
 				v.podFileMounts()
 				return v
