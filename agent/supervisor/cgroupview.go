@@ -79,14 +79,15 @@ func viewFlags(ro bool) uintptr {
 
 // mountCgroup2 mounts cgroup2 at rootfs's /sys/fs/cgroup: inside the
 // app's cgroup namespace its root is the app's cgroup. Where the kernel
-// refuses a new mount (a user namespace that does not own the cgroup
-// namespace's hierarchy), the app's cgroup directory dir is bound there
-// instead.
+// refuses a new mount (EPERM; EBUSY in a pod's own user namespace on
+// Debian 12's kernel, critest's user namespace spec in the node VM), the
+// app's cgroup directory dir is bound there instead: the same directory,
+// its root named the same inside the app's cgroup namespace.
 func mountCgroup2(rootfs, dir string, ro bool) error {
 	bound := false
 	return mountIn(rootfs, cgroupFS, true, func(t string) error {
 		err := unix.Mount("cgroup2", t, "cgroup2", viewFlags(ro), "")
-		if !errors.Is(err, unix.EPERM) {
+		if !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EBUSY) {
 			return err
 		}
 		bound = true

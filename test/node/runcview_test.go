@@ -2,6 +2,7 @@ package node
 
 import (
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -85,6 +86,21 @@ func TestSeenAsUnderRunc(t *testing.T) {
 					}
 				})
 			}
+			// A pod of its own user namespace (hostUsers: false) sees
+			// its cgroups as the others do: the new cgroup2 mount that
+			// its namespace may not make is a bind of its cgroup.
+			t.Run("nspawn-userns", func(t *testing.T) {
+				ids := []*runtimeapi.IDMapping{{HostId: 1 << 30, ContainerId: 0, Length: 65536}}
+				ns := &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_POD, Ipc: runtimeapi.NamespaceMode_POD,
+					UsernsOptions: &runtimeapi.UserNamespace{Mode: runtimeapi.NamespaceMode_POD, Uids: ids, Gids: ids}}
+				ours := runcview.Run(t, rt, logs, busybox, runcview.Pod{Namespace: "default", Name: "view-userns-" + driver, NS: ns})
+				ref := refs[runtimeapi.NamespaceMode_POD]
+				for _, sec := range []string{"cgroup-files", "proc-cgroup"} {
+					if !slices.Equal(ours[sec], ref[sec]) {
+						t.Errorf("%s: a user-namespaced pod's %q, runc's (without one) %q", sec, ours[sec], ref[sec])
+					}
+				}
+			})
 		})
 	}
 }
