@@ -66,7 +66,6 @@ type procSpec struct {
 	Args []string `json:"args"`
 	// JoinUTS (exec): fd utsFD is the app's UTS namespace, to join.
 	JoinUTS bool `json:"joinUTS,omitempty"`
-
 	// TTY: open a terminal in the root, send its master to the agent and
 	// run the command on its slave; Size is its initial size.
 	TTY  bool              `json:"tty,omitempty"`
@@ -274,8 +273,8 @@ func setupAppInit(app *api.AppSpec, warn func(string, ...any)) error {
 // joinAppNamespaces moves an exec'd command's child into the app's UTS
 // namespace (fd utsFD, when spec.JoinUTS), cgroup namespace (fd
 // cgroupNSFD; the child is in the app's cgroups already) and mount
-// namespace (fd mntFD),
-// closing each fd once joined, and gives it the app's OOM score.
+// namespace (fd mntFD), closing each fd once joined, and gives it the
+// app's OOM score.
 func joinAppNamespaces(spec *procSpec, warn func(string, ...any)) error {
 	if spec.JoinUTS {
 		if err := unix.Setns(utsFD, unix.CLONE_NEWUTS); err != nil {

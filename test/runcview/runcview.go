@@ -10,6 +10,7 @@
 package runcview
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -68,6 +69,8 @@ var reported = []string{"proc-cgroup", "limits", "env", "hostname", "etc-hostnam
 // View is a probe's report: its lines by section.
 type View map[string][]string
 
+// Parse reads a probe's output lines into its sections, each line's
+// fields joined by one space.
 func Parse(lines []string) View {
 	v := View{}
 	sec := ""
@@ -133,24 +136,18 @@ func (v View) cgroupConsistency() {
 				state = fmt.Sprintf("inconsistent (mount root %s, cgroup %s)", root, path)
 			}
 		}
-		out = append(out, fmt.Sprintf("%s %s", cmpOr(ctls, "cgroup2"), state))
+		out = append(out, fmt.Sprintf("%s %s", cmp.Or(ctls, "cgroup2"), state))
 	}
 	slices.Sort(out)
 	v["proc-cgroup"] = out
 	delete(v, "cgroup-mounts")
 }
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
 // Difference is one line of a section that one runtime shows and the other
 // does not: "-" runc's only, "+" stagelet's only.
 type Difference struct{ section, sign, line string }
 
+// String is the difference as the test reports it.
 func (d Difference) String() string { return fmt.Sprintf("%s: %s %s", d.section, d.sign, d.line) }
 
 // Diff lists the lines of each section that only one view has,
@@ -189,12 +186,13 @@ type Allowed struct {
 	reason  string
 }
 
+// covers tells whether a explains difference d of stage1's view.
 func (a Allowed) covers(stage1 string, d Difference) bool {
 	return (len(a.stage1s) == 0 || slices.Contains(a.stage1s, stage1)) &&
 		a.section == d.section && a.sign == d.sign && strings.HasPrefix(d.line, a.prefix)
 }
 
-// Alloweds are the differences from runc that a container under
+// AllowedDiffs are the differences from runc that a container under
 // stagelet shows, each with its reason (the README lists them too).
 var AllowedDiffs = []Allowed{
 	// /dev's usual nodes are bound from the agent's /dev (which works in
