@@ -17,7 +17,6 @@
 package cgroups
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -150,27 +149,18 @@ func parseEnv(procCgroup, mountInfo io.Reader, v2 bool) (*env, error) {
 // parseProcCgroup reads /proc/PID/cgroup. Each controller of a line gets
 // the line's path; the v2 line ("0::/path") is under the key "".
 func parseProcCgroup(r io.Reader) (map[string]string, error) {
-	out := map[string]string{}
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
-		}
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			return nil, fmt.Errorf("cgroups: bad /proc/self/cgroup line %q", line)
-		}
-		if parts[1] == "" {
-			out[""] = parts[2]
-			continue
-		}
-		for _, ctl := range strings.Split(parts[1], ",") {
-			out[ctl] = parts[2]
-		}
+	lines, err := parseProcLines(r)
+	if err != nil {
+		return nil, err
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("cgroups: read /proc/self/cgroup: %w", err)
+	out := map[string]string{}
+	for _, l := range lines {
+		if l.controllers == nil {
+			out[""] = l.path
+		}
+		for _, ctl := range l.controllers {
+			out[ctl] = l.path
+		}
 	}
 	return out, nil
 }
