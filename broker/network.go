@@ -183,9 +183,9 @@ func (b *Broker) teardownNetwork(ctx context.Context, rec *PodRecord, remove boo
 // gives them: resolv.conf from the CRI DNS config, else the node's;
 // hostname, the pod's (podHostname: the node's where its client named
 // none); hosts, for a pod with its own network whose client named its
-// hostname one naming it at its addresses, else the node's. Paths are under the pod's
-// run dir. Where SELinux is enabled they get the pod's mount label, which
-// its containers read at their level.
+// hostname one naming it at its addresses, else the node's. Paths are
+// under the pod's run dir. Where SELinux is enabled they get the pod's
+// mount label, which its containers read at their level.
 func (b *Broker) writePodFiles(rec *PodRecord) error {
 	dir := filepath.Join(rec.RunDir, "etc")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
