@@ -29,6 +29,7 @@ import (
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
+	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/rlimit"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
@@ -113,6 +114,13 @@ type Broker struct {
 	quarantined atomic.Int32
 	policy      atomic.Pointer[policy.Policy]
 	caps        map[string]stage1.Capabilities
+
+	// podLabels computes a new pod's SELinux labels, reserving their MCS
+	// level (podSELinux), and releaseLabels gives a level back
+	// (lsm.ReleaseSELinux). Both do I/O (selinuxfs) and are never called
+	// with mu held; tests replace them.
+	podLabels     func(*PodConfig) (lsm.Labels, error)
+	releaseLabels func(lsm.Labels)
 
 	// decisions counts pods per chosen stage1 and refusals, since start.
 	statsMu   sync.Mutex
@@ -220,6 +228,9 @@ func New(opts Options) (*Broker, error) {
 		ctrNames:  map[string]*container{},
 		caps:      map[string]stage1.Capabilities{},
 		decisions: map[string]int{},
+
+		podLabels:     podSELinux,
+		releaseLabels: lsm.ReleaseSELinux,
 	}
 	for n, be := range opts.Backends {
 		b.caps[n] = be.Capabilities()

@@ -116,6 +116,12 @@ func (b *Broker) decide(ctx context.Context, c *PodConfig) (policy.Decision, err
 // still in progress, or already done, with the same configuration returns
 // the same pod; a different configuration under a reserved name is
 // AlreadyExists.
+//
+// The policy's decision and the pod's SELinux labels (whose MCS level
+// go-selinux allocates, checking the contexts through selinuxfs) are had
+// without b.mu, which List and Status take: the name is looked up before
+// and reserved after, under b.mu, and a level had for a name another call
+// reserved meanwhile is released.
 func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 	runAt := time.Now()
 	if err := b.validatePodConfig(cfg); err != nil {
@@ -125,31 +131,17 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 	hash := hashOf(cfg)
 
 	b.mu.Lock()
-	if existing, ok := b.podNames[key]; ok {
-		sameHash := existing.rec.ConfigHash == hash
-		id := existing.rec.ID
-		b.mu.Unlock()
-		if !sameHash {
-			return "", errdefs.AlreadyExists("pod sandbox name %q is reserved for %s", key, id)
-		}
-		if err := awaitPod(ctx, existing); err != nil {
-			return "", err
-		}
-		b.log.DebugContext(ctx, "RunPodSandbox retry answered with the existing pod", "pod", id)
-		return id, nil
+	existing, err := b.podNamedLocked(key, hash)
+	b.mu.Unlock()
+	if existing != nil || err != nil {
+		return b.answerRetry(ctx, existing, err)
 	}
-	_, span := tracing.Start(ctx, "policy.decide")
-	dec, err := b.decide(ctx, cfg)
-	span.SetAttributes(attribute.String("stagelet.stage1", dec.Stage1), attribute.String("stagelet.policy.rule", dec.Rule),
-		attribute.String("stagelet.policy.chosen_by", dec.ChosenBy))
-	tracing.End(span, err)
+	dec, err := b.decideTraced(ctx, cfg)
 	if err != nil {
-		b.mu.Unlock()
 		return "", err
 	}
-	seLinux, err := podSELinux(cfg)
+	seLinux, err := b.podLabels(cfg)
 	if err != nil {
-		b.mu.Unlock()
 		return "", err
 	}
 	be := b.opts.Backends[dec.Stage1]
@@ -157,9 +149,18 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 	ctx = logctx.With(ctx, "pod", id)
 	p := b.newPod(id, cfg, hash, dec, runAt)
 	p.rec.SELinux = seLinux
-	b.podNames[key] = p
-	b.pods[id] = p
+
+	b.mu.Lock()
+	existing, err = b.podNamedLocked(key, hash)
+	if existing == nil && err == nil {
+		b.podNames[key] = p
+		b.pods[id] = p
+	}
 	b.mu.Unlock()
+	if existing != nil || err != nil {
+		b.releaseLabels(seLinux)
+		return b.answerRetry(ctx, existing, err)
+	}
 
 	// The pod is created in the background: when the kubelet's call times
 	// out, creation goes on and the kubelet's retry gets this pod.
@@ -168,6 +169,45 @@ func (b *Broker) RunPod(ctx context.Context, cfg *PodConfig) (string, error) {
 		return "", err
 	}
 	return id, nil
+}
+
+// podNamedLocked is the pod reserved under name key, if any, when its
+// configuration's hash is hash; AlreadyExists when it is another's.
+// Called with b.mu held.
+func (b *Broker) podNamedLocked(key, hash string) (*pod, error) {
+	existing, ok := b.podNames[key]
+	if !ok {
+		return nil, nil
+	}
+	if existing.rec.ConfigHash != hash {
+		return nil, errdefs.AlreadyExists("pod sandbox name %q is reserved for %s", key, existing.rec.ID)
+	}
+	return existing, nil
+}
+
+// answerRetry answers a RunPod of a name already reserved
+// (podNamedLocked's answer): err, or existing's ID once its creation
+// ended well.
+func (b *Broker) answerRetry(ctx context.Context, existing *pod, err error) (string, error) {
+	if err != nil {
+		return "", err
+	}
+	if err := awaitPod(ctx, existing); err != nil {
+		return "", err
+	}
+	id := existing.id()
+	b.log.DebugContext(ctx, "RunPodSandbox retry answered with the existing pod", "pod", id)
+	return id, nil
+}
+
+// decideTraced is decide in a span of its own.
+func (b *Broker) decideTraced(ctx context.Context, cfg *PodConfig) (policy.Decision, error) {
+	_, span := tracing.Start(ctx, "policy.decide")
+	dec, err := b.decide(ctx, cfg)
+	span.SetAttributes(attribute.String("stagelet.stage1", dec.Stage1), attribute.String("stagelet.policy.rule", dec.Rule),
+		attribute.String("stagelet.policy.chosen_by", dec.ChosenBy))
+	tracing.End(span, err)
+	return dec, err
 }
 
 // podHostname is the pod's hostname: its client's, else the node's, as
@@ -228,7 +268,7 @@ func (b *Broker) startInBackground(ctx context.Context, p *pod, be stage1.Backen
 		delete(b.podNames, key)
 		delete(b.pods, id)
 		b.mu.Unlock()
-		lsm.ReleaseSELinux(p.rec.SELinux)
+		b.releaseLabels(p.rec.SELinux)
 		b.log.WarnContext(ctx, "pod failed to start", "pod", id, "name", key, "stage1", dec.Stage1, "err", err)
 	} else {
 		b.log.InfoContext(ctx, "pod started", "pod", id, "name", key, "stage1", dec.Stage1, "reasons", dec.Reasons)
@@ -640,7 +680,7 @@ func (b *Broker) RemovePod(ctx context.Context, id string) error {
 	}
 	b.publishLocked(EventDeleted, p, nil)
 	b.mu.Unlock()
-	lsm.ReleaseSELinux(rec.SELinux)
+	b.releaseLabels(rec.SELinux)
 	b.log.InfoContext(ctx, "pod removed", "pod", rec.ID)
 	return nil
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/lsm"
@@ -233,5 +235,123 @@ func TestPodSELinuxLabels(t *testing.T) {
 	b2 := e.broker(t)
 	if st, err := b2.PodStatus(ctx, pid, false); err != nil || st.Record.SELinux != want {
 		t.Errorf("after a restart: %+v %v", st, err)
+	}
+}
+
+// levels counts the SELinux levels a broker's pods took and gave back.
+// The first allocation says it started and waits until proceed closes.
+type levels struct {
+	mu               sync.Mutex
+	taken, given     int
+	started, proceed chan struct{}
+}
+
+func (l *levels) install(b *Broker) {
+	b.podLabels = func(*PodConfig) (lsm.Labels, error) {
+		l.mu.Lock()
+		l.taken++
+		started, proceed := l.started, l.proceed
+		l.started = nil // the first one only
+		l.mu.Unlock()
+		if started != nil {
+			started <- struct{}{}
+			<-proceed
+		}
+		return lsm.Labels{Process: "p", Mount: "m"}, nil
+	}
+	b.releaseLabels = func(lsm.Labels) {
+		l.mu.Lock()
+		l.given++
+		l.mu.Unlock()
+	}
+}
+
+func (l *levels) counts() (taken, given int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.taken, l.given
+}
+
+// A pod's SELinux level is allocated without the broker's lock: List and
+// Status answer while an allocation waits on selinuxfs. Every level taken
+// is given back on each way a RunPod can fail or lose its name, and at
+// the pod's removal.
+func TestSELinuxAllocationOutsideTheLock(t *testing.T) {
+	e := newEnv(t)
+	b := e.broker(t)
+	started, proceed := make(chan struct{}), make(chan struct{})
+	l := &levels{started: started, proceed: proceed}
+	l.install(b)
+	ctx := context.Background()
+
+	type result struct {
+		id  string
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		id, err := b.RunPod(ctx, podCfg("held"))
+		first <- result{id, err}
+	}()
+	<-started // the allocation is under way, and waits
+	listed := make(chan int, 1)
+	go func() { listed <- len(b.ListPods(PodFilter{})) }()
+	select {
+	case n := <-listed:
+		if n != 0 {
+			t.Errorf("listed %d pods while the first one's level is allocated", n)
+		}
+	case <-time.After(10 * time.Second):
+		close(proceed)
+		t.Fatal("ListPods waited on a pod's SELinux allocation")
+	}
+	// A second call of the same pod allocates too (the name is not
+	// reserved yet), reserves it first, and the first call's level is
+	// given back when it finds the name taken: both answer one pod.
+	second, err := b.RunPod(ctx, podCfg("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(proceed)
+	r := <-first
+	if r.err != nil || r.id != second {
+		t.Fatalf("first call: %q, %v; want the second's pod %q", r.id, r.err, second)
+	}
+	if taken, given := l.counts(); taken != 2 || given != 1 {
+		t.Errorf("levels taken %d, given back %d; want 2 and 1 (the loser's)", taken, given)
+	}
+
+	// A retry with the pod reserved, another configuration under its
+	// name, and a refusal by the policy take no level.
+	if _, err := b.RunPod(ctx, podCfg("held")); err != nil {
+		t.Fatal(err)
+	}
+	other := podCfg("held")
+	other.Labels = map[string]string{"changed": "yes"}
+	_, err = b.RunPod(ctx, other)
+	wantClass(t, err, errdefs.ErrAlreadyExists)
+	refused := podCfg("refused")
+	refused.Metadata.Namespace, refused.Privileged = "locked", true
+	_, err = b.RunPod(ctx, refused)
+	wantClass(t, err, errdefs.ErrPermissionDenied)
+	if taken, given := l.counts(); taken != 2 || given != 1 {
+		t.Errorf("levels taken %d, given back %d after retries and refusals; want 2 and 1", taken, given)
+	}
+
+	// A failed start gives its level back; so does a removal.
+	e.be.FailStart(true)
+	_, err = b.RunPod(ctx, podCfg("fails"))
+	if err == nil {
+		t.Fatal("the start did not fail")
+	}
+	e.be.FailStart(false)
+	if err := b.StopPod(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RemovePod(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	if taken, given := l.counts(); taken != given {
+		t.Errorf("levels taken %d, given back %d: each must be given back", taken, given)
 	}
 }
