@@ -192,9 +192,11 @@ func BenchmarkRunPodToRunning(b *testing.B) {
 		if vm.Accelerator != "kvm" {
 			vm.TBSizeMiB = be.cfg.TBSizeMiB
 		}
-		if _, err := be.template(context.Background(), t, vm); err != nil {
+		tpl, err := be.template(context.Background(), t, vm)
+		if err != nil {
 			b.Fatal(err)
 		}
+		be.releaseTemplate(tpl)
 		runPodToRunning(b, be)
 	})
 	b.Run("boot", func(b *testing.B) { runPodToRunning(b, benchBackend(b)) })

@@ -242,6 +242,9 @@ type Backend struct {
 	mu      sync.Mutex
 	dialers map[string]*transport.SerialDialer // by control socket path
 	builds  map[string]*templateBuild          // templates being built, by key
+	// templateUses are the templates starts hold, by directory
+	// (Backend.template, releaseTemplate).
+	templateUses map[string]*templateUse
 	// templateGC is the assets fingerprint stale templates were last
 	// removed for.
 	templateGC string
@@ -293,6 +296,8 @@ func New(log *slog.Logger, cfg Config) *Backend {
 		cfg:     cfg,
 		dialers: map[string]*transport.SerialDialer{},
 		builds:  map[string]*templateBuild{},
+
+		templateUses: map[string]*templateUse{},
 	}
 }
 
@@ -553,6 +558,8 @@ func (b *Backend) StartPod(ctx context.Context, spec *stage1.PodSpec, persist st
 	if err != nil {
 		return nil, err
 	}
+	// Held until the VM was restored from it, or failed to be.
+	defer b.releaseTemplate(tpl)
 	vs := podVMSpec(spec, st, gcfg, tpl, tapMode)
 	if err := st.Take(host.Resource{Kind: host.KindUnit, Role: roleUnit, Name: launchName(spec.ID)}, save); err != nil {
 		return nil, fmt.Errorf("kvm: persist: %w", err)

@@ -398,6 +398,7 @@ func TestTemplateStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.releaseTemplate(tpl)
 	for _, gone := range []string{stale, build} {
 		if _, err := os.Stat(gone); !os.IsNotExist(err) {
 			t.Errorf("%s: not removed (%v)", gone, err)
@@ -410,14 +411,17 @@ func TestTemplateStale(t *testing.T) {
 	if err != nil || again.dir != tpl.dir || !again.info.Created.Equal(tpl.info.Created) {
 		t.Errorf("second template(): %+v, %v; want the first, %+v", again, err, tpl)
 	}
+	b.releaseTemplate(again)
 	if got, want := b.VMStats(), (stage1.VMStats{TemplateHits: 1, TemplateMisses: 1, TemplateBuilds: 1}); got != want {
 		t.Errorf("VMStats after a build and a reuse: %+v, want %+v", got, want)
 	}
 	// A restarted daemon (a new Backend) finds it too.
 	nb := New(testLogger(t), Config{AssetsDir: assetsDir, TemplateDir: dir})
-	if again, err := nb.template(ctx, tools, vm); err != nil || again.dir != tpl.dir || !again.info.Created.Equal(tpl.info.Created) {
+	again, err = nb.template(ctx, tools, vm)
+	if err != nil || again.dir != tpl.dir || !again.info.Created.Equal(tpl.info.Created) {
 		t.Errorf("template() after a restart: %+v, %v; want the first, %+v", again, err, tpl)
 	}
+	nb.releaseTemplate(again)
 	if got, want := nb.VMStats(), (stage1.VMStats{TemplateHits: 1}); got != want {
 		t.Errorf("VMStats of a restarted daemon that found the template: %+v, want %+v", got, want)
 	}

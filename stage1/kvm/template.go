@@ -69,10 +69,21 @@ type templateInfo struct {
 	Boot time.Duration `json:"boot"`
 }
 
-// template is a complete template.
+// template is a complete template, held by the start that had it from
+// Backend.template until that start calls Backend.releaseTemplate: a
+// template is not removed while a start holds it.
 type template struct {
 	dir  string
 	info templateInfo
+}
+
+// templateUse is how many starts hold one template's directory, and
+// whether its removal was asked meanwhile (stale): a stale template is
+// given to no new start, and removed when its last holder releases it.
+// Guarded by Backend.mu.
+type templateUse struct {
+	holders int
+	stale   bool
 }
 
 // assetsFingerprint identifies what a template was booted from: the guest
@@ -105,13 +116,15 @@ func templateKey(assets string, vm vmInfo) string {
 // needs it.
 type templateBuild struct {
 	done chan struct{}
-	t    *template
 	err  error
 }
 
 // template returns the template of vm (its Template field ignored),
 // building it first when there is none; concurrent callers of one key
-// share one build.
+// share one build. The caller holds the template it got until it calls
+// releaseTemplate. A template whose removal waits for its holders is
+// given to nobody: Unavailable, and the next caller after its removal
+// builds it again.
 func (b *Backend) template(ctx context.Context, t *tools, vm vmInfo) (*template, error) {
 	assets, err := assetsFingerprint(t)
 	if err != nil {
@@ -121,15 +134,40 @@ func (b *Backend) template(ctx context.Context, t *tools, vm vmInfo) (*template,
 	key := templateKey(assets, vm)
 	dir := filepath.Join(b.cfg.TemplateDir, key)
 
+	tpl, tb, err := b.findTemplate(ctx, t, vm, assets, key, dir)
+	if tpl != nil || err != nil {
+		return tpl, err
+	}
+	select {
+	case <-tb.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if tb.err != nil {
+		return nil, tb.err
+	}
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.holdTemplateLocked(key, dir)
+}
+
+// findTemplate is the complete template of key in dir, held, when there
+// is one; else the build of it that is under way, or that it starts.
+// Templates of other assets are removed first, once per assets
+// fingerprint.
+func (b *Backend) findTemplate(ctx context.Context, t *tools, vm vmInfo, assets, key, dir string) (*template, *templateBuild, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.templateGC != assets {
 		b.templateGC = assets
 		b.removeStaleTemplates(assets)
 	}
 	if info, err := readTemplateInfo(dir); err == nil && info.Key == key {
-		b.mu.Unlock()
-		b.hits.Add(1)
-		return &template{dir: dir, info: *info}, nil
+		tpl, err := b.holdTemplateLocked(key, dir)
+		if err == nil {
+			b.hits.Add(1)
+		}
+		return tpl, nil, err
 	}
 	b.misses.Add(1)
 	tb, building := b.builds[key]
@@ -137,7 +175,7 @@ func (b *Backend) template(ctx context.Context, t *tools, vm vmInfo) (*template,
 		tb = &templateBuild{done: make(chan struct{})}
 		b.builds[key] = tb
 		go func() {
-			tb.t, tb.err = b.buildTemplate(context.WithoutCancel(ctx), t, vm, assets, key, dir)
+			tb.err = b.buildTemplate(context.WithoutCancel(ctx), t, vm, assets, key, dir)
 			if tb.err != nil {
 				b.buildFailures.Add(1)
 			} else {
@@ -149,13 +187,65 @@ func (b *Backend) template(ctx context.Context, t *tools, vm vmInfo) (*template,
 			close(tb.done)
 		}()
 	}
-	b.mu.Unlock()
-	select {
-	case <-tb.done:
-		return tb.t, tb.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	return nil, tb, nil
+}
+
+// holdTemplateLocked holds the complete template of key in dir for a
+// start: Unavailable when its removal waits for its holders, NotFound
+// when there is none (removed since it was built). Called with b.mu held.
+func (b *Backend) holdTemplateLocked(key, dir string) (*template, error) {
+	use := b.templateUses[dir]
+	if use != nil && use.stale {
+		return nil, fmt.Errorf("kvm: the VM template %s is removed once the starts restoring from it end: %w", dir, errdefs.ErrUnavailable)
 	}
+	info, err := readTemplateInfo(dir)
+	if err != nil || info.Key != key {
+		return nil, fmt.Errorf("kvm: no VM template in %s: %w", dir, errdefs.ErrNotFound)
+	}
+	if use == nil {
+		use = &templateUse{}
+		b.templateUses[dir] = use
+	}
+	use.holders++
+	return &template{dir: dir, info: *info}, nil
+}
+
+// releaseTemplate ends a start's hold of tpl (nil: none); a template
+// whose removal was asked meanwhile is removed when its last holder
+// releases it.
+func (b *Backend) releaseTemplate(tpl *template) {
+	if tpl == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	use := b.templateUses[tpl.dir]
+	if use == nil {
+		return
+	}
+	if use.holders--; use.holders > 0 {
+		return
+	}
+	delete(b.templateUses, tpl.dir)
+	if use.stale {
+		b.removeTemplateLocked(tpl.dir, "its last start ended")
+	}
+}
+
+// removeTemplateLocked removes the template in dir, or, while a start
+// holds it, marks it stale: its last holder removes it (releaseTemplate).
+// why is logged. Called with b.mu held.
+func (b *Backend) removeTemplateLocked(dir, why string) {
+	if use := b.templateUses[dir]; use != nil {
+		use.stale = true
+		b.Log.Info("kvm: a VM template is removed once the starts restoring from it end", "dir", dir, "why", why, "starts", use.holders)
+		return
+	}
+	if err := mountsafe.RemoveUnmounted(dir); err != nil {
+		b.Log.Warn("kvm: removing a VM template", "dir", dir, "why", why, "err", err)
+		return
+	}
+	b.Log.Info("kvm: removed a VM template", "dir", dir, "why", why)
 }
 
 func readTemplateInfo(dir string) (*templateInfo, error) {
@@ -191,20 +281,21 @@ func (b *Backend) removeStaleTemplates(assets string) {
 			if key, _, _ = strings.Cut(key, "-"); b.builds[key] != nil {
 				continue // this daemon's, under way
 			}
-		} else if info, err := readTemplateInfo(dir); err == nil && info.Assets == assets {
+			if err := mountsafe.RemoveUnmounted(dir); err != nil {
+				b.Log.Warn("kvm: removing an unfinished VM template build", "dir", dir, "err", err)
+			}
 			continue
 		}
-		if err := mountsafe.RemoveUnmounted(dir); err != nil {
-			b.Log.Warn("kvm: removing a stale VM template", "dir", dir, "err", err)
-		} else {
-			b.Log.Info("kvm: removed a stale VM template", "dir", dir)
+		if info, err := readTemplateInfo(dir); err == nil && info.Assets == assets {
+			continue
 		}
+		b.removeTemplateLocked(dir, "of other guest assets, or incomplete")
 	}
 }
 
 // buildTemplate boots a template VM of shape vm, waits for its agent,
 // saves it and moves it to dir.
-func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets, key, dir string) (_ *template, retErr error) {
+func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets, key, dir string) (retErr error) {
 	// qemu gets SIGKILL when the thread that started it exits (the
 	// daemon's death included): the thread stays this goroutine's until
 	// qemu is gone.
@@ -214,11 +305,11 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	defer cancel()
 	start := time.Now()
 	if err := os.MkdirAll(b.cfg.TemplateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
+		return fmt.Errorf("kvm: template: %w", err)
 	}
 	tmp, err := os.MkdirTemp(b.cfg.TemplateDir, buildPrefix+key+"-")
 	if err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
+		return fmt.Errorf("kvm: template: %w", err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -228,7 +319,7 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 		}
 	}()
 	if err := os.Mkdir(filepath.Join(tmp, templateShare), 0o700); err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
+		return fmt.Errorf("kvm: template: %w", err)
 	}
 	gcfg := &guest.Config{Port: guest.DefaultPort, Template: true}
 	console := filepath.Join(tmp, consoleName)
@@ -246,31 +337,31 @@ func (b *Backend) buildTemplate(ctx context.Context, t *tools, vm vmInfo, assets
 	})
 	alive, exited, stop, err := templateQEMU(t, tmp, args)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer stop()
 	if err := waitConsole(ctx, console, guest.Ready, alive); err != nil {
-		return nil, fmt.Errorf("kvm: template boot: %w (qemu: %s; console: %s)", err,
+		return fmt.Errorf("kvm: template boot: %w (qemu: %s; console: %s)", err,
 			lastLine(filepath.Join(tmp, qemuLogName)), lastLine(console))
 	}
 	boot := time.Since(start)
 	q, err := dialQMP(ctx, filepath.Join(tmp, "qmp.sock"), alive)
 	if err != nil {
-		return nil, fmt.Errorf("kvm: template: %w", err)
+		return fmt.Errorf("kvm: template: %w", err)
 	}
 	defer q.Close()
 	if err := saveVM(ctx, q); err != nil {
-		return nil, err
+		return err
 	}
 	q.run(ctx, "quit", nil) // the deferred kill ends it if this fails
 	<-exited
 	info := templateInfo{Key: key, Assets: assets, VM: vm, Created: time.Now().UTC(), Boot: boot}
 	if err := publishTemplate(tmp, dir, info); err != nil {
-		return nil, err
+		return err
 	}
 	b.Log.InfoContext(ctx, "kvm: VM template ready", "dir", dir, "boot", boot.Round(time.Millisecond),
 		"total", time.Since(start).Round(time.Millisecond), "memoryMiB", vm.MemoryMiB, "vcpus", vm.VCPUs)
-	return &template{dir: dir, info: info}, nil
+	return nil
 }
 
 // templateQEMU starts qemu with args for a template build in tmp, its
@@ -363,15 +454,13 @@ func publishTemplate(tmp, dir string, info templateInfo) error {
 }
 
 // discardTemplate removes a template a VM could not be restored from
-// (VMs restored from it keep their mappings).
+// (VMs restored from it keep their mappings), once no start holds it:
+// the next pod builds it again.
 func (b *Backend) discardTemplate(tpl *template, cause error) {
+	b.Log.Warn("kvm: discarding a VM template no VM could be restored from; the next pod builds it again", "dir", tpl.dir, "cause", cause)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := mountsafe.RemoveUnmounted(tpl.dir); err != nil {
-		b.Log.Warn("kvm: removing a VM template no VM could be restored from", "dir", tpl.dir, "err", err)
-		return
-	}
-	b.Log.Warn("kvm: removed a VM template no VM could be restored from; the next pod builds it again", "dir", tpl.dir, "cause", cause)
+	b.removeTemplateLocked(tpl.dir, "no VM could be restored from it")
 }
 
 // waitConsole waits until the console log at path holds want, while alive.
