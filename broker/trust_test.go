@@ -34,7 +34,7 @@ func TestTrustCandidates(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
-			for _, c := range trustCandidates(&tc.cfg, img) {
+			for _, c := range trustCandidates(authorName(&tc.cfg, img), img) {
 				got = append(got, c.Ref.String()+" "+c.Digest)
 			}
 			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {

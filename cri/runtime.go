@@ -100,7 +100,7 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 		// The signature policy: its files, when each was loaded, and
 		// the error of one that no longer loads (the last good one
 		// stays in force).
-		if file, dir, files, ok := s.b.TrustStatus(); ok {
+		if file, dir, files, ok := s.b.TrustStatus(ctx); ok {
 			b, _ := json.Marshal(map[string]any{"file": file, "dir": dir, "loaded": files})
 			resp.Info["signaturePolicy"] = string(b)
 		} else {

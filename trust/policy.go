@@ -70,6 +70,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	"github.com/sigstore/sigstore/pkg/signature"
@@ -218,12 +219,27 @@ func Load(path string, seen func(string)) (*Policy, error) {
 	return Parse(path, data, seen)
 }
 
+// readLimited reads the policy file at path: a regular file (a link is
+// followed) of at most maxPolicySize bytes. A FIFO or a device is refused
+// without being read: opening it does not wait for a writer.
 func readLimited(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		if target, lerr := os.Readlink(path); lerr == nil {
+			return nil, fmt.Errorf("a link to %s, which does not exist", target)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxPolicySize+1))
 	if err != nil {
 		return nil, err

@@ -17,9 +17,13 @@ import (
 
 // Source holds the node's signature policy and the per-namespace ones, and
 // rereads a file when it (or a key file it names) changes: a stat per file
-// at each decision, no restart. A file that stops loading leaves the last
-// good policy in force, logged and shown by Status; a namespace file that
-// never loaded refuses its namespace's images (fail closed).
+// at each decision, no restart. A node file that stops loading leaves the
+// last good policy in force, logged and shown by Status. A namespace file
+// that is there (a directory entry of that name, whatever it is) and does
+// not load refuses its namespace's images, from the first decision after
+// it stopped loading (fail closed): an unreadable file, a dangling or
+// looping link, a parse error, a key file missing. Only a namespace with
+// no entry at all falls back to the node's policy.
 type Source struct {
 	file, dir string
 	log       *slog.Logger
@@ -115,11 +119,7 @@ func (e *entry) refresh(ctx context.Context, log *slog.Logger) {
 		return
 	}
 	if err := e.load(); err != nil {
-		if e.policy != nil {
-			log.ErrorContext(ctx, "signature policy does not load; the last good one stays in force", "file", e.file, "loaded", e.loadedAt, "err", err)
-		} else {
-			log.ErrorContext(ctx, "signature policy does not load; its namespace's images are refused", "file", e.file, "err", err)
-		}
+		log.ErrorContext(ctx, "signature policy does not load", "file", e.file, "err", err)
 		return
 	}
 	log.InfoContext(ctx, "signature policy loaded", "file", e.file)
@@ -129,28 +129,13 @@ var namespaceRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 // Policy is the policy in force for namespace: its own file if the
 // directory has one, else the node's. The error is a namespace file that
-// has never loaded.
+// does not load.
 func (s *Source) Policy(ctx context.Context, namespace string) (*Policy, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dir != "" && namespaceRE.MatchString(namespace) {
-		p := filepath.Join(s.dir, namespace+".json")
-		e := s.ns[namespace]
-		if !statStamp(p).exists {
-			if e != nil {
-				s.log.InfoContext(ctx, "namespace signature policy removed; the node's applies", "file", p)
-				delete(s.ns, namespace)
-			}
-		} else {
-			if e == nil {
-				e = &entry{file: p, failed: map[string]stamp{p: {}}}
-				s.ns[namespace] = e
-			}
-			e.refresh(ctx, s.log)
-			if e.policy == nil {
-				return nil, fmt.Errorf("the policy of namespace %s does not load: %w", namespace, e.err)
-			}
-			return e.policy, nil
+		if p, ok, err := s.namespacePolicyLocked(ctx, namespace); ok {
+			return p, err
 		}
 	}
 	if s.global == nil {
@@ -158,6 +143,44 @@ func (s *Source) Policy(ctx context.Context, namespace string) (*Policy, error) 
 	}
 	s.global.refresh(ctx, s.log)
 	return s.global.policy, nil
+}
+
+// namespacePolicyLocked is namespace's own policy; ok is false when the
+// directory has no entry for it. An entry that does not load is an error,
+// never the node's policy nor its own last good one. s.mu is held.
+func (s *Source) namespacePolicyLocked(ctx context.Context, namespace string) (p *Policy, ok bool, err error) {
+	file := filepath.Join(s.dir, namespace+".json")
+	e := s.ns[namespace]
+	_, err = os.Lstat(file)
+	if errors.Is(err, os.ErrNotExist) {
+		if e != nil {
+			s.log.InfoContext(ctx, "namespace signature policy removed; the node's applies", "file", file)
+			delete(s.ns, namespace)
+		}
+		return nil, false, nil
+	}
+	switch {
+	case err != nil:
+		// The entry cannot even be looked at (the directory is not
+		// searchable, or no longer a directory).
+		if e == nil {
+			e = &entry{file: file}
+			s.ns[namespace] = e
+		}
+		e.err, e.failed = &LoadError{File: file, Err: err}, map[string]stamp{file: {}}
+	case e == nil:
+		e = &entry{file: file}
+		s.ns[namespace] = e
+		if lerr := e.load(); lerr != nil {
+			s.log.ErrorContext(ctx, "signature policy does not load", "file", file, "err", lerr)
+		}
+	default:
+		e.refresh(ctx, s.log)
+	}
+	if e.err != nil {
+		return nil, true, fmt.Errorf("the policy of namespace %s does not load: %w", namespace, e.err)
+	}
+	return e.policy, true, nil
 }
 
 // Decide is the requirements that apply to ref for namespace, with the
@@ -192,47 +215,67 @@ type FileStatus struct {
 	Namespace string    `json:"namespace,omitempty"`
 	LoadedAt  time.Time `json:"loadedAt,omitzero"`
 	// Error is the last failed load, when it is newer than the policy in
-	// force (or there is none).
+	// force (or there is none). A namespace file with an error refuses
+	// its namespace's images; the node's file keeps its last good policy
+	// in force (LoadedAt).
 	Error string `json:"error,omitempty"`
 }
 
-// Status lists the policy files read so far.
-func (s *Source) Status() []FileStatus {
+// Status lists the node's policy file and every namespace file in the
+// directory, each reread if it changed (so a namespace file no pod asked
+// for yet shows its error too). A directory that cannot be listed is an
+// entry with its error.
+func (s *Source) Status(ctx context.Context) []FileStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []FileStatus
-	st := func(e *entry, ns string) FileStatus {
-		f := FileStatus{File: e.file, Namespace: ns, LoadedAt: e.loadedAt}
-		if e.err != nil {
-			f.Error = e.err.Error()
-		}
-		return f
-	}
 	if s.global != nil {
-		out = append(out, st(s.global, ""))
+		s.global.refresh(ctx, s.log)
+		out = append(out, s.global.status(""))
 	}
-	names := make([]string, 0, len(s.ns))
-	for n := range s.ns {
-		names = append(names, n)
+	if s.dir == "" {
+		return out
 	}
-	sort.Strings(names)
+	names, _, err := namespaceFiles(s.dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		out = append(out, FileStatus{File: s.dir, Error: err.Error()})
+	}
 	for _, n := range names {
-		out = append(out, st(s.ns[n], n))
+		_, _, _ = s.namespacePolicyLocked(ctx, n) // the entry keeps the error
+	}
+	ns := make([]string, 0, len(s.ns))
+	for n := range s.ns {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	for _, n := range ns {
+		out = append(out, s.ns[n].status(n))
 	}
 	return out
+}
+
+func (e *entry) status(namespace string) FileStatus {
+	f := FileStatus{File: e.file, Namespace: namespace, LoadedAt: e.loadedAt}
+	if e.err != nil {
+		f.Error = e.err.Error()
+	}
+	return f
 }
 
 // Files are the node's policy file and the directory of namespace files.
 func (s *Source) Files() (file, dir string) { return s.file, s.dir }
 
 // Namespaces are the namespaces that have a policy file of their own in
-// the directory now.
-func (s *Source) Namespaces() []string {
+// the directory now; the error is a directory that cannot be listed.
+func (s *Source) Namespaces() ([]string, error) {
 	if s.dir == "" {
-		return nil
+		return nil, nil
 	}
-	names, _, _ := namespaceFiles(s.dir)
-	return names
+	names, _, err := namespaceFiles(s.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return names, err
 }
 
 // namespaceFiles lists dir's "<namespace>.json" files by namespace, and

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -262,17 +263,19 @@ func TestSourceRereadsChangedFiles(t *testing.T) {
 	if got := scopeOf("dev"); got != "default reject" {
 		t.Fatalf("dev with a broken node policy: %s", got)
 	}
-	st := s.Status()
+	st := s.Status(context.Background())
 	if len(st) != 2 || st[0].File != file || !strings.Contains(st[0].Error, "signedBy") || st[0].LoadedAt.IsZero() {
 		t.Fatalf("status: %+v", st)
 	}
 
-	// A key file that changes is reread with its policy: here it breaks.
+	// A key file that changes is reread with its policy: here it breaks,
+	// and the namespace's images are refused (no last good policy for a
+	// namespace file).
 	write(t, key.PubPath, "junk")
-	if got := scopeOf("prod"); !strings.HasPrefix(got, "r.io sigstoreSigned") {
-		t.Fatalf("prod with a broken key file: %s", got)
+	if _, err := s.Decide(t.Context(), "prod", ref); !errors.Is(err, crierrors.ErrSignatureValidationFailed) || !strings.Contains(err.Error(), "not a PEM public key") {
+		t.Fatalf("prod with a broken key file: %v", err)
 	}
-	if st := s.Status(); !strings.Contains(st[1].Error, "not a PEM public key") {
+	if st := s.Status(context.Background()); !strings.Contains(st[1].Error, "not a PEM public key") {
 		t.Fatalf("status after the key broke: %+v", st)
 	}
 
@@ -293,6 +296,90 @@ func TestSourceRereadsChangedFiles(t *testing.T) {
 	// A name that is no namespace never names a file.
 	if got := scopeOf("../policy"); got != "default reject" {
 		t.Fatalf("../policy: %s", got)
+	}
+}
+
+// TestNamespaceFileFailsClosed: a namespace's entry in the directory that
+// does not load refuses its images from the first decision on, whether it
+// never loaded or loaded before, and Status and CheckFiles name it; only a
+// namespace with no entry falls back to the node's policy.
+func TestNamespaceFileFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	file := write(t, filepath.Join(dir, "policy.json"), `{"default": [{"type": "insecureAcceptAnything"}]}`)
+	nsDir := filepath.Join(dir, "policy.d")
+	if err := os.Mkdir(nsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSource(file, nsDir, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := Reference{Repo: "r.io/a", Tag: "1"}
+	good := `{"default": [{"type": "insecureAcceptAnything"}]}`
+	refused := func(ns string, want ...string) {
+		t.Helper()
+		_, err := s.Decide(t.Context(), ns, ref)
+		if !errors.Is(err, crierrors.ErrSignatureValidationFailed) {
+			t.Fatalf("namespace %s: %v, want a refusal", ns, err)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("namespace %s: %q lacks %q", ns, err, w)
+			}
+		}
+	}
+	link := func(target, name string) string {
+		p := filepath.Join(nsDir, name)
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	dangling := link(filepath.Join(dir, "missing.json"), "dangling.json")
+	refused("dangling", dangling, "a link to "+filepath.Join(dir, "missing.json")+", which does not exist")
+	loop := link("loop.json", "loop.json")
+	refused("loop", loop, "too many levels of symbolic links")
+	if err := os.Mkdir(filepath.Join(nsDir, "adir.json"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	refused("adir", "adir.json", "not a regular file")
+	if err := syscall.Mkfifo(filepath.Join(nsDir, "fifo.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused("fifo", "fifo.json", "not a regular file")
+
+	// One that loaded, then breaks: refused, not its last good policy.
+	p := write(t, filepath.Join(nsDir, "was.json"), good)
+	if _, err := s.Decide(t.Context(), "was", ref); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	link(filepath.Join(dir, "missing.json"), "was.json")
+	refused("was", "was.json", "does not exist")
+	// Made good again, it is in force again.
+	write(t, filepath.Join(dir, "missing.json"), good)
+	if _, err := s.Decide(t.Context(), "was", ref); err != nil {
+		t.Fatalf("after the link's target appeared: %v", err)
+	}
+	if _, err := s.Decide(t.Context(), "dangling", ref); err != nil {
+		t.Fatalf("dangling, after its target appeared: %v", err)
+	}
+
+	// Status names every broken file, asked for or not.
+	write(t, filepath.Join(nsDir, "unasked.json"), `{"default": [`)
+	errs := map[string]string{}
+	for _, f := range s.Status(t.Context()) {
+		errs[filepath.Base(f.File)] = f.Error
+	}
+	for _, f := range []string{"loop.json", "adir.json", "fifo.json", "unasked.json"} {
+		if errs[f] == "" {
+			t.Errorf("status: %s has no error: %v", f, errs)
+		}
+	}
+	if _, bad := CheckFiles(file, nsDir); len(bad) != 4 {
+		t.Errorf("CheckFiles: %v, want the 4 broken files", bad)
 	}
 }
 

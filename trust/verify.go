@@ -223,6 +223,9 @@ func SigTag(digest string) string {
 // SignatureValidationFailed, which the kubelet shows as the reason of a
 // failed pull.
 type Rejection struct {
+	// Use is what the image was for, when not a container's own image
+	// ("volume /data", "checkpoint image …").
+	Use       string
 	Image     string // the reference as asked
 	Digest    string // the manifest digest, if known
 	Namespace string
@@ -234,7 +237,11 @@ type Rejection struct {
 
 func (r *Rejection) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: image %s", crierrors.ErrSignatureValidationFailed, r.Image)
+	fmt.Fprintf(&b, "%s: ", crierrors.ErrSignatureValidationFailed)
+	if r.Use != "" {
+		fmt.Fprintf(&b, "%s: ", r.Use)
+	}
+	fmt.Fprintf(&b, "image %s", r.Image)
 	if r.Digest != "" && !strings.Contains(r.Image, r.Digest) {
 		fmt.Fprintf(&b, " (%s)", r.Digest)
 	}
