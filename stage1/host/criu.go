@@ -149,8 +149,8 @@ func nsPIDs(status []byte) []string {
 // app is the app's cgroup (appCgroup), whose freezer pauses it. It
 // returns what it named external and the tree's standard streams that are
 // pipes. FailedPrecondition, with the end of criu's log, when criu cannot
-// save the tree; DeadlineExceeded when ctx ends first (criu is killed
-// then).
+// save the tree; ctx's error (context.DeadlineExceeded or Canceled) when
+// ctx ends first (criu is killed then).
 func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, dir string) (*stage1.AppImage, error) {
 	cgroup := freezerDir(app)
 	proc := fmt.Sprintf("/proc/%d", pid)
@@ -206,7 +206,7 @@ func CRIUDump(ctx context.Context, criu string, pid int, app *cgroups.Cgroup, di
 	cmd := exec.CommandContext(ctx, path, argv[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("checkpoint: criu dump of process %d: %w (%v)", pid, errdefs.ErrDeadlineExceeded, ctx.Err())
+		return nil, fmt.Errorf("checkpoint: criu dump of process %d ended with the call: %w", pid, ctx.Err())
 	}
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, CRIUDumpLog))

@@ -1,13 +1,17 @@
 package host
 
 import (
+	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/stagelet/stagelet/cgroups"
 	"github.com/stagelet/stagelet/errdefs"
 )
 
@@ -75,5 +79,35 @@ func TestPodProcess(t *testing.T) {
 	// Nor is a PID at a level the process has not.
 	if _, err := PodProcess(cg, 1, p.PID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("PodProcess at a nested level the process lacks: %v", err)
+	}
+}
+
+// A criu dump its call ends says how the call ended, for the CRI to
+// answer Canceled to a caller that went away and DeadlineExceeded to one
+// whose deadline passed: a cancel is no deadline.
+func TestCRIUDumpEndedByItsCall(t *testing.T) {
+	criu, err := exec.LookPath("true") // never run: the call has ended
+	if err != nil {
+		t.Skipf("no true(1): %v", err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	for _, tc := range []struct {
+		name      string
+		ctx       context.Context
+		want, not error
+	}{
+		{"cancelled", cancelled, context.Canceled, context.DeadlineExceeded},
+		{"deadline", expired, context.DeadlineExceeded, context.Canceled},
+	} {
+		_, err := CRIUDump(tc.ctx, criu, os.Getpid(), &cgroups.Cgroup{Paths: map[string]string{}}, t.TempDir())
+		if !errors.Is(err, tc.want) || errors.Is(err, tc.not) {
+			t.Errorf("%s: %v: want %v, not %v", tc.name, err, tc.want, tc.not)
+		}
+		if tc.want == context.Canceled && errors.Is(err, errdefs.ErrDeadlineExceeded) {
+			t.Errorf("%s: %v: a cancel reads as DeadlineExceeded", tc.name, err)
+		}
 	}
 }

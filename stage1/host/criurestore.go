@@ -38,7 +38,7 @@ const CRIURestoreLog = "restore.log"
 // pod with a PID namespace of its own, in that namespace and the pod's
 // cgroup namespace with a /proc of its own, so that the process it
 // restores detached is re-parented to the pod's init, the agent.
-// FailedPrecondition with criu's reason.
+// FailedPrecondition with criu's reason; ctx's error when ctx ends first.
 func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (int, error) {
 	const level = 1
 	agent, err := PodProcess(cg, level, r.IO.PID)
@@ -103,7 +103,7 @@ func RestoreApp(ctx context.Context, cg *cgroups.Cgroup, r *stage1.AppRestore) (
 	}
 	err = cmd.Wait()
 	if err != nil && ctx.Err() != nil {
-		return 0, fmt.Errorf("restore: criu: %w (%v)", errdefs.ErrDeadlineExceeded, ctx.Err())
+		return 0, fmt.Errorf("restore: criu ended with the call: %w", ctx.Err())
 	}
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(r.Images, CRIURestoreLog))
