@@ -34,7 +34,8 @@ import (
 // archive appears whole or not at all. InvalidArgument (no location, or a
 // relative one), NotFound, FailedPrecondition (the container does not
 // run; its stage1 or this node cannot checkpoint; criu failed, with its
-// reason), Unimplemented (a stage1 that does not save apps).
+// reason), ResourceExhausted (the archive's file system is full),
+// Unimplemented (a stage1 that does not save apps).
 func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) error {
 	if err := archivePath("location", location); err != nil {
 		return err
@@ -140,7 +141,7 @@ func (b *Broker) saveContainer(ctx context.Context, p *pod, saver stage1.AppChec
 	// files criu writes, removed whatever happens.
 	images, err := os.MkdirTemp(filepath.Dir(path), ".stagelet-criu-")
 	if err != nil {
-		return 0, fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+		return 0, errdefs.Storage(fmt.Errorf("checkpoint %s: %w", c.rec.ID, err), filepath.Dir(path))
 	}
 	defer os.RemoveAll(images)
 	criu, err := b.criu(ctx)
@@ -162,7 +163,8 @@ func (b *Broker) saveContainer(ctx context.Context, p *pod, saver stage1.AppChec
 	}
 	size, err := checkpoint.Write(path, meta, dir, images)
 	if err != nil {
-		return 0, fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+		// A full file system is ResourceExhausted, naming it.
+		return 0, errdefs.Storage(fmt.Errorf("checkpoint %s: %w", c.rec.ID, err), filepath.Dir(path))
 	}
 	b.log.DebugContext(ctx, "container saved", "container", c.rec.ID, "dump", dumped, "took", time.Since(start))
 	return size, nil
@@ -194,8 +196,8 @@ func (b *Broker) checkpointMeta(c *container, p *pod) (*checkpoint.Container, st
 // failure nothing is left in outputPath. InvalidArgument, NotFound (the
 // pod, or a named container not in it), FailedPrecondition (a named
 // container does not run; the pod's stage1 or this node cannot
-// checkpoint; criu failed), Unimplemented (a stage1 that does not save
-// apps).
+// checkpoint; criu failed), ResourceExhausted (outputPath's file system
+// is full), Unimplemented (a stage1 that does not save apps).
 func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, containerIDs []string) error {
 	if err := checkpointDir("output_path", outputPath, true); err != nil {
 		return err
@@ -267,7 +269,7 @@ func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, co
 		for _, path := range paths {
 			os.Remove(path)
 		}
-		return err
+		return errdefs.Storage(err, outputPath)
 	}
 	var total int64
 	for _, n := range sizes {

@@ -7,7 +7,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
@@ -407,5 +410,53 @@ func TestRestorePullsCheckpointedImage(t *testing.T) {
 	e.images.mu.Unlock()
 	if !slices.Equal(pulls, []string{fakeImage.RepoTags[0]}) {
 		t.Errorf("pulled %q, want the author's reference once", pulls)
+	}
+}
+
+// A checkpoint that fills its file system is ResourceExhausted, with
+// ENOSPC as its cause, and leaves nothing there.
+func TestCheckpointOnAFullFileSystem(t *testing.T) {
+	testutil.NeedRoot(t, "mounts a small tmpfs")
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=256k"); err != nil {
+		t.Skipf("tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	e := newEnv(t)
+	e.criu = func(context.Context) (string, error) { return "criu", nil }
+	// Images that fit, beside an archive that cannot: it copies them.
+	e.be.SaveApp = func(id string, pid int, dir string) error {
+		return os.WriteFile(filepath.Join(dir, "pages-1.img"), make([]byte, 160<<10), 0o600)
+	}
+	b := e.broker(t)
+	ctx := context.Background()
+	pid, err := b.RunPod(ctx, podCfg("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cid, err := b.CreateContainer(ctx, pid, ctrCfg("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StartContainer(ctx, cid); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.ContainerStatus(ctx, cid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(rec.Dir, "upper"), 0o755); err != nil { // its writable layer
+		t.Fatal(err)
+	}
+	err = b.CheckpointContainer(ctx, cid, filepath.Join(dir, "c.tar"))
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("%v: want ResourceExhausted, with ENOSPC as its cause", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a failed checkpoint left %v", ents)
 	}
 }

@@ -187,8 +187,13 @@ func writeEntry(tw *tar.Writer, name string, size int64, mtime time.Time, r io.R
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: size, Mode: 0o600, ModTime: mtime}); err != nil {
 		return fmt.Errorf("checkpoint archive: %s: %w", name, err)
 	}
-	if n, err := io.Copy(tw, r); err != nil || n != size {
-		return fmt.Errorf("checkpoint archive: %s: wrote %d of %d bytes: %v", name, n, size, err)
+	n, err := io.Copy(tw, r)
+	if err == nil && n != size {
+		err = io.ErrUnexpectedEOF // the file shrank
+	}
+	if err != nil {
+		// %w: a full file system (ENOSPC) stays one to errors.Is.
+		return fmt.Errorf("checkpoint archive: %s: wrote %d of %d bytes: %w", name, n, size, err)
 	}
 	return nil
 }

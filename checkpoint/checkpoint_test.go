@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -188,5 +189,35 @@ func TestReadRefuses(t *testing.T) {
 	os.WriteFile(archive, buf.Bytes(), 0o600)
 	if _, err := Read(archive, t.TempDir()); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "stagelet.dump") {
 		t.Errorf("foreign archive: %v", err)
+	}
+}
+
+// fullDisk takes room bytes, then fails every write with ENOSPC.
+type fullDisk struct{ room int }
+
+func (d *fullDisk) Write(b []byte) (int, error) {
+	if len(b) <= d.room {
+		d.room -= len(b)
+		return len(b), nil
+	}
+	n := d.room
+	d.room = 0
+	return n, syscall.ENOSPC
+}
+
+// An entry that meets a full file system says so to errors.Is, for the
+// CRI to answer ResourceExhausted (errdefs.Storage).
+func TestWriteEntryKeepsENOSPC(t *testing.T) {
+	tw := tar.NewWriter(&fullDisk{room: 512}) // the header's block
+	body := strings.Repeat("x", 4096)
+	err := writeEntry(tw, "big", int64(len(body)), time.Now(), strings.NewReader(body))
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("%v: ENOSPC lost", err)
+	}
+	// A file that shrank while it was read is an error too.
+	tw = tar.NewWriter(&bytes.Buffer{})
+	err = writeEntry(tw, "shrank", 10, time.Now(), strings.NewReader("short"))
+	if err == nil || !strings.Contains(err.Error(), "wrote 5 of 10 bytes") {
+		t.Errorf("a short entry: %v", err)
 	}
 }
