@@ -117,7 +117,8 @@ func (d SharedDir) containerDir(id string) (string, error) {
 // tells whether the agent already knows the container: a directory left by
 // a create that did not finish is released and made again. Errors:
 // InvalidArgument (bad id or paths), AlreadyExists, FailedPrecondition (a
-// mount source that does not exist). On failure nothing stays bound.
+// mount source that does not exist). On failure nothing stays bound, or
+// the error says what could not be undone.
 func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec, exists func(context.Context, string) (bool, error)) (_ *stage1.ContainerSpec, retErr error) {
 	if spec == nil || spec.Rootfs == "" {
 		return nil, errdefs.InvalidArgument("create container: no rootfs")
@@ -130,8 +131,11 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 		return nil, err
 	}
 	defer func() {
-		if retErr != nil {
-			mountsafe.RemoveUnmounted(dir)
+		if retErr == nil {
+			return
+		}
+		if err := mountsafe.RemoveUnmounted(dir); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("undoing the binds of container %s: %w", spec.ID, err))
 		}
 	}()
 	bind, closeNS, err := d.binder(spec.ID, dir)

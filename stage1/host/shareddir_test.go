@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -77,4 +78,86 @@ func TestUnbindKeepsTheHostsMounts(t *testing.T) {
 	if !slices.Contains(ms, inner) {
 		t.Errorf("the host's tmpfs inside the volume was unmounted with the daemon's binds; mounts under the volume: %v", ms)
 	}
+}
+
+// A failed BindContainer whose directory cannot be removed says so: the
+// error of the undoing joins the bind's.
+func TestBindContainerReportsAFailedUndo(t *testing.T) {
+	testutil.NeedRoot(t, "mounts, and an immutable file")
+	base := t.TempDir()
+	rootfs := filepath.Join(base, "rootfs")
+	vol := filepath.Join(base, "volume")
+	for _, dir := range []string{rootfs, vol} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stuck string
+	bindFailed := errors.New("bind refused")
+	d := SharedDir{Host: filepath.Join(base, "mounts"), InPod: "/mnt/pod",
+		// A file the undoing cannot remove, left beside the binds.
+		BindShared: func(src, host string) error {
+			f := filepath.Join(filepath.Dir(host), "stuck")
+			if err := os.WriteFile(f, nil, 0o600); err != nil {
+				return err
+			}
+			if !setImmutable(t, f, true) {
+				t.Skip("the file system cannot make a file immutable")
+			}
+			stuck = f
+			return bindFailed
+		}}
+	if err := d.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Release(); err != nil {
+			t.Errorf("release: %v", err)
+		}
+	})
+	t.Cleanup(func() { // before the release
+		if stuck != "" {
+			setImmutable(t, stuck, false)
+		}
+	})
+	spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: "a", Rootfs: rootfs,
+		Mounts: []api.Mount{{Source: vol, Destination: "/v", Propagation: "rshared"}}}}
+	_, err := d.BindContainer(context.Background(), spec, func(context.Context, string) (bool, error) { return false, nil })
+	if !errors.Is(err, bindFailed) {
+		t.Fatalf("BindContainer: %v, want the bind's error", err)
+	}
+	if !errors.Is(err, unix.EPERM) {
+		t.Errorf("BindContainer: %v: the undoing's failure is not told", err)
+	}
+}
+
+// fsImmutable is the immutable attribute (FS_IMMUTABLE_FL, linux/fs.h),
+// which x/sys/unix does not name.
+const fsImmutable = 0x10
+
+// setImmutable sets or clears path's immutable attribute; false when its
+// file system has none.
+func setImmutable(t *testing.T, path string, on bool) bool {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	flags, err := unix.IoctlGetInt(int(f.Fd()), unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		return false
+	}
+	if on {
+		flags |= fsImmutable
+	} else {
+		flags &^= fsImmutable
+	}
+	if err := unix.IoctlSetPointerInt(int(f.Fd()), unix.FS_IOC_SETFLAGS, flags); err != nil {
+		if on {
+			return false
+		}
+		t.Errorf("clearing the immutable attribute of %s: %v", path, err)
+	}
+	return true
 }
