@@ -23,7 +23,6 @@ import (
 	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/network"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -188,7 +187,7 @@ func TestPodNetNS(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	pod, err := podconn.Opened(b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil }))
+	pod, err := stage1test.Opened(b.StartPod(ctx, spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +252,7 @@ func TestAgentInPodCgroup(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	pod, err := podconn.Opened(b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil }))
+	pod, err := stage1test.Opened(b.StartPod(context.Background(), spec, func(s []byte) error { last = s; return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}

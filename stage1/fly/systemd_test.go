@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/stage1/stage1test"
 )
 
@@ -80,7 +79,7 @@ func TestPodUnderSystemd(t *testing.T) {
 	}()
 
 	start := time.Now()
-	pod, err := podconn.Opened(b.StartPod(ctx, spec, persist))
+	pod, err := stage1test.Opened(b.StartPod(ctx, spec, persist))
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(runDir, "agent.log"))
 		t.Fatalf("StartPod: %v\nagent log:\n%s", err, log)
@@ -124,7 +123,7 @@ func TestPodUnderSystemd(t *testing.T) {
 	l2 := bed.Launcher(testLogger(t))
 	defer l2.Close()
 	b2 := NewWithLauncher(testLogger(t), l2)
-	pod2, err := podconn.Opened(b2.RecoverPod(ctx, spec, last()))
+	pod2, err := stage1test.Opened(b2.RecoverPod(ctx, spec, last()))
 	if err != nil {
 		t.Fatalf("RecoverPod: %v", err)
 	}

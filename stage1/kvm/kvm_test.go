@@ -239,7 +239,7 @@ func startVM(t *testing.T, b *Backend, netns string, opts map[string]string) *vm
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pod, err := podconn.Opened(b.StartPod(ctx, vp.spec, persist))
+	pod, err := stage1test.Opened(b.StartPod(ctx, vp.spec, persist))
 	if err != nil {
 		t.Fatalf("StartPod: %v", err)
 	}
@@ -463,7 +463,7 @@ func TestReconnect(t *testing.T) {
 	for i := range 2 {
 		b.CloseSessions() // the old daemon's connection dies with it
 		nb := New(testLogger(t), Config{AssetsDir: assetsDir, Accelerator: vp.pod.Details()["accelerator"]})
-		pod, err := podconn.Opened(nb.RecoverPod(ctx, vp.spec, state))
+		pod, err := stage1test.Opened(nb.RecoverPod(ctx, vp.spec, state))
 		if err != nil {
 			t.Fatalf("RecoverPod #%d: %v", i+1, err)
 		}
@@ -769,7 +769,7 @@ func daemonMain(arg string) int {
 	b := New(slog.New(slog.NewTextHandler(os.Stderr, nil)), Config{AssetsDir: da.Assets})
 	ctx := context.Background()
 	persist := func(st []byte) error { return os.WriteFile(da.StateFile, st, 0o600) }
-	pod, err := podconn.Opened(b.StartPod(ctx, &da.Spec, persist))
+	pod, err := stage1test.Opened(b.StartPod(ctx, &da.Spec, persist))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "StartPod:", err)
 		return 1
@@ -838,7 +838,7 @@ func TestDaemonKill9(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pod, err := podconn.Opened(b.RecoverPod(ctx, &da.Spec, state))
+	pod, err := stage1test.Opened(b.RecoverPod(ctx, &da.Spec, state))
 	if err != nil {
 		t.Fatalf("RecoverPod after kill -9: %v", err)
 	}

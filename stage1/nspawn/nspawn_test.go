@@ -286,7 +286,7 @@ func startPod(tb testing.TB, b stage1.Backend, mut func(*stage1.PodSpec)) *pod {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sp, err := podconn.Opened(b.StartPod(ctx, p.spec, persist))
+	sp, err := stage1test.Opened(b.StartPod(ctx, p.spec, persist))
 	if err != nil {
 		tb.Fatalf("StartPod: %v", err)
 	}
@@ -469,7 +469,7 @@ func TestSurvivesDaemonKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	pod, err := podconn.Opened(b.RecoverPod(ctx, spec, state))
+	pod, err := stage1test.Opened(b.RecoverPod(ctx, spec, state))
 	if err != nil {
 		t.Fatalf("RecoverPod after the daemon's SIGKILL: %v", err)
 	}
@@ -499,7 +499,7 @@ func TestHelperDaemon(t *testing.T) {
 	}
 	persist := func(s []byte) error { return os.WriteFile(stateFile, s, 0o600) }
 	ctx := context.Background()
-	pod, err := podconn.Opened(New(nil).StartPod(ctx, spec, persist))
+	pod, err := stage1test.Opened(New(nil).StartPod(ctx, spec, persist))
 	if err != nil {
 		t.Fatal(err)
 	}

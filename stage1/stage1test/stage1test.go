@@ -4,7 +4,8 @@
 // agent died) run against a real backend, a real agent binary and real
 // cgroups. Backends call Run from their own tests with an Env, and may use
 // the helpers here (BuildAgent, BusyboxRootfs, CgroupParent, ShortRunDir)
-// to build one.
+// to build one, and Opened to drive a pod they started as the broker
+// does.
 package stage1test
 
 import (
@@ -516,6 +517,16 @@ func (s *suite) checkReleased(t *testing.T, tp *testPod) {
 	for _, l := range s.leftovers(t, tp) {
 		t.Errorf("left after DestroyPod: %s", l)
 	}
+}
+
+// Opened is podconn.Open of what a backend's StartPod or RecoverPod
+// returned, for a test to drive the pod as the broker does: the error as
+// it is when there is one.
+func Opened(pod stage1.Pod, err error) (*podconn.Pod, error) {
+	if err != nil {
+		return nil, err
+	}
+	return podconn.Open(pod, nil), nil
 }
 
 // BuildAgent builds the stagelet binary (CGO off) from the module holding
