@@ -263,12 +263,3 @@ func (p *Pod) Stats(ctx context.Context, id string) (*api.Stats, error) {
 	}
 	return p.Conn.Client.Stats(ctx, id)
 }
-
-// Opened is Open of what StartPod or RecoverPod returned: the error as it
-// is when there is one.
-func Opened(pod stage1.Pod, err error) (*Pod, error) {
-	if err != nil {
-		return nil, err
-	}
-	return Open(pod, nil), nil
-}
