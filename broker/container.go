@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -279,7 +280,7 @@ func (b *Broker) checkCpuset(p *pod, r *Resources, field string) error {
 // in a pod with a user namespace of its own, the pod's root owns the
 // image's files as the host's root does. A container restored from a
 // checkpoint gets the checkpoint's writable layer.
-func (b *Broker) mountRootfs(ctx context.Context, p *pod, img *image.Image, rec *ContainerRecord) (string, error) {
+func (b *Broker) mountRootfs(ctx context.Context, p *pod, img *admittedImage, rec *ContainerRecord) (string, error) {
 	if rec.Restore != nil {
 		if err := b.importCheckpointLayer(ctx, rec); err != nil {
 			return "", err
@@ -302,21 +303,26 @@ func (b *Broker) mountRootfs(ctx context.Context, p *pod, img *image.Image, rec 
 		defer f.Close()
 		userns = &image.UserNS{File: f, UID: int(podNS.HostID), GID: int(podNS.HostID)}
 	}
-	return b.opts.Images.MountRootfs(ctx, img.ID, rec.Dir, userns, sel.Mount)
+	return b.opts.Images.MountRootfs(ctx, img.img.ID, rec.Dir, userns, sel.Mount)
 }
 
-// mountImageVolumes mounts the images of cfg's image volumes beneath the
-// container's directory dir (dir/ivol/<n>, which goes with its rootfs)
-// and returns the config with their paths as the mounts' host paths,
-// read-only.
-func (b *Broker) mountImageVolumes(cfg *ContainerConfig, dir string) (*ContainerConfig, error) {
+// mountImageVolumes mounts the images of cfg's image volumes, vols (by
+// mount index, from admitVolumes), beneath the container's directory dir
+// (dir/ivol/<n>, which goes with its rootfs) and returns the config with
+// their paths as the mounts' host paths, read-only. An image is mounted
+// by its ID: a tag moved since the check cannot swap it.
+func (b *Broker) mountImageVolumes(cfg *ContainerConfig, vols map[int]*admittedImage, dir string) (*ContainerConfig, error) {
 	out := *cfg
 	out.Mounts = slices.Clone(cfg.Mounts)
 	for i, m := range out.Mounts {
 		if m.Image == "" {
 			continue
 		}
-		path, err := b.opts.Images.MountImageVolume(m.Image, filepath.Join(dir, "ivol", strconv.Itoa(i)), m.ImageSubPath)
+		v := vols[i]
+		if v == nil {
+			return nil, fmt.Errorf("config.mounts[%d].image %s: not admitted", i, m.Image)
+		}
+		path, err := b.opts.Images.MountImageVolume(v.img.ID, filepath.Join(dir, "ivol", strconv.Itoa(i)), m.ImageSubPath)
 		if err != nil {
 			return nil, fmt.Errorf("config.mounts[%d].image %s: %w", i, m.Image, err)
 		}
@@ -333,17 +339,24 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 		return err
 	}
 	rec := c.rec
+	b.mu.Lock()
+	namespace := p.rec.Config.Metadata.Namespace
+	b.mu.Unlock()
 	if restore {
-		if err := b.unpackCheckpoint(ctx, rec, p); err != nil {
+		if err := b.unpackCheckpoint(ctx, rec, p, namespace); err != nil {
 			return err
 		}
 		defer b.removeUnpacked(ctx, rec, &err)
 	}
-	img, err := b.containerImage(ctx, &rec.Config, restore, p.rec.Config.Metadata.Namespace)
+	img, err := b.containerImage(ctx, &rec.Config, restore, namespace)
 	if err != nil {
 		return err
 	}
-	if err := b.claimImage(rec, img); err != nil {
+	vols, err := b.admitVolumes(ctx, &rec.Config, namespace)
+	if err != nil {
+		return err
+	}
+	if err := b.claimImages(rec, img, vols); err != nil {
 		return err
 	}
 	// Record before taking the rootfs, so a crash leaves a record that
@@ -353,12 +366,12 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	}
 	defer b.releaseFailedRootfs(ctx, rec, &err)
 	mctx, span := tracing.Start(ctx, "container.rootfs")
-	rootfs, cfg, err := b.mountContainerFS(mctx, p, img, rec)
+	rootfs, cfg, err := b.mountContainerFS(mctx, p, img, vols, rec)
 	tracing.End(span, err)
 	if err != nil {
 		return err
 	}
-	app, pci, err := b.containerApp(p, img, rec, cfg, rootfs)
+	app, pci, err := b.containerApp(p, img.img, rec, cfg, rootfs)
 	if err != nil {
 		return err
 	}
@@ -380,16 +393,16 @@ func (b *Broker) releaseFailedRootfs(ctx context.Context, rec *ContainerRecord, 
 }
 
 // mountContainerFS mounts container rec's file systems in pod p: its
-// rootfs from img (mountRootfs) and its image volumes
+// rootfs from img (mountRootfs) and its image volumes from vols
 // (mountImageVolumes). It returns the rootfs and rec's config with the
 // image volumes' paths; what it mounted before failing is left to
 // releaseFailedRootfs.
-func (b *Broker) mountContainerFS(ctx context.Context, p *pod, img *image.Image, rec *ContainerRecord) (string, *ContainerConfig, error) {
+func (b *Broker) mountContainerFS(ctx context.Context, p *pod, img *admittedImage, vols map[int]*admittedImage, rec *ContainerRecord) (string, *ContainerConfig, error) {
 	rootfs, err := b.mountRootfs(ctx, p, img, rec)
 	if err != nil {
 		return "", nil, fmt.Errorf("container rootfs: %w", err)
 	}
-	cfg, err := b.mountImageVolumes(&rec.Config, rec.Dir)
+	cfg, err := b.mountImageVolumes(&rec.Config, vols, rec.Dir)
 	if err != nil {
 		return "", nil, err
 	}
@@ -477,29 +490,65 @@ func (b *Broker) createInPod(ctx context.Context, h *podconn.Pod, p *pod, c *con
 	return nil
 }
 
-// claimImage records that container rec uses img, unless img was removed
-// since it was looked up. It holds imageMu, which RemoveImage holds from
-// its look at the containers' images to the removal: an image a container
-// being created uses is never removed.
-func (b *Broker) claimImage(rec *ContainerRecord, img *image.Image) error {
+// claimImages records that container rec uses img and, as volumes, vols,
+// unless one was removed since it was looked up. It holds imageMu, which
+// RemoveImage holds from its look at the containers' images to the
+// removal: an image a container being created uses is never removed.
+func (b *Broker) claimImages(rec *ContainerRecord, img *admittedImage, vols map[int]*admittedImage) error {
 	b.imageMu.Lock()
 	defer b.imageMu.Unlock()
-	if _, err := b.opts.Images.Get(img.ID); err != nil {
-		return fmt.Errorf("image %s, removed while the container was created: %w", img.ID, err)
+	var volIDs []string
+	for _, i := range slices.Sorted(maps.Keys(vols)) {
+		if !slices.Contains(volIDs, vols[i].img.ID) {
+			volIDs = append(volIDs, vols[i].img.ID)
+		}
 	}
-	name := imageName(&rec.Config, img)
+	for _, id := range append([]string{img.img.ID}, volIDs...) {
+		if _, err := b.opts.Images.Get(id); err != nil {
+			return fmt.Errorf("image %s, removed while the container was created: %w", id, err)
+		}
+	}
+	name := imageName(&rec.Config, img.img)
 	b.mu.Lock()
-	rec.ImageID, rec.ImageName = img.ID, name
+	rec.ImageID, rec.ImageName, rec.VolumeImageIDs = img.img.ID, name, volIDs
 	b.mu.Unlock()
 	return nil
 }
 
-// containerImage is the stored image of container config cfg, accepted
-// by the signature policy of namespace: NotFound when it was not pulled.
+// admitVolumes admits the image of each of cfg's image volumes
+// (admitImage), by mount index: NotFound for one not pulled.
+func (b *Broker) admitVolumes(ctx context.Context, cfg *ContainerConfig, namespace string) (map[int]*admittedImage, error) {
+	vols := map[int]*admittedImage{}
+	for i, m := range cfg.Mounts {
+		if m.Image == "" {
+			continue
+		}
+		img, err := b.opts.Images.Get(m.Image)
+		if errdefs.IsNotFound(err) {
+			return nil, errdefs.NotFound("config.mounts[%d].image %q (volume %s) not found: pull it first", i, m.Image, m.ContainerPath)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("config.mounts[%d].image %s: %w", i, m.Image, err)
+		}
+		named := m.UserImage
+		if named == "" && !isImageID(m.Image, img.ID) {
+			named = m.Image
+		}
+		a, err := b.admitImage(ctx, namespace, useVolume(m.ContainerPath), named, img)
+		if err != nil {
+			return nil, err
+		}
+		vols[i] = a
+	}
+	return vols, nil
+}
+
+// containerImage is the stored image of container config cfg, admitted
+// for namespace (admitImage): NotFound when it was not pulled.
 // The image of a container restored from a checkpoint is pulled when
 // missing, as CRI-O does: a checkpoint taken on another node needs it, and
 // the kubelet pulled the checkpoint image only.
-func (b *Broker) containerImage(ctx context.Context, cfg *ContainerConfig, restore bool, namespace string) (*image.Image, error) {
+func (b *Broker) containerImage(ctx context.Context, cfg *ContainerConfig, restore bool, namespace string) (*admittedImage, error) {
 	img, err := b.opts.Images.Get(cfg.Image)
 	switch {
 	case restore && errdefs.IsNotFound(err):
@@ -510,10 +559,11 @@ func (b *Broker) containerImage(ctx context.Context, cfg *ContainerConfig, resto
 	if err != nil {
 		return nil, err
 	}
-	if err := b.checkImageTrust(ctx, namespace, cfg, img); err != nil {
-		return nil, err
+	use := useContainerImage
+	if restore {
+		use = useCheckpointedRan
 	}
-	return img, nil
+	return b.admitImage(ctx, namespace, use, authorName(cfg, img), img)
 }
 
 // pullCheckpointed pulls the image of a checkpointed container, cfg: by
@@ -1099,12 +1149,6 @@ func (b *Broker) refreshOnRefusal(ctx context.Context, p *pod, c *container, err
 	if errors.Is(err, errdefs.ErrFailedPrecondition) {
 		b.refresh(ctx, p, []*container{c})
 	}
-}
-
-// ImageOf returns the image record a container was created from, if it is
-// still present.
-func (b *Broker) ImageOf(rec *ContainerRecord) (*image.Image, error) {
-	return b.opts.Images.Get(rec.ImageID)
 }
 
 // imageName is the image a container's status names: the reference the

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -60,6 +61,9 @@ func (f *fakeImages) Get(ref string) (*image.Image, error) {
 	if unpulled {
 		return nil, errdefs.NotFound("image %q (not pulled here)", ref)
 	}
+	if img := f.checkpointImage(ref); img != nil {
+		return img, nil
+	}
 	found := ref == fakeImage.ID || ref == fakeImage.RepoTags[0]
 	f.mu.Lock()
 	after := f.afterGet
@@ -72,6 +76,21 @@ func (f *fakeImages) Get(ref string) (*image.Image, error) {
 	}
 	return nil, errdefs.NotFound("image %q", ref)
 }
+
+// checkpointImage is the checkpoint image ref names (its reference or
+// its ID), nil for none.
+func (f *fakeImages) checkpointImage(ref string) *image.Image {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for r := range f.checkpoints {
+		id := fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(r)))
+		if ref == r || ref == id {
+			return &image.Image{ID: id, RepoTags: []string{r}}
+		}
+	}
+	return nil
+}
+
 func (f *fakeImages) List() []*image.Image { return []*image.Image{fakeImage} }
 func (f *fakeImages) Remove(_ context.Context, ref string) error {
 	f.mu.Lock()
@@ -119,11 +138,10 @@ func (f *fakeImages) Annotations(ref string) (map[string]string, error) {
 	return nil, nil
 }
 func (f *fakeImages) LayerDirs(ref string) ([]string, error) {
-	f.mu.Lock()
-	dir, ok := f.checkpoints[ref]
-	f.mu.Unlock()
-	if ok {
-		return []string{dir}, nil
+	if img := f.checkpointImage(ref); img != nil {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return []string{f.checkpoints[img.RepoTags[0]]}, nil
 	}
 	if _, err := f.Get(ref); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"slices"
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
@@ -48,8 +49,8 @@ func (b *Broker) ListImages(ref string) []*image.Image {
 }
 
 // RemoveImage removes an image. Idempotent; refused with
-// FailedPrecondition while a container uses it, or is being created from
-// it (claimImage).
+// FailedPrecondition while a container uses it, as its image or as an
+// image volume, or is being created from it (claimImages).
 func (b *Broker) RemoveImage(ctx context.Context, ref string) error {
 	if ref == "" {
 		return errdefs.InvalidArgument("image.image: must not be empty")
@@ -65,10 +66,15 @@ func (b *Broker) RemoveImage(ctx context.Context, ref string) error {
 	}
 	b.mu.Lock()
 	for _, c := range b.ctrs {
-		if c.rec.ImageID == img.ID {
+		switch {
+		case c.rec.ImageID == img.ID:
 			id := c.rec.ID
 			b.mu.Unlock()
 			return errdefs.FailedPrecondition("image %s is used by container %s", img.ID, id)
+		case slices.Contains(c.rec.VolumeImageIDs, img.ID):
+			id := c.rec.ID
+			b.mu.Unlock()
+			return errdefs.FailedPrecondition("image %s is used by container %s as an image volume", img.ID, id)
 		}
 	}
 	b.mu.Unlock()

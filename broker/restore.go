@@ -54,16 +54,21 @@ func (b *Broker) isCheckpoint(ref string) bool {
 	return ok
 }
 
-// readCheckpoint reads the checkpoint ref names (an archive's path, a
-// checkpoint image) into dir. It returns the container's description and
-// how to name the checkpoint in messages.
-func (b *Broker) readCheckpoint(ref, dir string) (*checkpoint.Container, string, error) {
+// readCheckpoint reads the checkpoint ref names into dir: an archive's
+// path, or a checkpoint image, which the pod's namespace policy must
+// accept (admitCheckpointImage). It returns the container's description
+// and how to name the checkpoint in messages.
+func (b *Broker) readCheckpoint(ctx context.Context, ref, namespace, dir string) (*checkpoint.Container, string, error) {
 	if isCheckpointArchive(ref) {
 		meta, err := checkpoint.Read(ref, dir)
 		return meta, "checkpoint archive " + ref, err
 	}
-	what := "checkpoint image " + ref
-	layers, err := b.opts.Images.LayerDirs(ref)
+	what := useCheckpointImage(ref)
+	img, err := b.admitCheckpointImage(ctx, ref, namespace)
+	if err != nil {
+		return nil, what, err
+	}
+	layers, err := b.opts.Images.LayerDirs(img.img.ID)
 	if err != nil {
 		return nil, what, err
 	}
@@ -72,6 +77,21 @@ func (b *Broker) readCheckpoint(ref, dir string) (*checkpoint.Container, string,
 	}
 	meta, err := checkpoint.ReadDir(layers[0], dir)
 	return meta, what, err
+}
+
+// admitCheckpointImage admits checkpoint image ref for namespace
+// (admitImage): its layer is the checkpointed container's changed files
+// and its processes' memory, content as much as any image's.
+func (b *Broker) admitCheckpointImage(ctx context.Context, ref, namespace string) (*admittedImage, error) {
+	img, err := b.opts.Images.Get(ref)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", useCheckpointImage(ref), err)
+	}
+	named := ref
+	if isImageID(ref, img.ID) {
+		named = ""
+	}
+	return b.admitImage(ctx, namespace, useCheckpointImage(ref), named, img)
 }
 
 // checkRestorable refuses, before anything is taken, a container to be
@@ -98,8 +118,9 @@ func (b *Broker) checkRestorable(ctx context.Context, p *pod) error {
 // archive, a checkpoint image) into rec.Dir and makes rec the restored
 // container's, for pod p: its configuration the checkpointed one's with
 // the request's name, labels, annotations, log path and (when it has
-// any) mounts. On failure rec.Dir is removed again.
-func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *pod) (err error) {
+// any) mounts. A checkpoint image must be accepted by the policy of the
+// pod's namespace. On failure rec.Dir is removed again.
+func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *pod, namespace string) (err error) {
 	defer b.removeUnpacked(ctx, rec, &err)
 	b.mu.Lock()
 	stage1Name := p.rec.Stage1
@@ -109,7 +130,7 @@ func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	meta, archive, err := b.readCheckpoint(ref, dir)
+	meta, archive, err := b.readCheckpoint(ctx, ref, namespace, dir)
 	if err != nil {
 		return err
 	}

@@ -84,6 +84,10 @@ type Mount struct {
 	// mount.
 	Image        string `json:"image,omitempty"`
 	ImageSubPath string `json:"imageSubPath,omitempty"`
+	// UserImage is Image as the pod's author wrote it (CRI
+	// UserSpecifiedImage), when the caller says: the name the signature
+	// policy looks the image up by.
+	UserImage string `json:"userImage,omitempty"`
 	// NoSuid, NoDev and NoExec are the bind mount's flags of those names
 	// (CRI mount_options).
 	NoSuid bool `json:"nosuid,omitempty"`
@@ -276,6 +280,9 @@ type ContainerRecord struct {
 	ImageID    string          `json:"imageId"`
 	// ImageName is the reference the container was created from.
 	ImageName string `json:"imageName"`
+	// VolumeImageIDs are the images its image volumes mount: in use, as
+	// ImageID is.
+	VolumeImageIDs []string `json:"volumeImageIds,omitempty"`
 	// Dir holds the container's rootfs mount and its writable layer.
 	Dir        string       `json:"dir"`
 	Rootfs     string       `json:"rootfs,omitempty"`

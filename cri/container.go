@@ -84,6 +84,7 @@ func containerConfigFrom(c *runtimeapi.ContainerConfig) (*broker.ContainerConfig
 			Propagation:       propagation(m.GetPropagation()),
 			RecursiveReadonly: m.GetRecursiveReadOnly(),
 			Image:             m.GetImage().GetImage(),
+			UserImage:         m.GetImage().GetUserSpecifiedImage(),
 			ImageSubPath:      m.GetImageSubPath(),
 		}
 		for _, o := range m.GetMountOptions() {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/stagelet/stagelet/internal/testutil"
 	"github.com/stagelet/stagelet/test/e2e/harness"
 	"github.com/stagelet/stagelet/test/testregistry"
 )
@@ -275,4 +276,131 @@ func copySignature(t *testing.T, reg *testregistry.Registry, repo, from, to stri
 	t.Helper()
 	sig := testregistry.Fetch(t, repo+":"+strings.Replace(from, ":", "-", 1)+".sig")
 	reg.PushSignature(t, repo, to, sig)
+}
+
+// TestEveryImageContentIsChecked: what reaches a container from an image
+// other than its own passes the pod's namespace policy at creation as its
+// own image does. In namespace tight, whose policy rejects all but the
+// signed part of the registry, a signed container is refused an image
+// volume and a checkpoint image that the node's lax policy let pull; in
+// the lax namespace both work, and an image in use as a volume cannot be
+// removed. A namespace file that cannot be followed refuses its
+// namespace's images, and verbose Status says why.
+func TestEveryImageContentIsChecked(t *testing.T) {
+	needCRIU(t)
+	reg := testregistry.Start(t)
+	key := cosignKey(t)
+	pub := filepath.Join(key, "cosign.pub")
+	signedScope := reg.Host + "/signed"
+	policyDir := t.TempDir()
+	nodePolicy := filepath.Join(policyDir, "policy.json")
+	writeAtomically(t, nodePolicy, sigstorePolicy(pub, signedScope, "insecureAcceptAnything"))
+	nsDir := filepath.Join(policyDir, "policy.d")
+	if err := os.Mkdir(nsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeAtomically(t, filepath.Join(nsDir, "tight.json"), sigstorePolicy(pub, signedScope, "reject"))
+
+	busybox := testregistry.BusyboxImage(t)
+	app := reg.Push(t, "signed/app", "v1", busybox)
+	cosignSign(t, key, app)
+	tool := reg.Push(t, "open/tool", "v1", testregistry.WithConfig(busybox, nil, []string{"echo", "tool"}, ""))
+
+	d := startDaemonOpts(t, reg, harness.Options{SignaturePolicy: nodePolicy, Policy: bothStage1sPolicy})
+	e := &env{t: t, reg: reg, d: d, image: app}
+	pullFor := func(ref, namespace string) string {
+		t.Helper()
+		resp, err := e.is().PullImage(e.ctx(), &runtimeapi.PullImageRequest{
+			Image:         &runtimeapi.ImageSpec{Image: ref},
+			SandboxConfig: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: namespace, Uid: "u"}},
+		})
+		if err != nil {
+			t.Fatalf("pull %s for %s: %v", ref, namespace, err)
+		}
+		return resp.GetImageRef()
+	}
+	appID := pullFor(app, "tight")
+	toolID := pullFor(tool, "e2e")
+	podIn := func(name, namespace string) (string, *runtimeapi.PodSandboxConfig) {
+		cfg := e.netPodConfig(name, flyStage1)
+		cfg.Metadata.Namespace = namespace
+		return e.runStage1Pod(cfg, flyStage1), cfg
+	}
+	withVolume := func(name string) *runtimeapi.ContainerConfig {
+		c := e.netContainer(flyStage1, name, "ls", "/vol/bin/busybox")
+		c.Image = &runtimeapi.ImageSpec{Image: appID, UserSpecifiedImage: app}
+		// As the kubelet passes an image volume: by the pulled image's ID.
+		c.Mounts = []*runtimeapi.Mount{{ContainerPath: "/vol", Image: &runtimeapi.ImageSpec{Image: toolID}}}
+		return c
+	}
+
+	t.Run("image volume", func(t *testing.T) {
+		pod, cfg := podIn("vol-tight", "tight")
+		_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: withVolume("c"), SandboxConfig: cfg})
+		signatureRefused(t, "an unsigned image volume in tight", err, "volume /vol: ", tool, "in namespace tight")
+
+		pod, cfg = podIn("vol-lax", "e2e")
+		id := e.createAndStart(pod, cfg, withVolume("c"))
+		e.waitContainerState(id, runtimeapi.ContainerState_CONTAINER_EXITED, callTimeout)
+		if st := e.containerStatus(id); st.ExitCode != 0 {
+			t.Fatalf("the image volume's files are not there: exit %d", st.ExitCode)
+		}
+		_, err = e.is().RemoveImage(e.ctx(), &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: toolID}})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "image volume") {
+			t.Errorf("RemoveImage of an image in use as a volume: %v, want FailedPrecondition", err)
+		}
+		if _, err := e.rt().RemoveContainer(e.ctx(), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.is().RemoveImage(e.ctx(), &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: toolID}}); err != nil {
+			t.Errorf("RemoveImage once the volume's container is gone: %v", err)
+		}
+	})
+
+	t.Run("checkpoint image", func(t *testing.T) {
+		pod, cfg := podIn("ckpt-lax", "e2e")
+		c := e.netContainer(flyStage1, "counter", "sh", "-c", testutil.CounterCmd)
+		c.Image = &runtimeapi.ImageSpec{Image: appID, UserSpecifiedImage: app}
+		c.Linux.SecurityContext.NamespaceOptions.Pid = runtimeapi.NamespaceMode_CONTAINER
+		id := e.createAndStart(pod, cfg, c)
+		testutil.Counting(t, e.rt(), id)
+		archive := filepath.Join(t.TempDir(), "counter.tar")
+		if _, err := e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: id, Location: archive, Timeout: 120}); err != nil {
+			t.Fatalf("CheckpointContainer: %v", err)
+		}
+		// Pushed outside the signed scope, pulled under the node's
+		// policy, which accepts it there.
+		ref := reg.Host + "/open/checkpoint:v1"
+		if out, err := exec.Command(stageletBin, "checkpoint", "image", archive, ref).CombinedOutput(); err != nil {
+			t.Fatalf("stagelet checkpoint image: %v\n%s", err, out)
+		}
+		pullFor(ref, "e2e")
+		restored := &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "counter"}, Image: &runtimeapi.ImageSpec{Image: ref}, LogPath: "counter.log"}
+		pod, cfg = podIn("ckpt-tight", "tight")
+		_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: restored, SandboxConfig: cfg})
+		signatureRefused(t, "a checkpoint image from a rejected registry in tight", err, "checkpoint image "+ref+": ", "in namespace tight")
+		// The lax namespace restores it: the refusal was the policy's.
+		pod, cfg = podIn("ckpt-lax2", "e2e")
+		e.createContainer(pod, cfg, restored)
+	})
+
+	t.Run("a namespace file that cannot be followed", func(t *testing.T) {
+		dangling := filepath.Join(nsDir, "gone.json")
+		if err := os.Symlink(filepath.Join(policyDir, "missing.json"), dangling); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.is().PullImage(e.ctx(), &runtimeapi.PullImageRequest{
+			Image:         &runtimeapi.ImageSpec{Image: tool},
+			SandboxConfig: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "gone", Uid: "u"}},
+		})
+		signatureRefused(t, "pull for a namespace whose file dangles", err, dangling, "does not exist")
+		pod, cfg := podIn("gone", "gone")
+		c := e.netContainer(flyStage1, "c", "true")
+		c.Image = &runtimeapi.ImageSpec{Image: appID, UserSpecifiedImage: app}
+		_, err = e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: c, SandboxConfig: cfg})
+		signatureRefused(t, "create in a namespace whose file dangles", err, dangling)
+		if info := e.verboseStatus()["signaturePolicy"]; !strings.Contains(info, dangling) || !strings.Contains(info, "does not exist") {
+			t.Errorf("verbose Status does not show the dangling file: %s", info)
+		}
+	})
 }
