@@ -147,7 +147,8 @@ bench: test-deps build guest
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -run '^$$' -bench . -benchtime 10x ./stage1/kvm/
 	mkdir -p $(BENCH_OUT)
 	./scripts/bench-containerd.sh -n 10 -save $(BENCH_OUT)/containerd.tsv -against previous=$(CURDIR)/test/bench/containerd.tsv
-	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -save $(BENCH_OUT)/fly.tsv
+	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -signature-policy -against nopolicy=$(BENCH_OUT)/fly.tsv
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 fly -podnet -save $(BENCH_OUT)/fly-podnet.tsv \
 		-against containerd=$(BENCH_OUT)/containerd.tsv -against previous=test/bench/fly-podnet.tsv
 	$(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 nspawn -podnet -n 10 -save $(BENCH_OUT)/nspawn-podnet.tsv \

@@ -46,6 +46,10 @@ import (
 	"github.com/stagelet/stagelet/test/testregistry"
 )
 
+// signed: the daemon checks a signature policy that requires the image's
+// signature, at pull and at each CreateContainer.
+var signed = flag.Bool("signature-policy", false, "the daemon checks a signature policy requiring the image's sigstore signature (by a key the bench makes and signs it with) at pull and at every CreateContainer: its cost, beside a run without (-against)")
+
 // scrape: print the daemon's stagelet_* metrics once the pods run.
 var traceRate = flag.Int("trace-rate", -1, "configure tracing (an OTLP receiver in this process) with this sampling_rate_per_million: 0 measures tracing configured but not sampled, 1000000 every call traced; -1: tracing off")
 
@@ -248,11 +252,15 @@ func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger
 	var reg *testregistry.Registry
 	var ref string
 	var traces string
+	var policy string
 	if err := tb.do(func() {
 		reg = testregistry.Start(tb)
 		ref = reg.PushBusybox(tb, "bench/busybox", "latest")
 		if *traceRate >= 0 {
 			traces = otlpsink.Start(tb).Addr
+		}
+		if *signed {
+			policy = signedPolicy(tb, reg, ref)
 		}
 	}); err != nil {
 		return nil, "", err
@@ -268,11 +276,32 @@ func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger
 		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
 		TracingEndpoint:    traces,
 		TracingRate:        max(*traceRate, 0),
+		SignaturePolicy:    policy,
 	})
 	if err != nil {
 		return nil, "", err
 	}
 	return d, ref, nil
+}
+
+// signedPolicy signs ref, in reg, with a new key and writes a policy
+// that requires that key's signature for every image (a file tb's
+// cleanup removes); it returns the policy's path.
+func signedPolicy(tb *fixtureTB, reg *testregistry.Registry, ref string) string {
+	key := testregistry.NewKey(tb)
+	repo, _, _ := strings.Cut(ref, ":latest")
+	reg.Sign(tb, key, repo, testregistry.Digest(tb, ref))
+	dir, err := os.MkdirTemp("", "stagelet-bench-policy-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	p := filepath.Join(dir, "policy.json")
+	policy := fmt.Sprintf(`{"default": [{"type": "sigstoreSigned", "keyPath": %q, "signedIdentity": {"type": "matchRepository"}}]}`, key.PubPath)
+	if err := os.WriteFile(p, []byte(policy), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return p
 }
 
 // teardownDaemon tears d down, within 3 minutes, and says what it had to
@@ -332,6 +361,9 @@ func describeRun(stage1 string, podNet, noTemplate bool) string {
 	}
 	if *memoryLimitMiB > 0 {
 		network += fmt.Sprintf(", %d MiB memory limit and no RuntimeClass overhead", *memoryLimitMiB)
+	}
+	if *signed {
+		network += ", signature policy requiring the image's signature"
 	}
 	if stage1 == "kvm" {
 		if noTemplate {
