@@ -320,6 +320,7 @@ func (c *cluster) startControlPlane() error {
 		"--authorization-mode", "Node,RBAC",
 		"--enable-admission-plugins", "NodeRestriction",
 		"--allow-privileged=true",
+		"--feature-gates=ImageVolume=true",
 		// The nodes' names are not in this host's DNS.
 		"--kubelet-preferred-address-types", "InternalIP,Hostname",
 		"--cert-dir", c.path("apiserver-certs"),

@@ -111,8 +111,9 @@ WantedBy=multi-user.target
 // kubeletConfig: the cgroupfs driver on both sides (the node's systemd
 // does not manage the v1 controllers it found read-only at boot), stagelet's
 // socket, cluster DNS, x509 and webhook authentication, no eviction
-// or image garbage collection on a shared test machine, and every trace
-// sent to the test's receiver.
+// or image garbage collection on a shared test machine, image volumes
+// (the ImageVolume gate, beta and off by default in 1.34, on in the
+// API server too), and every trace sent to the test's receiver.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -130,6 +131,7 @@ evictionHard: {memory.available: "0%%", nodefs.available: "0%%", nodefs.inodesFr
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+featureGates: {ImageVolume: true}
 tracing:
   endpoint: %s
   samplingRatePerMillion: 1000000

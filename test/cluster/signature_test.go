@@ -109,6 +109,84 @@ func (c *cluster) testSignaturePolicy(t *testing.T) {
 	if pods, containers := c.containersCreated(t, "unsigned_"+signedNamespace+"_"); pods == 0 || containers != 0 {
 		t.Errorf("the unsigned pod: %d sandboxes started, %d containers created; want some, and none", pods, containers)
 	}
+	c.testImageVolumeRefused(t)
+}
+
+// pinnedImagePod is imagePod on node Node.
+const pinnedImagePod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: {{.Name}}, namespace: {{.NS}}}
+spec:
+  nodeName: {{.Node}}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {{.Image}}
+    command: [sh, -c, "cat /image && exec sleep 3600"]
+`
+
+// volumePod is a pod of the signed image on node Node with the image
+// Volume as an image volume at /vol, which the kubelet does not pull
+// again when the node has it.
+const volumePod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: {{.Name}}, namespace: {{.NS}}}
+spec:
+  nodeName: {{.Node}}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {{.Image}}
+    command: [sh, -c, "cat /vol/image && exec sleep 3600"]
+    volumeMounts: [{name: vol, mountPath: /vol}]
+  volumes:
+  - name: vol
+    image: {reference: {{.Volume}}, pullPolicy: IfNotPresent}
+`
+
+// testImageVolumeRefused: the unsigned image, pulled on a node for a pod
+// of the default namespace (whose policy, the node's, accepts it), is
+// refused as an image volume of a signed pod in signedNamespace: not at
+// pull (the kubelet finds it on the node) but at CreateContainer, which
+// checks every image whose files reach the container.
+func (c *cluster) testImageVolumeRefused(t *testing.T) {
+	p, err := c.podIn(signedNamespace, "signed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := p.Spec.NodeName
+	c.apply(t, pinnedImagePod, "NS", "default", "Name", "unsigned-lax", "Node", node, "Image", img.unsigned)
+	t.Cleanup(func() { c.kubectlErr("delete", "pod", "unsigned-lax", "--wait=false") })
+	c.wait(t, 3*time.Minute, "the unsigned image running in the default namespace on "+node, func() (bool, error) {
+		p, err := c.pod("unsigned-lax")
+		if err != nil {
+			return false, err
+		}
+		st := p.container("main")
+		return st != nil && st.State.Running != nil, fmt.Errorf("phase %s, %+v", p.Status.Phase, st)
+	})
+	c.apply(t, volumePod, "NS", signedNamespace, "Name", "volume", "Node", node, "Image", img.signed, "Volume", img.unsigned)
+	c.wait(t, 3*time.Minute, "the pod with the unsigned image volume waiting on SignatureValidationFailed", func() (bool, error) {
+		p, err := c.podIn(signedNamespace, "volume")
+		if err != nil {
+			return false, err
+		}
+		st := p.container("main")
+		if st == nil || st.State.Waiting == nil {
+			return false, fmt.Errorf("phase %s, %+v", p.Status.Phase, st)
+		}
+		w := st.State.Waiting
+		if !strings.Contains(w.Message, "SignatureValidationFailed: volume /vol: ") {
+			return false, fmt.Errorf("waiting: %s: %s", w.Reason, w.Message)
+		}
+		t.Logf("volume: %s: %s", w.Reason, w.Message)
+		return p.Status.Phase == "Pending" && st.ContainerID == "", fmt.Errorf("phase %s, %+v", p.Status.Phase, st)
+	})
+	if _, containers := c.containersCreated(t, "volume_"+signedNamespace+"_"); containers != 0 {
+		t.Errorf("the pod with the unsigned image volume: %d containers created, want none", containers)
+	}
 }
 
 // cosign runs cosign in dir, with the empty password that
