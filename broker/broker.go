@@ -5,7 +5,8 @@
 // once, when the pod is created, and never recomputed.
 //
 // Locking: Broker.mu guards the maps and every record field; it is never
-// held across I/O to a pod's agent or the image store. Each pod and each
+// held across I/O to a pod's agent or the image store, nor across the
+// allocation of a pod's SELinux level. Each pod and each
 // container has an operation lock serialising its lifecycle calls.
 package broker
 
