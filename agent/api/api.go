@@ -403,6 +403,11 @@ type AppStatus struct {
 	FinishedAt time.Time `json:"finishedAt,omitzero"`
 }
 
+// ExecOutputLimit caps an exec's captured stdout and stderr together, so
+// that the whole ExecSync reply stays under the kubelet's 16 MiB gRPC
+// receive limit: the agent keeps no more, the daemon takes no more.
+const ExecOutputLimit = 12 << 20
+
 // ExecResult is the outcome of a synchronous exec.
 type ExecResult struct {
 	Stdout   []byte `json:"stdout,omitempty"`

@@ -15,11 +15,10 @@ import (
 	"github.com/stagelet/stagelet/errdefs"
 )
 
-// ExecOutputLimit caps an exec's captured stdout and stderr together, so
-// that the whole ExecSync reply stays under the kubelet's 16 MiB gRPC
-// receive limit; the rest is read and dropped, as the kubelet's own
-// output limit for probes does.
-const ExecOutputLimit = 12 << 20
+// ExecOutputLimit caps an exec's captured stdout and stderr together
+// (api.ExecOutputLimit); the rest is read and dropped, as the kubelet's
+// own output limit for probes does.
+const ExecOutputLimit = api.ExecOutputLimit
 
 // outputBudget is what an exec's streams may still keep, shared by both.
 type outputBudget struct {
