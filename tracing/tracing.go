@@ -49,7 +49,9 @@ func IDs(ctx context.Context) (traceID, spanID string) {
 }
 
 // Finished is a span recorded in another process (a pod's agent, which
-// talks to no collector), IDs in hex, for this process to export.
+// talks to no collector), IDs in hex, for this process to export: through
+// Import, which takes of one answer only what lies within the bounds
+// beside it (imported.go).
 type Finished struct {
 	Name     string            `json:"name"`
 	TraceID  string            `json:"traceId"`
@@ -64,8 +66,8 @@ type Finished struct {
 
 var importer atomic.Pointer[func([]Finished)]
 
-// SetImporter makes Import hand spans to f (the exporter's; tracing/otlp
-// sets it).
+// SetImporter makes Import hand the spans it takes to f (the exporter's;
+// tracing/otlp sets it); nil: to none.
 func SetImporter(f func([]Finished)) { importer.Store(&f) }
 
 // Align puts spans another process recorded during a call, sent at sent
@@ -98,14 +100,6 @@ func Align(spans []Finished, sent, received time.Time) []Finished {
 		spans[i].End = spans[i].End.Add(shift)
 	}
 	return spans
-}
-
-// Import exports spans another process recorded; without an exporter it
-// drops them.
-func Import(spans []Finished) {
-	if f := importer.Load(); f != nil && len(spans) > 0 {
-		(*f)(spans)
-	}
 }
 
 // TraceParent is the W3C traceparent of ctx's span when its trace is

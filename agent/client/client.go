@@ -40,17 +40,27 @@ func UnixDialer(path string) Dialer {
 }
 
 // Client calls an agent. It is safe for concurrent use: every call is its
-// own stream.
+// own stream. What the agent answers is checked where it is decoded
+// (vet.go): the client hands on nothing its bounds refuse.
 type Client struct {
-	dial Dialer
+	dial      Dialer
+	onRefusal Refused
 }
 
 // NewClient returns a client that opens streams with dial.
-func NewClient(dial Dialer) *Client { return &Client{dial: dial} }
+func NewClient(dial Dialer, opts ...Option) *Client {
+	c := &Client{dial: dial}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
 
 // Call sends one request and returns the agent's response. Agent error codes
-// come back as errdefs classes; a transport failure is ErrUnavailable.
+// come back as errdefs classes; a transport failure is ErrUnavailable, and
+// so is an answer the client refuses (wrapping ErrUntrusted).
 func (c *Client) Call(ctx context.Context, req *api.Request) (_ *api.Response, err error) {
+	var call trace.SpanContext
 	if traced(req.Op) {
 		var span trace.Span
 		ctx, span = tracing.Start(ctx, "agent."+req.Op)
@@ -59,16 +69,13 @@ func (c *Client) Call(ctx context.Context, req *api.Request) (_ *api.Response, e
 		}
 		defer func() { tracing.End(span, err) }()
 		req.TraceParent = tracing.TraceParent(ctx)
+		if req.TraceParent != "" {
+			call = span.SpanContext()
+		}
 	}
-	sent := time.Now()
-	conn, resp, _, err := c.roundTrip(ctx, req)
+	conn, resp, _, err := c.roundTrip(ctx, req, call)
 	if conn != nil {
 		conn.Close()
-	}
-	if resp != nil && len(resp.Spans) > 0 {
-		// The agent's own spans of the call, beneath this one, on this
-		// clock: a VM's may be off.
-		tracing.Import(tracing.Align(resp.Spans, sent, time.Now()))
 	}
 	return resp, err
 }
@@ -88,8 +95,12 @@ func traced(op string) bool {
 // the stream (nil when it failed before a response) and a reader of what
 // follows the response on it. The stream's deadline is ctx's for the
 // exchange and cleared after it. The request carries the ID of the CRI
-// call ctx serves, for the agent's log lines.
-func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *api.Response, io.Reader, error) {
+// call ctx serves, for the agent's log lines. The response is at most
+// maxResponse(req.Op) bytes and checked (vetResponse) before it is
+// returned; the spans it carries are exported when they belong beneath
+// call, the daemon's span of a traced and sampled call (zero otherwise),
+// dropped otherwise.
+func (c *Client) roundTrip(ctx context.Context, req *api.Request, call trace.SpanContext) (net.Conn, *api.Response, io.Reader, error) {
 	if req.RequestID == "" {
 		req.RequestID = logctx.Value(ctx, "req")
 	}
@@ -115,15 +126,29 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request) (net.Conn, *ap
 		}
 		return fail(errdefs.New(errdefs.ErrUnavailable, "agent: %s: send: %w", req.Op, err))
 	}
-	dec := json.NewDecoder(conn)
+	sent := time.Now()
+	dec := json.NewDecoder(&capReader{r: conn, left: maxResponse(req.Op)})
 	var resp api.Response
 	if err := dec.Decode(&resp); err != nil {
+		if errors.Is(err, errTooLarge) {
+			return fail(c.refuse(req.Op, FieldResponse, ReasonSize, fmt.Sprintf("larger than %d bytes", maxResponse(req.Op))))
+		}
 		if endedBy(ctx, err) {
 			return fail(ended(ctx, req.Op))
 		}
 		return fail(errdefs.New(errdefs.ErrUnavailable, "agent: %s: receive: %w", req.Op, err))
 	}
 	stop() // when ctx ended meanwhile, a session on the stream ends with it
+	received := time.Now()
+	// The agent's own spans of the call, beneath its span, on this
+	// clock (a VM's may be off).
+	for reason, n := range tracing.Import(tracing.Call{Span: call, Sent: sent, Received: received}, resp.Spans) {
+		c.refused(FieldSpans, reason, n)
+	}
+	resp.Spans = nil
+	if err := c.vetResponse(req, &resp, received); err != nil {
+		return fail(err)
+	}
 	if resp.Code != api.CodeOK {
 		conn.Close()
 		return nil, &resp, nil, errdefs.New(wire.ClassOf(resp.Code), "%s", resp.Error)
@@ -281,7 +306,7 @@ func (c *Client) Update(ctx context.Context, id string, r api.Resources) (*api.A
 // agent's error otherwise (InvalidArgument from an agent that has no
 // events).
 func (c *Client) Watch(ctx context.Context, snapshot func([]*api.AppStatus), event func(*api.Event)) error {
-	conn, resp, rd, err := c.roundTrip(ctx, &api.Request{Op: api.OpEvents})
+	conn, resp, rd, err := c.roundTrip(ctx, &api.Request{Op: api.OpEvents}, trace.SpanContext{})
 	if err != nil {
 		return err
 	}
@@ -289,19 +314,46 @@ func (c *Client) Watch(ctx context.Context, snapshot func([]*api.AppStatus), eve
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	snapshot(resp.Apps)
-	dec := json.NewDecoder(rd)
+	in := &capReader{r: rd}
+	dec := json.NewDecoder(in)
+	budget := newEventBudget(time.Now())
 	for {
 		var ev api.Event
+		in.left = MaxEvent
 		if err := dec.Decode(&ev); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if errors.Is(err, errTooLarge) {
+				return c.refuse(api.OpEvents, FieldEvent, ReasonSize, fmt.Sprintf("an event larger than %d bytes", MaxEvent))
+			}
 			return errdefs.New(errdefs.ErrUnavailable, "agent: events: %w", err)
 		}
 		if ev.App == nil {
+			c.refused(FieldEvent, ReasonMissing, 1)
 			return fmt.Errorf("agent: events: an event without an app: %w", errdefs.ErrUnavailable)
 		}
-		event(&ev)
+		if wait := budget.take(time.Now()); wait > 0 {
+			c.refused(FieldEvents, ReasonRate, 1)
+			if !sleep(ctx, wait) {
+				return nil
+			}
+		}
+		if c.vetEvent(&ev, time.Now()) {
+			event(&ev)
+		}
+	}
+}
+
+// sleep waits d or until ctx ends: false when it did.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -351,7 +403,7 @@ func (c *Client) Attach(ctx context.Context, id string, sio StreamIO) error {
 
 // session runs an exec or attach session and returns how it ended.
 func (c *Client) session(ctx context.Context, req *api.Request, sio *StreamIO) (*api.SessionEnd, error) {
-	conn, _, in, err := c.roundTrip(ctx, req)
+	conn, _, in, err := c.roundTrip(ctx, req, trace.SpanContext{})
 	if err != nil {
 		return nil, err
 	}
@@ -404,6 +456,7 @@ func (c *Client) session(ctx context.Context, req *api.Request, sio *StreamIO) (
 			if err := json.Unmarshal(p, &end); err != nil {
 				return nil, errdefs.New(errdefs.ErrUnavailable, "agent: %s: bad end of session: %w", req.Op, err)
 			}
+			c.vetSessionEnd(&end)
 			if end.Code != api.CodeOK {
 				return &end, errdefs.New(wire.ClassOf(end.Code), "%s", end.Error)
 			}
@@ -432,7 +485,7 @@ const PortForwardLinger = 5 * time.Second
 // ErrUnavailable.
 func (c *Client) PortForward(ctx context.Context, port int32, stream io.ReadWriter) error {
 	req := &api.Request{Op: api.OpPortForward, Port: port}
-	conn, _, in, err := c.roundTrip(ctx, req)
+	conn, _, in, err := c.roundTrip(ctx, req, trace.SpanContext{})
 	if err != nil {
 		return err
 	}

@@ -278,7 +278,7 @@ func TestRequestCarriesCallID(t *testing.T) {
 	got := make(chan *api.Request, 2)
 	c := peer(func(c net.Conn, _ io.Reader, req *api.Request) {
 		got <- req
-		_ = json.NewEncoder(c).Encode(&api.Response{Info: &api.Info{Version: api.Version}})
+		_ = json.NewEncoder(c).Encode(&api.Response{Info: &api.Info{Version: api.Version, PID: 1}})
 	})
 	if _, err := c.Info(logctx.With(ctx, "req", "r-1")); err != nil {
 		t.Fatal(err)
