@@ -4,7 +4,10 @@ import (
 	"errors"
 	"time"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/policy"
+	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Observer is told what the broker decides and sees, for metrics
@@ -31,17 +34,36 @@ type Observer interface {
 	// at stage (VerifyAtPull, VerifyAtCreate) with result (VerifyAccepted,
 	// ...).
 	ImageVerified(stage, result string)
+	// AgentRefused: the broker did not take n things a pod's agent of
+	// stage1 answered as it said them: spans (field client.FieldSpans,
+	// reason a tracing.Drop*), or a field of its answers (a
+	// client.Field*, reason a client.Reason*) that refused the answer
+	// or was replaced. Every label is the daemon's, never the agent's.
+	AgentRefused(stage1, field, reason string, n int)
 }
 
 // nopObserver is the Observer of a broker given none.
 type nopObserver struct{}
 
-func (nopObserver) PolicyDecided(string, string)     {}
-func (nopObserver) PolicyRefused(string)             {}
-func (nopObserver) PodStarted(string, time.Duration) {}
-func (nopObserver) AgentDisconnected(string)         {}
-func (nopObserver) Recovered(RecoveryResult)         {}
-func (nopObserver) ImageVerified(string, string)     {}
+func (nopObserver) PolicyDecided(string, string)             {}
+func (nopObserver) PolicyRefused(string)                     {}
+func (nopObserver) PodStarted(string, time.Duration)         {}
+func (nopObserver) AgentDisconnected(string)                 {}
+func (nopObserver) Recovered(RecoveryResult)                 {}
+func (nopObserver) ImageVerified(string, string)             {}
+func (nopObserver) AgentRefused(string, string, string, int) {}
+
+// openPod opens a pod of rec's stage1 as the broker holds it: what its
+// agent answers is checked by the protocol client (agent/client), which
+// tells the Observer (and the debug log) what it refused.
+func (b *Broker) openPod(h stage1.Pod, rec *PodRecord) *podconn.Pod {
+	log := b.log.With("pod", rec.ID)
+	stage1 := rec.Stage1 // never changes
+	return podconn.Open(h, log, client.OnRefusal(func(field, reason string, n int) {
+		b.obs.AgentRefused(stage1, field, reason, n)
+		log.Debug("refused what the pod's agent answered", "field", field, "reason", reason, "n", n)
+	}))
+}
 
 // Refusal reasons that are not the policy's own (policy.Refusal.By).
 const (

@@ -11,13 +11,14 @@ import (
 
 // recorder is an Observer that writes down what it is told.
 type recorder struct {
-	mu          sync.Mutex
-	decided     []string // stage1/rule
-	refused     []string
-	started     []string // stage1
-	disconnects []string
-	recovered   int
-	verified    []string // stage result
+	mu           sync.Mutex
+	decided      []string // stage1/rule
+	refused      []string
+	started      []string // stage1
+	disconnects  []string
+	recovered    int
+	verified     []string       // stage result
+	agentRefused map[string]int // stage1 field reason
 }
 
 func (r *recorder) PolicyDecided(stage1, rule string) {
@@ -56,6 +57,23 @@ func (r *recorder) ImageVerified(stage, result string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.verified = append(r.verified, stage+" "+result)
+}
+
+func (r *recorder) AgentRefused(stage1, field, reason string, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.agentRefused == nil {
+		r.agentRefused = map[string]int{}
+	}
+	r.agentRefused[stage1+" "+field+" "+reason] += n
+}
+
+// refusals is how many things of field the pods' agents of stage1 sent
+// were refused for reason.
+func (r *recorder) refusals(stage1, field, reason string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.agentRefused[stage1+" "+field+" "+reason]
 }
 
 func (r *recorder) snapshot() recorder {

@@ -406,7 +406,7 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	if err != nil {
 		return err
 	}
-	h := podconn.Open(started, b.log.With("pod", rec.ID))
+	h := b.openPod(started, rec)
 	if ipc := sysctlsOf(&rec.Config, sysctl.IPC); len(ipc) > 0 {
 		// In the pod's IPC namespace, which the agent runs in; before
 		// any container can start.

@@ -14,7 +14,6 @@ import (
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
-	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Recover reloads the persisted records, reattaches to every pod that
@@ -235,7 +234,7 @@ func (b *Broker) reattach(ctx context.Context, log *slog.Logger, rec *PodRecord,
 		rec.State = PodNotReady
 		result = "unrecovered"
 	} else if h, err := be.RecoverPod(ctx, b.podSpec(rec), rec.BackendState); err == nil {
-		p.handle = podconn.Open(h, b.log.With("pod", rec.ID))
+		p.handle = b.openPod(h, rec)
 		result = "ready"
 	} else {
 		// Gone: StopPodSandbox asks the backend to release what is

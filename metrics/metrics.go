@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -53,6 +54,8 @@ type Metrics struct {
 	recoveryPods *prometheus.GaugeVec
 	setAside     prometheus.Gauge
 	verified     *prometheus.CounterVec
+	spansDropped *prometheus.CounterVec
+	agentRefused *prometheus.CounterVec
 }
 
 var _ broker.Observer = (*Metrics)(nil)
@@ -104,12 +107,21 @@ func New() *Metrics {
 			Namespace: namespace, Subsystem: "image", Name: "verifications_total",
 			Help: "Images checked against the signature policy, by stage (pull, create) and result (accepted: signatures verified; unverified: the policy accepts the image without; rejected; error: signatures could not be fetched).",
 		}, []string{"stage", "result"}),
+		spansDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: "agent", Name: "spans_dropped_total",
+			Help: "Spans pods' agents returned that the daemon did not export, by stage1 and reason (untraced, foreign_trace, orphan, malformed, too_large, too_many, time).",
+		}, []string{"stage1", "reason"}),
+		agentRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: "agent", Name: "refusals_total",
+			Help: "Values in pods' agents' answers the daemon did not take as they were (it refused the answer, or replaced the value), by stage1, field and reason (missing, mismatch, invalid, range, time, length, control, size, rate).",
+		}, []string{"stage1", "field", "reason"}),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.criRequests, m.criDuration, m.podStart, m.decisions, m.refusals,
 		m.disconnects, m.recoveryTook, m.recoveryPods, m.setAside, m.verified,
+		m.spansDropped, m.agentRefused,
 	)
 	return m
 }
@@ -210,6 +222,17 @@ func (m *Metrics) AgentDisconnected(stage1 string) { m.disconnects.WithLabelValu
 // ImageVerified implements broker.Observer.
 func (m *Metrics) ImageVerified(stage, result string) {
 	m.verified.WithLabelValues(stage, result).Inc()
+}
+
+// AgentRefused implements broker.Observer: spans count in
+// stagelet_agent_spans_dropped_total, other fields in
+// stagelet_agent_refusals_total.
+func (m *Metrics) AgentRefused(stage1, field, reason string, n int) {
+	if field == client.FieldSpans {
+		m.spansDropped.WithLabelValues(stage1, reason).Add(float64(n))
+		return
+	}
+	m.agentRefused.WithLabelValues(stage1, field, reason).Add(float64(n))
 }
 
 // Recovered implements broker.Observer.

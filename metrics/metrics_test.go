@@ -12,10 +12,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/fake"
+	"github.com/stagelet/stagelet/tracing"
 )
 
 // vmBackend is a stage1 that reports VM figures.
@@ -121,6 +123,8 @@ func TestMetrics(t *testing.T) {
 	obs.PolicyRefused(`rule "no-privileged"`)
 	obs.PodStarted("fake", 1500*time.Millisecond)
 	obs.AgentDisconnected("vm")
+	obs.AgentRefused("vm", client.FieldSpans, tracing.DropForeignTrace, 3)
+	obs.AgentRefused("vm", client.FieldExitCode, client.ReasonRange, 1)
 	obs.Recovered(broker.RecoveryResult{Ready: 2, Gone: 1, SetAside: 3, Took: 250 * time.Millisecond})
 
 	fams := scrape(t, m)
@@ -138,6 +142,8 @@ func TestMetrics(t *testing.T) {
 		{"stagelet_policy_refusals_total", map[string]string{"reason": `rule "no-privileged"`}, 1},
 		{"stagelet_pod_start_duration_seconds", map[string]string{"stage1": "fake"}, 1},
 		{"stagelet_agent_disconnects_total", map[string]string{"stage1": "vm"}, 1},
+		{"stagelet_agent_spans_dropped_total", map[string]string{"stage1": "vm", "reason": "foreign_trace"}, 3},
+		{"stagelet_agent_refusals_total", map[string]string{"stage1": "vm", "field": "app.exitCode", "reason": "range"}, 1},
 		{"stagelet_recovery_duration_seconds", nil, 0.25},
 		{"stagelet_recovery_pods", map[string]string{"outcome": "ready"}, 2},
 		{"stagelet_recovery_pods", map[string]string{"outcome": "gone"}, 1},

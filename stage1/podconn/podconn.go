@@ -38,16 +38,19 @@ type Conn struct {
 }
 
 // New returns a connection to the agent ep describes. log receives what
-// goes wrong after a call succeeded (nil: slog.Default()).
-func New(ep stage1.AgentEndpoint, log *slog.Logger) *Conn {
+// goes wrong after a call succeeded (nil: slog.Default()); opts configure
+// the protocol client (client.OnRefusal).
+func New(ep stage1.AgentEndpoint, log *slog.Logger, opts ...client.Option) *Conn {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Conn{Client: client.NewClient(ep.Dial), paths: ep.Paths, log: log}
+	return &Conn{Client: client.NewClient(ep.Dial, opts...), paths: ep.Paths, log: log}
 }
 
 // Connect returns a connection to pod's agent.
-func Connect(pod stage1.Pod, log *slog.Logger) *Conn { return New(pod.Agent(), log) }
+func Connect(pod stage1.Pod, log *slog.Logger, opts ...client.Option) *Conn {
+	return New(pod.Agent(), log, opts...)
+}
 
 // CreateContainer makes the spec's rootfs, log directory and mount
 // sources reachable in the pod (through the endpoint's ContainerPaths)
@@ -245,8 +248,8 @@ type Pod struct {
 }
 
 // Open returns pod with a connection to its agent.
-func Open(pod stage1.Pod, log *slog.Logger) *Pod {
-	return &Pod{Pod: pod, Conn: Connect(pod, log)}
+func Open(pod stage1.Pod, log *slog.Logger, opts ...client.Option) *Pod {
+	return &Pod{Pod: pod, Conn: Connect(pod, log, opts...)}
 }
 
 // Stop stops every app and the pod's isolation, its agent asked to shut
