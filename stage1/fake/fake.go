@@ -9,7 +9,8 @@
 // An app's or exec's command is read by a toy shell (shell.go): a started
 // app runs until its command ends, the test makes it exit (Pod.Exit), it
 // is stopped, or its pod stops. A port-forward answers "port N: " and
-// echoes.
+// echoes. A pod's agent can be made to lie (Pod.Lie), as a hostile guest
+// makes it.
 package fake
 
 import (
@@ -393,6 +394,36 @@ type Pod struct {
 	updates map[string]api.Resources
 	// subs are the open events subscriptions: their streams.
 	subs map[*subscription]struct{}
+	// liar rewrites what the agent answers (Lie).
+	liar Liar
+}
+
+// Liar rewrites what a pod's agent answers, as a hostile agent (a VM's
+// kernel, a compromised pod) may: the daemon's side must not believe it.
+// Unset functions leave that part as the agent said it.
+type Liar struct {
+	// Answer changes the agent's response to req before it is sent: a
+	// plain request's, and an events subscription's snapshot.
+	Answer func(req *api.Request, resp *api.Response)
+	// Event returns what is sent in place of one event of a
+	// subscription: nothing, the event, or many.
+	Event func(ev *api.Event) []*api.Event
+	// SessionEnd changes how an exec or attach session ends.
+	SessionEnd func(end *api.SessionEnd)
+}
+
+// Lie makes the pod's agent answer as l says from now on; the zero Liar
+// makes it truthful again.
+func (p *Pod) Lie(l Liar) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.liar = l
+}
+
+func (p *Pod) lies() Liar {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.liar
 }
 
 // subscription is an events stream: the client's end and the agent's.
@@ -593,6 +624,9 @@ func (p *Pod) serve(c net.Conn) {
 		return
 	}
 	resp := p.agent.Handle(&req)
+	if lie := p.lies().Answer; lie != nil {
+		lie(&req, resp)
+	}
 	if req.Op == api.OpUpdate && resp.Code == api.CodeOK && req.Resources != nil {
 		p.mu.Lock()
 		p.updates[req.ID] = *req.Resources
@@ -632,7 +666,33 @@ func (p *Pod) session(c net.Conn, in io.Reader, req *api.Request) {
 		_, _ = io.Copy(a, in)
 		a.Close() // the client went: the agent's session ends
 	}()
-	_, _ = io.Copy(c, a)
+	lie := p.lies().SessionEnd
+	if lie == nil {
+		_, _ = io.Copy(c, a)
+		return
+	}
+	dec := json.NewDecoder(a)
+	var resp api.Response
+	if dec.Decode(&resp) != nil || json.NewEncoder(c).Encode(&resp) != nil {
+		return
+	}
+	fr, fw := wire.NewReader(io.MultiReader(dec.Buffered(), a)), wire.NewWriter(c)
+	for {
+		typ, b, err := fr.Next()
+		if err != nil {
+			return
+		}
+		if typ == api.FrameEnd {
+			var end api.SessionEnd
+			if json.Unmarshal(b, &end) == nil {
+				lie(&end)
+				b, _ = json.Marshal(&end)
+			}
+		}
+		if fw.Send(typ, b) != nil {
+			return
+		}
+	}
 }
 
 // subscribe passes the agent's events on to the client, but the exits
@@ -663,7 +723,13 @@ func (p *Pod) subscribe(c net.Conn, in io.Reader, req *api.Request) {
 	}()
 	dec, enc := json.NewDecoder(a), json.NewEncoder(c)
 	var resp api.Response
-	if dec.Decode(&resp) != nil || enc.Encode(&resp) != nil {
+	if dec.Decode(&resp) != nil {
+		return
+	}
+	if lie := p.lies().Answer; lie != nil {
+		lie(req, &resp)
+	}
+	if enc.Encode(&resp) != nil {
 		return
 	}
 	for {
@@ -677,8 +743,14 @@ func (p *Pod) subscribe(c net.Conn, in io.Reader, req *api.Request) {
 		if quiet {
 			continue
 		}
-		if enc.Encode(&ev) != nil {
-			return
+		evs := []*api.Event{&ev}
+		if lie := p.lies().Event; lie != nil {
+			evs = lie(&ev)
+		}
+		for _, e := range evs {
+			if enc.Encode(e) != nil {
+				return
+			}
 		}
 	}
 }
