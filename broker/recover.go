@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -312,6 +313,9 @@ func (b *Broker) recoverContainers(ctx context.Context, log *slog.Logger, p *pod
 			b.discardContainer(ctx, cr)
 			continue
 		}
+		if cr.VolumeImageIDs == nil {
+			cr.VolumeImageIDs = b.volumeImageIDs(cr.Config.Mounts)
+		}
 		c := &container{rec: cr, created: make(chan struct{})}
 		close(c.created)
 		if cr.App != nil && p.rec.SELinux.Process == "" {
@@ -418,4 +422,20 @@ func (b *Broker) collectOrphans(ctx context.Context, aside map[string]bool) {
 			}
 		}
 	}
+}
+
+// volumeImageIDs are the IDs of the stored images that mounts' image
+// volumes name: what a record written before records kept them (its
+// VolumeImageIDs) had in use, for RemoveImage.
+func (b *Broker) volumeImageIDs(mounts []Mount) []string {
+	var ids []string
+	for _, m := range mounts {
+		if m.Image == "" {
+			continue
+		}
+		if img, err := b.opts.Images.Get(m.Image); err == nil && !slices.Contains(ids, img.ID) {
+			ids = append(ids, img.ID)
+		}
+	}
+	return ids
 }

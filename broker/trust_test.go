@@ -1,6 +1,10 @@
 package broker
 
 import (
+	"context"
+	"encoding/json"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -41,5 +45,57 @@ func TestTrustCandidates(t *testing.T) {
 				t.Errorf("candidates:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
 		})
+	}
+}
+
+// TestImageVolumesInUseAcrossRestart: the images a container's image
+// volumes mount are recorded in use, and a record written before they
+// were (no volumeImageIds) gets them back from its mounts at recovery.
+func TestImageVolumesInUseAcrossRestart(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	b := e.broker(t)
+	pod, err := b.RunPod(ctx, podCfg("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := ctrCfg("c")
+	cfg.Mounts = []Mount{{ContainerPath: "/vol", Image: fakeImage.RepoTags[0]}}
+	id, err := b.CreateContainer(ctx, pod, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	volumes := func(b *Broker) []string {
+		t.Helper()
+		rec, err := b.ContainerStatus(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.VolumeImageIDs
+	}
+	if got := volumes(b); !slices.Equal(got, []string{fakeImage.ID}) {
+		t.Fatalf("volume images: %v", got)
+	}
+	b.Close()
+
+	// The record as an older stagelet wrote it.
+	path := (&records{dir: e.state}).containerPath(id)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	delete(rec, "volumeImageIds")
+	if data, err = json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := volumes(e.broker(t)); !slices.Equal(got, []string{fakeImage.ID}) {
+		t.Fatalf("volume images after recovering an older record: %v", got)
 	}
 }
