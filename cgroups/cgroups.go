@@ -61,6 +61,52 @@ type Resources struct {
 	// OOMGroup makes an OOM kill take every process of the cgroup
 	// (memory.oom.group); cgroup v2 only.
 	OOMGroup bool
+	// MemorySwap is the memory and swap the cgroup's processes may use
+	// together, as OCI's memory.swap (-1: unlimited): v1's
+	// memory.memsw.limit_in_bytes; v2's memory.swap.max takes the
+	// difference, so v2 needs a MemoryLimit with it.
+	MemorySwap int64
+	// MemoryReservation is the memory below which the cgroup's pages are
+	// spared when the system reclaims (v1 memory.soft_limit_in_bytes, v2
+	// memory.low; -1: all of it).
+	MemoryReservation int64
+	// HugepageLimits cap the huge pages of each size the cgroup's
+	// processes may use (v1 hugetlb.<size>.limit_in_bytes, in the
+	// hugetlb hierarchy when the cgroup has one; v2 hugetlb.<size>.max).
+	HugepageLimits []HugepageLimit
+}
+
+// HugepageLimit caps the huge pages of one size, in bytes.
+type HugepageLimit struct {
+	// PageSize is as the kernel names it in hugetlb files: "2MB", "1GB",
+	// "64KB".
+	PageSize string
+	Limit    uint64
+}
+
+// checkPageSize refuses a page size that is not a number and KB, MB or
+// GB: it becomes part of a file name.
+func checkPageSize(size string) error {
+	n := strings.TrimRight(size, "KMGB")
+	unit := size[len(n):]
+	if n == "" || strings.Trim(n, "0123456789") != "" || (unit != "KB" && unit != "MB" && unit != "GB") {
+		return fmt.Errorf("cgroups: bad huge page size %q (want a number and KB, MB or GB)", size)
+	}
+	return nil
+}
+
+// swapV2 converts OCI's memory+swap limit to v2's memory.swap.max, the
+// swap alone, as runc does.
+func swapV2(swap, limit int64) (string, error) {
+	switch {
+	case swap < 0:
+		return "max", nil
+	case limit <= 0:
+		return "", fmt.Errorf("cgroups: memory.swap.max: a swap limit needs a memory limit on cgroup v2")
+	case swap < limit:
+		return "", fmt.Errorf("cgroups: memory.swap.max: memory+swap %d is below the memory limit %d", swap, limit)
+	}
+	return strconv.FormatInt(swap-limit, 10), nil
 }
 
 // Stats are usage figures of a cgroup, descendants included.
@@ -480,6 +526,27 @@ func (c *Cgroup) Set(r Resources) error {
 	if r.MemoryLimit != 0 {
 		w = append(w, kv{"memory", "memory.limit_in_bytes", strconv.FormatInt(r.MemoryLimit, 10)})
 	}
+	if r.MemorySwap != 0 {
+		sw := kv{"memory", "memory.memsw.limit_in_bytes", strconv.FormatInt(max(r.MemorySwap, -1), 10)}
+		// memsw may not go below the memory limit: when it grows past
+		// the current limit, it is written first (as runc does).
+		cur, err := readUint(c.Paths["memory"], "memory.limit_in_bytes")
+		if r.MemoryLimit != 0 && (r.MemorySwap < 0 || (err == nil && cur < uint64(r.MemorySwap))) {
+			limit := w[len(w)-1]
+			w = append(w[:len(w)-1], sw, limit)
+		} else {
+			w = append(w, sw)
+		}
+	}
+	if r.MemoryReservation != 0 {
+		w = append(w, kv{"memory", "memory.soft_limit_in_bytes", strconv.FormatInt(max(r.MemoryReservation, -1), 10)})
+	}
+	for _, h := range r.HugepageLimits {
+		if err := checkPageSize(h.PageSize); err != nil {
+			return err
+		}
+		w = append(w, kv{"hugetlb", "hugetlb." + h.PageSize + ".limit_in_bytes", strconv.FormatUint(h.Limit, 10)})
+	}
 	if r.PidsLimit != 0 {
 		v := "max"
 		if r.PidsLimit > 0 {
@@ -531,6 +598,26 @@ func setV2(d string, r Resources) error {
 			v = strconv.FormatInt(r.MemoryLimit, 10)
 		}
 		w = append(w, kv{"memory.max", v})
+	}
+	if r.MemorySwap != 0 {
+		v, err := swapV2(r.MemorySwap, r.MemoryLimit)
+		if err != nil {
+			return err
+		}
+		w = append(w, kv{"memory.swap.max", v})
+	}
+	if r.MemoryReservation != 0 {
+		v := "max"
+		if r.MemoryReservation > 0 {
+			v = strconv.FormatInt(r.MemoryReservation, 10)
+		}
+		w = append(w, kv{"memory.low", v})
+	}
+	for _, h := range r.HugepageLimits {
+		if err := checkPageSize(h.PageSize); err != nil {
+			return err
+		}
+		w = append(w, kv{"hugetlb." + h.PageSize + ".max", strconv.FormatUint(h.Limit, 10)})
 	}
 	if r.PidsLimit != 0 {
 		v := "max"
