@@ -262,6 +262,20 @@ type Resources struct {
 	// OOMGroup: an OOM kill takes every process of the app (cgroup v2's
 	// memory.oom.group); cgroup v1 refuses it.
 	OOMGroup bool `json:"oomGroup,omitempty"`
+	// MemorySwap is the memory and swap the app may use together, as
+	// OCI's memory.swap (-1: unlimited); on cgroup v2 it needs a
+	// MemoryLimit (memory.swap.max is the difference).
+	MemorySwap int64 `json:"memorySwap,omitempty"`
+	// MemoryReservation is the memory the system's reclaim spares the
+	// app (v1 memory.soft_limit_in_bytes, v2 memory.low; -1: all).
+	MemoryReservation int64 `json:"memoryReservation,omitempty"`
+}
+
+// HugepageLimit caps the app's huge pages of one size.
+type HugepageLimit struct {
+	// PageSize as in the kernel's hugetlb files: "2MB", "1GB".
+	PageSize string `json:"pageSize"`
+	Limit    uint64 `json:"limit"` // bytes
 }
 
 // AppSpec is everything the agent needs to create and start one container.
@@ -298,6 +312,10 @@ type AppSpec struct {
 
 	Mounts    []Mount   `json:"mounts,omitempty"`
 	Resources Resources `json:"resources"`
+	// HugepageLimits cap the app's huge pages of each size listed (v1
+	// hugetlb.<size>.limit_in_bytes, v2 hugetlb.<size>.max); set when the
+	// app is created, they cannot change (Resources stays comparable).
+	HugepageLimits []HugepageLimit `json:"hugepageLimits,omitempty"`
 	// Rlimits are the resource limits the app's processes start with
 	// (the daemon's children's, as containerd passes its own to runc);
 	// nil: the agent's children's.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -278,13 +279,25 @@ func cgroupLimits(r api.Resources) cgroups.Resources {
 		CpusetCpus:  r.CpusetCpus,
 		CpusetMems:  r.CpusetMems,
 		OOMGroup:    r.OOMGroup,
+
+		MemorySwap:        r.MemorySwap,
+		MemoryReservation: r.MemoryReservation,
 	}
+}
+
+// hugepageLimits are the cgroup limits of an app's huge pages.
+func hugepageLimits(hs []api.HugepageLimit) []cgroups.HugepageLimit {
+	var out []cgroups.HugepageLimit
+	for _, h := range hs {
+		out = append(out, cgroups.HugepageLimit{PageSize: h.PageSize, Limit: h.Limit})
+	}
+	return out
 }
 
 func (a *Agent) setupCgroup(ctx context.Context, ap *app) error {
 	r := ap.spec.Resources
 	if ap.cg == nil {
-		if cgroupLimits(r) != (cgroups.Resources{}) {
+		if !reflect.ValueOf(cgroupLimits(r)).IsZero() || len(ap.spec.HugepageLimits) > 0 {
 			a.log.WarnContext(ctx, "cgroups unavailable: resource limits not applied", "app", ap.spec.ID)
 		}
 		if ap.spec.DeviceCgroup != nil {
@@ -297,6 +310,11 @@ func (a *Agent) setupCgroup(ctx context.Context, ap *app) error {
 	}
 	if err := a.applyLimits(ap, r); err != nil {
 		return errdefs.InvalidArgument("app %s: resources: %w", ap.spec.ID, err)
+	}
+	if hs := hugepageLimits(ap.spec.HugepageLimits); hs != nil {
+		if err := ap.cg.Set(cgroups.Resources{HugepageLimits: hs}); err != nil {
+			return errdefs.InvalidArgument("app %s: hugepage limits: %w", ap.spec.ID, err)
+		}
 	}
 	if ap.spec.DeviceCgroup != nil {
 		if err := ap.cg.SetDevices(ap.spec.DeviceCgroup); err != nil {
