@@ -48,7 +48,8 @@ var joined = []struct {
 // be nsenter's child, out of reach of the daemon's wait. The user
 // namespace is not joined (the kernel refuses setns(CLONE_NEWUSER) to a
 // process with more than one thread): the hook keeps the daemon's
-// credentials, as runc's createContainer hooks keep its init's.
+// credentials, where runc's keep its init's (root of the container's user
+// namespace when it has one).
 //
 // The hook's path is resolved in the container's root, which by the time
 // the daemon can run a hook is the container's image (the agent has

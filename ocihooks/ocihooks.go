@@ -10,9 +10,9 @@
 // container's state (specs.State) is its stdin as JSON, and its stdout and
 // stderr are kept (the last 4 KiB of both) for the error of a hook that
 // fails. Timeout, in seconds, ends it with SIGKILL. Unlike runc, a hook
-// runs in a process group of its own and the whole group is killed on a
-// timeout or when the caller's context ends, and no hook process is left
-// running when Run returns.
+// runs in a process group of its own, and the whole group is killed on a
+// timeout or when the caller's context ends: Run returns once the hook has
+// been waited for, and leaves nothing of a killed hook running.
 //
 // Stages, and what the caller does around each (runc: libcontainer's
 // process_linux.go procHooks, rootfs_linux.go, standard_init_linux.go,

@@ -18,6 +18,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{"nil", nil, ""},
 		{"empty", &Hooks{}, ""},
+		//lint:ignore SA1019 deprecated, and accepted as runc accepts it
 		{"prestart accepted as runc does", &Hooks{Prestart: []Hook{{Path: "/bin/true"}}}, ""},
 		{"absolute, timeout", &Hooks{Poststop: []Hook{{Path: "/missing/is/not/checked", Timeout: intp(3)}}}, ""},
 		{"relative", &Hooks{CreateRuntime: []Hook{{Path: "/bin/true"}, {Path: "bin/true"}}}, "hooks.createRuntime[1]"},
@@ -42,6 +43,7 @@ func TestValidate(t *testing.T) {
 
 func TestStages(t *testing.T) {
 	h := &Hooks{
+		//lint:ignore SA1019 deprecated, and still run as runc runs it
 		Prestart:        []Hook{{Path: "/p"}},
 		CreateRuntime:   []Hook{{Path: "/cr"}},
 		CreateContainer: []Hook{{Path: "/cc"}},
