@@ -326,14 +326,14 @@ func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
 func mountOf(m *nriapi.Mount) (api.Mount, error) {
 	field := "mounts[" + m.GetDestination() + "]"
 	out := api.Mount{Source: m.GetSource(), Destination: m.GetDestination()}
-	if !filepath.IsAbs(out.Source) || !filepath.IsAbs(out.Destination) {
-		return out, invalid(field, "source %q and destination must be absolute paths", out.Source)
-	}
 	bind := m.GetType() == "bind"
 	switch m.GetType() {
 	case "bind", "", "none":
 	default:
 		return out, unimplemented(field, fmt.Sprintf("type %q: the agent makes bind mounts only", m.GetType()))
+	}
+	if !filepath.IsAbs(out.Source) || !filepath.IsAbs(out.Destination) {
+		return out, invalid(field, "source %q and destination must be absolute paths", out.Source)
 	}
 	for _, o := range m.GetOptions() {
 		switch o {
