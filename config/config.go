@@ -154,6 +154,50 @@ type Checkpoint struct {
 	CRIU string `yaml:"criu"`
 }
 
+// NRI is how the daemon hosts NRI (Node Resource Interface) plugins, as
+// containerd 2.x does: on by default, on the paths the NRI documentation
+// gives.
+type NRI struct {
+	// Disable turns NRI off: no socket, no plugin started.
+	Disable bool `yaml:"disable"`
+	// SocketPath is where plugins that start on their own connect
+	// ("": /var/run/nri/nri.sock).
+	SocketPath string `yaml:"socket_path"`
+	// PluginPath holds the plugins the daemon starts, as "NN-name"
+	// executables ("": /opt/nri/plugins); PluginConfigPath their
+	// configuration ("": /etc/nri/conf.d).
+	PluginPath       string `yaml:"plugin_path"`
+	PluginConfigPath string `yaml:"plugin_config_path"`
+	// RegistrationTimeout and RequestTimeout bound a plugin's
+	// registration and each answer ("": 5s and 2s): one that takes
+	// longer is disconnected, and the call goes on without it.
+	RegistrationTimeout string `yaml:"registration_timeout"`
+	RequestTimeout      string `yaml:"request_timeout"`
+	// DisableConnections accepts only the plugins the daemon starts.
+	DisableConnections bool `yaml:"disable_connections"`
+}
+
+// Timeouts are RegistrationTimeout and RequestTimeout parsed (0 when
+// empty: the library's defaults).
+func (n NRI) Timeouts() (registration, request time.Duration) {
+	registration, _ = time.ParseDuration(n.RegistrationTimeout)
+	request, _ = time.ParseDuration(n.RequestTimeout)
+	return registration, request
+}
+
+func (n NRI) validate() []error {
+	var errs []error
+	for _, d := range []struct{ name, v string }{{"nri.registration_timeout", n.RegistrationTimeout}, {"nri.request_timeout", n.RequestTimeout}} {
+		if d.v == "" {
+			continue
+		}
+		if t, err := time.ParseDuration(d.v); err != nil || t <= 0 {
+			errs = append(errs, fmt.Errorf("%s: %q: want a positive duration such as 2s", d.name, d.v))
+		}
+	}
+	return errs
+}
+
 // Images says which images may run.
 type Images struct {
 	// SignaturePolicy is a containers-policy.json(5) file: which images
@@ -225,6 +269,8 @@ type Config struct {
 	Checkpoint Checkpoint `yaml:"checkpoint"`
 	// Images says which images may run (signature verification).
 	Images Images `yaml:"images"`
+	// NRI hosts NRI plugins; on by default.
+	NRI NRI `yaml:"nri"`
 	// Policy decides each pod's stage1. Absent: the embedded default
 	// policy. PolicyFile names a policy file instead (relative to this
 	// file's directory); the two are exclusive.
@@ -312,6 +358,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("kvm.machine: %q: want microvm or q35", c.KVM.Machine))
 	}
 	errs = append(errs, c.validateKVMPlacement()...)
+	errs = append(errs, c.NRI.validate()...)
 	if c.Policy != nil && c.PolicyFile != "" {
 		errs = append(errs, fmt.Errorf("policy and policy_file: give one of them, not both"))
 	}

@@ -69,6 +69,12 @@ func TestParse(t *testing.T) {
 			}
 		}},
 		{name: "bad boot timeout", yaml: "kvm: {boot_timeout: soon}\n", wantErr: "kvm.boot_timeout"},
+		{name: "nri timeouts", yaml: "nri: {request_timeout: 1s, registration_timeout: 3s}\n", check: func(t *testing.T, c *Config) {
+			if reg, req := c.NRI.Timeouts(); reg != 3*time.Second || req != time.Second || c.NRI.Disable {
+				t.Errorf("nri: %+v", c.NRI)
+			}
+		}},
+		{name: "bad nri timeout", yaml: "nri: {request_timeout: -1s}\n", wantErr: "nri.request_timeout"},
 		{name: "negative boot timeout", yaml: "kvm: {boot_timeout: -1s}\n", wantErr: "kvm.boot_timeout"},
 		{name: "relative CDI dir", yaml: "cdi: {spec_dirs: [etc/cdi]}\n", wantErr: "cdi.spec_dirs"},
 		{name: "relative signature policy", yaml: "images: {signature_policy: policy.json}\n", wantErr: "images.signature_policy: \"policy.json\" is not absolute"},

@@ -9,6 +9,7 @@ import (
 
 	nriapi "github.com/containerd/nri/pkg/api"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
@@ -143,7 +144,7 @@ func refuseLinux(l *nriapi.LinuxContainerAdjustment) error {
 	switch {
 	case l.GetCgroupsPath() != "":
 		return unimplemented("linux.cgroups_path", "the agent places an app's cgroup beneath its pod's")
-	case l.GetIoPriority() != nil:
+	case set(l.GetIoPriority()):
 		return unimplemented("linux.io_priority", "the agent cannot set an I/O priority")
 	case len(l.GetNamespaces()) > 0:
 		return unimplemented("linux.namespaces", "an app's namespaces are its pod's or its own, as its spec says")
@@ -151,14 +152,24 @@ func refuseLinux(l *nriapi.LinuxContainerAdjustment) error {
 		return unimplemented("linux.sysctl", "an app's sysctls are its pod's")
 	case len(l.GetNetDevices()) > 0:
 		return unimplemented("linux.net_devices", "the agent cannot move network devices into a pod")
-	case l.GetScheduler() != nil:
+	case set(l.GetScheduler()):
 		return unimplemented("linux.scheduler", "the agent cannot set a scheduling policy")
-	case l.GetRdt() != nil:
+	case rdtSet(l.GetRdt()):
 		return unimplemented("linux.rdt", "the agent has no RDT support")
-	case l.GetMemoryPolicy() != nil:
+	case set(l.GetMemoryPolicy()):
 		return unimplemented("linux.memory_policy", "the agent cannot set a memory policy")
 	}
 	return refuseResources("linux.resources", l.GetResources())
+}
+
+// set reports whether m asks for something: the library merges the
+// plugins' answers into messages it creates empty.
+func set(m proto.Message) bool { return m != nil && proto.Size(m) > 0 }
+
+// rdtSet reports whether r asks for an RDT class, schemata or monitoring;
+// a removal alone asks for nothing here, where no app has any.
+func rdtSet(r *nriapi.LinuxRdt) bool {
+	return r.GetClosId() != nil || r.GetSchemata() != nil || r.GetEnableMonitoring() != nil
 }
 
 // refuseResources refuses the limits of r the agent has no way to apply.

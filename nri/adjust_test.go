@@ -171,13 +171,13 @@ func TestAdjustRefuses(t *testing.T) {
 		field string
 	}{
 		{"cgroups path", linux(&nriapi.LinuxContainerAdjustment{CgroupsPath: "/x"}), errdefs.ErrUnimplemented, "linux.cgroups_path"},
-		{"io priority", linux(&nriapi.LinuxContainerAdjustment{IoPriority: &nriapi.LinuxIOPriority{}}), errdefs.ErrUnimplemented, "linux.io_priority"},
+		{"io priority", linux(&nriapi.LinuxContainerAdjustment{IoPriority: &nriapi.LinuxIOPriority{Priority: 4}}), errdefs.ErrUnimplemented, "linux.io_priority"},
 		{"namespaces", linux(&nriapi.LinuxContainerAdjustment{Namespaces: []*nriapi.LinuxNamespace{{Type: "network", Path: "/x"}}}), errdefs.ErrUnimplemented, "linux.namespaces"},
 		{"sysctl", linux(&nriapi.LinuxContainerAdjustment{Sysctl: map[string]string{"net.x": "1"}}), errdefs.ErrUnimplemented, "linux.sysctl"},
 		{"net devices", linux(&nriapi.LinuxContainerAdjustment{NetDevices: map[string]*nriapi.LinuxNetDevice{"eth1": {Name: "x"}}}), errdefs.ErrUnimplemented, "linux.net_devices"},
-		{"scheduler", linux(&nriapi.LinuxContainerAdjustment{Scheduler: &nriapi.LinuxScheduler{}}), errdefs.ErrUnimplemented, "linux.scheduler"},
-		{"rdt", linux(&nriapi.LinuxContainerAdjustment{Rdt: &nriapi.LinuxRdt{}}), errdefs.ErrUnimplemented, "linux.rdt"},
-		{"memory policy", linux(&nriapi.LinuxContainerAdjustment{MemoryPolicy: &nriapi.LinuxMemoryPolicy{}}), errdefs.ErrUnimplemented, "linux.memory_policy"},
+		{"scheduler", linux(&nriapi.LinuxContainerAdjustment{Scheduler: &nriapi.LinuxScheduler{Nice: 5}}), errdefs.ErrUnimplemented, "linux.scheduler"},
+		{"rdt", linux(&nriapi.LinuxContainerAdjustment{Rdt: &nriapi.LinuxRdt{ClosId: nriapi.String("gold")}}), errdefs.ErrUnimplemented, "linux.rdt"},
+		{"memory policy", linux(&nriapi.LinuxContainerAdjustment{MemoryPolicy: &nriapi.LinuxMemoryPolicy{Nodes: "0"}}), errdefs.ErrUnimplemented, "linux.memory_policy"},
 		{"kernel memory", res(&nriapi.LinuxResources{Memory: &nriapi.LinuxMemory{Kernel: nriapi.Int64(1)}}), errdefs.ErrUnimplemented, "memory.kernel"},
 		{"kernel tcp", res(&nriapi.LinuxResources{Memory: &nriapi.LinuxMemory{KernelTcp: nriapi.Int64(1)}}), errdefs.ErrUnimplemented, "memory.kernel_tcp"},
 		{"swappiness", res(&nriapi.LinuxResources{Memory: &nriapi.LinuxMemory{Swappiness: nriapi.UInt64(1)}}), errdefs.ErrUnimplemented, "memory.swappiness"},
@@ -253,5 +253,18 @@ func TestUpdateResources(t *testing.T) {
 				t.Errorf("resources %+v, want %+v", r, tc.want)
 			}
 		})
+	}
+}
+
+// TestAdjustTakesTheLibrarysEmptyMessages: the library merges plugins'
+// answers into messages it creates empty (an RDT removal among them);
+// those ask for nothing and are no refusal.
+func TestAdjustTakesTheLibrarysEmptyMessages(t *testing.T) {
+	adj := &nriapi.ContainerAdjustment{Linux: &nriapi.LinuxContainerAdjustment{
+		IoPriority: &nriapi.LinuxIOPriority{}, Scheduler: &nriapi.LinuxScheduler{},
+		Rdt: &nriapi.LinuxRdt{Remove: true}, MemoryPolicy: &nriapi.LinuxMemoryPolicy{},
+	}}
+	if _, err := Adjust(&api.AppSpec{}, adj); err != nil {
+		t.Fatal(err)
 	}
 }
