@@ -32,6 +32,7 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/rlimit"
+	"github.com/stagelet/stagelet/nri"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
@@ -100,6 +101,10 @@ type Options struct {
 	// Trust is the signature policy images are checked against at pull
 	// and at container creation; nil: every image runs unverified.
 	Trust *trust.Source
+	// NRI hosts the node's NRI plugins, which see every pod and
+	// container event and adjust containers (broker/nri.go); nil: off.
+	// Its Start is the caller's, with the broker, after Recover.
+	NRI *nri.Host
 }
 
 // Broker is the node's pod and container manager. Create it with New, then
@@ -144,6 +149,9 @@ type Broker struct {
 	nsubs  atomic.Int32
 	// subBuffer is a subscriber's buffer; 0 means SubscriberBuffer.
 	subBuffer int
+
+	// nriq orders the events NRI plugins are told (broker/nri.go).
+	nriq nriQueue
 
 	// followers counts the goroutines following pods' agents (watch).
 	followers sync.WaitGroup

@@ -11,12 +11,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/bindmount"
 	"github.com/stagelet/stagelet/internal/logctx"
 	"github.com/stagelet/stagelet/internal/lsm"
+	"github.com/stagelet/stagelet/ocihooks"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
 	"github.com/stagelet/stagelet/tracing"
@@ -375,8 +378,15 @@ func (b *Broker) createContainer(ctx context.Context, p *pod, c *container, rest
 	if err != nil {
 		return err
 	}
+	if err := b.nriCreateContainer(ctx, p, c, app); err != nil {
+		return err
+	}
 	b.recordApp(p, rec, app, rootfs)
-	return b.createInPod(ctx, h, p, c, app, pci)
+	if err := b.createInPod(ctx, h, p, c, app, pci); err != nil {
+		b.nriUndoCreate(ctx, p, c)
+		return err
+	}
+	return nil
 }
 
 // releaseFailedRootfs undoes, when *err is set (createContainer failed),
@@ -474,6 +484,16 @@ func (b *Broker) createInPod(ctx context.Context, h *podconn.Pod, p *pod, c *con
 	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app, PCIDevices: pci})
 	if err != nil {
 		return fmt.Errorf("create container in pod: %w", err)
+	}
+	pid := func() int {
+		if st == nil {
+			return 0
+		}
+		return st.PID
+	}
+	if err := b.runHooks(ctx, c, string(specs.StateCreated), pid, ocihooks.Prestart, ocihooks.CreateRuntime, ocihooks.CreateContainer); err != nil {
+		h.RemoveContainer(context.WithoutCancel(ctx), rec.ID)
+		return fmt.Errorf("create container: %w", err)
 	}
 	b.mu.Lock()
 	rec.State = ContainerCreated
@@ -631,9 +651,15 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if err := b.nriStartContainer(ctx, p, c); err != nil {
+		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
+	}
 	b.mu.Lock()
 	restore := c.rec.Restore != nil
 	b.mu.Unlock()
+	if err := b.runHooks(ctx, c, string(specs.StateCreated), func() int { return b.appPID(ctx, h, c) }, ocihooks.StartContainer); err != nil {
+		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
+	}
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
 	var st *api.AppStatus
@@ -650,8 +676,30 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
 	}
 	b.applyAppStatus(ctx, c, st)
+	if err := b.runHooks(ctx, c, string(specs.StateRunning), func() int { return st.PID }, ocihooks.Poststart); err != nil {
+		// As runc: the container does not run on after its poststart
+		// hook failed.
+		sctx, cancel := agentCtx(context.WithoutCancel(ctx), agentTimeout)
+		defer cancel()
+		if sst, serr := h.StopContainer(sctx, c.rec.ID, 0); serr == nil {
+			b.applyAppStatus(ctx, c, sst)
+		}
+		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
+	}
 	b.log.InfoContext(ctx, "container started", "pod", p.rec.ID, "container", c.rec.ID)
 	return nil
+}
+
+// appPID is the PID of container c's process as its agent says, 0 when
+// it cannot tell.
+func (b *Broker) appPID(ctx context.Context, h *podconn.Pod, c *container) int {
+	actx, cancel := agentCtx(ctx, agentTimeout)
+	defer cancel()
+	st, err := h.ContainerStatus(actx, c.rec.ID)
+	if err != nil {
+		return 0
+	}
+	return st.PID
 }
 
 // applyAppStatus folds the agent's view of a container into its record,
@@ -732,40 +780,74 @@ func (b *Broker) UpdateContainerResources(ctx context.Context, id string, r Reso
 	if err := b.checkCpuset(p, &r, "linux"); err != nil {
 		return err
 	}
+	upd, err := b.nriUpdateContainer(ctx, p, c, appResources(r))
+	if err != nil {
+		return fmt.Errorf("update container %s: %w", id, err)
+	}
+	if err := b.applyResources(ctx, p, c, upd); err != nil {
+		return err
+	}
+	b.nriPostUpdate(p, c)
+	return nil
+}
+
+// mergeResources sets in cur the limits upd sets (its non-zero fields).
+func mergeResources(cur *api.Resources, upd api.Resources) {
+	for _, f := range []struct{ dst, src *int64 }{
+		{&cur.CPUShares, &upd.CPUShares}, {&cur.CPUQuota, &upd.CPUQuota}, {&cur.CPUPeriod, &upd.CPUPeriod},
+		{&cur.MemoryLimit, &upd.MemoryLimit}, {&cur.PidsLimit, &upd.PidsLimit},
+	} {
+		if *f.src != 0 {
+			*f.dst = *f.src
+		}
+	}
+	if upd.CpusetCpus != "" {
+		cur.CpusetCpus = upd.CpusetCpus
+	}
+	if upd.CpusetMems != "" {
+		cur.CpusetMems = upd.CpusetMems
+	}
+}
+
+// applyResources has container c's agent apply its limits upd (zero
+// fields stay as they are; oom_score_adj never changes), then records
+// them in c's config and app spec. c.op is held.
+func (b *Broker) applyResources(ctx context.Context, p *pod, c *container, upd api.Resources) error {
 	h, err := b.podHandle(p)
 	if err != nil {
 		return err
 	}
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
-	upd := appResources(r)
 	upd.OOMScoreAdj = 0 // a process's, set when it starts
-	err = h.UpdateContainerResources(actx, c.rec.ID, upd)
-	if err != nil {
+	if err := h.UpdateContainerResources(actx, c.rec.ID, upd); err != nil {
 		b.refreshOnRefusal(ctx, p, c, err)
-		return fmt.Errorf("update container %s: %w", id, err)
+		return fmt.Errorf("update container %s: %w", c.rec.ID, err)
 	}
 	b.mu.Lock()
 	cur := &c.rec.Config.Resources
 	for _, f := range []struct{ dst, src *int64 }{
-		{&cur.CPUShares, &r.CPUShares}, {&cur.CPUQuota, &r.CPUQuota}, {&cur.CPUPeriod, &r.CPUPeriod}, {&cur.MemoryLimit, &r.MemoryLimit},
+		{&cur.CPUShares, &upd.CPUShares}, {&cur.CPUQuota, &upd.CPUQuota}, {&cur.CPUPeriod, &upd.CPUPeriod}, {&cur.MemoryLimit, &upd.MemoryLimit},
 	} {
 		if *f.src != 0 {
 			*f.dst = *f.src
 		}
 	}
-	if r.CpusetCpus != "" {
-		cur.CpusetCpus = r.CpusetCpus
+	if upd.CpusetCpus != "" {
+		cur.CpusetCpus = upd.CpusetCpus
 	}
-	if r.CpusetMems != "" {
-		cur.CpusetMems = r.CpusetMems
+	if upd.CpusetMems != "" {
+		cur.CpusetMems = upd.CpusetMems
+	}
+	if app := c.rec.App; app != nil {
+		mergeResources(&app.Resources, upd)
 	}
 	cp := *c.rec
 	b.mu.Unlock()
 	if err := b.rec.saveContainer(&cp); err != nil {
 		return fmt.Errorf("persist container record: %w", err)
 	}
-	b.log.InfoContext(ctx, "container limits changed", "container", id, "resources", cp.Config.Resources)
+	b.log.InfoContext(ctx, "container limits changed", "container", c.rec.ID, "resources", cp.Config.Resources)
 	return nil
 }
 
@@ -909,6 +991,7 @@ func (b *Broker) removeContainer(ctx context.Context, c *container) error {
 	if err := b.rec.deleteContainer(rec.ID); err != nil {
 		return err
 	}
+	b.runHooks(ctx, c, string(specs.StateStopped), func() int { return 0 }, ocihooks.Poststop) //nolint:errcheck // poststop failures are logged (not fatal)
 	if p != nil {
 		b.releaseRootfs(ctx, p, rec.ID, rec.Dir, unshare)
 	}

@@ -78,6 +78,7 @@ func (s *Subscription) Close() {
 // critical section as the change, so that subscribers see the changes of
 // a container in the order they were made.
 func (b *Broker) publishLocked(typ string, p *pod, c *container) {
+	b.nriPublishLocked(typ, p, c)
 	if b.nsubs.Load() == 0 {
 		return
 	}

@@ -415,6 +415,10 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 			return fmt.Errorf("config.linux.sysctls: %w", err)
 		}
 	}
+	if err := b.nriRunPod(ctx, p); err != nil {
+		h.Stop(context.WithoutCancel(ctx), 0)
+		return err
+	}
 	b.mu.Lock()
 	p.handle = h
 	rec.BackendState = h.State()

@@ -3,6 +3,8 @@ package broker
 import (
 	"time"
 
+	"github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/internal/lsm"
@@ -283,6 +285,11 @@ type ContainerRecord struct {
 	// VolumeImageIDs are the images its image volumes mount: in use, as
 	// ImageID is.
 	VolumeImageIDs []string `json:"volumeImageIds,omitempty"`
+	// Hooks are the OCI hooks NRI plugins gave the container
+	// (broker/hooks.go), and OCIAnnotations the annotations its hooks
+	// see: its own, as plugins adjusted them.
+	Hooks          *specs.Hooks      `json:"hooks,omitempty"`
+	OCIAnnotations map[string]string `json:"ociAnnotations,omitempty"`
 	// Dir holds the container's rootfs mount and its writable layer.
 	Dir        string       `json:"dir"`
 	Rootfs     string       `json:"rootfs,omitempty"`

@@ -106,6 +106,14 @@ func (s *Server) Status(ctx context.Context, r *runtimeapi.StatusRequest) (*runt
 		} else {
 			resp.Info["signaturePolicy"] = "none: every image runs unverified"
 		}
+		// NRI: where plugins connect and which are connected.
+		if h := s.b.NRI(); h != nil {
+			plugins, n := h.Plugins()
+			b, _ := json.Marshal(map[string]any{"socket": h.Socket(), "connected": n, "plugins": plugins})
+			resp.Info["nri"] = string(b)
+		} else {
+			resp.Info["nri"] = "off (nri.disable)"
+		}
 		for k, v := range s.b.BackendInfo(ctx) {
 			resp.Info[k] = v
 		}

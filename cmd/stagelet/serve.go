@@ -30,6 +30,7 @@ import (
 	"github.com/stagelet/stagelet/internal/staticbin"
 	"github.com/stagelet/stagelet/metrics"
 	"github.com/stagelet/stagelet/network"
+	"github.com/stagelet/stagelet/nri"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/stage1/host"
@@ -90,6 +91,15 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 	if _, err := b.Recover(ctx); err != nil {
 		g.Stop()
 		return fmt.Errorf("recovery: %w", err)
+	}
+	if h := b.NRI(); h != nil {
+		// Plugins synchronize with the recovered pods.
+		if err := h.Start(b); err != nil {
+			g.Stop()
+			return err
+		}
+		defer h.Stop()
+		log.Info("NRI plugins hosted", "socket", h.Socket())
 	}
 	// Backends that probe the node (kvm's accelerator) do it now, not
 	// when the first pod waits for it; what they find is logged.
@@ -317,6 +327,10 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 			return nil, nil, err
 		}
 	}
+	nriHost, err := openNRI(log, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
 	limits, err := rlimit.Inherited()
 	if err != nil {
 		log.Warn("containers start with their agent's resource limits: the daemon's children's could not be read", "err", err)
@@ -324,6 +338,7 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 	b, err := broker.New(broker.Options{
 		Rlimits:       limits,
 		Trust:         imageTrust,
+		NRI:           nriHost,
 		Network:       netm,
 		StateDir:      state,
 		RunDir:        run,
@@ -339,6 +354,19 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 		CRIU:          criuFinder(log, cfg.Checkpoint.CRIU),
 	})
 	return b, pol, err
+}
+
+// openNRI makes the host of NRI plugins the configuration asks for (nil
+// when it disables NRI); it starts once the pods are recovered.
+func openNRI(log *slog.Logger, cfg *config.Config) (*nri.Host, error) {
+	if cfg.NRI.Disable {
+		return nil, nil
+	}
+	reg, req := cfg.NRI.Timeouts()
+	return nri.New(nri.Config{
+		SocketPath: cfg.NRI.SocketPath, PluginPath: cfg.NRI.PluginPath, PluginConfigPath: cfg.NRI.PluginConfigPath,
+		RegistrationTimeout: reg, RequestTimeout: req, DisableConnections: cfg.NRI.DisableConnections,
+	}, "stagelet", version, log.With("component", "nri"))
 }
 
 // criuFinder looks for a working criu (preflight.FindCRIU) at the first

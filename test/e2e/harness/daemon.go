@@ -116,6 +116,15 @@ type Options struct {
 	StateTmpfs string
 	// LogLevel is the daemon's --log-level; "debug" when empty.
 	LogLevel string
+	// NoNRI turns NRI off (nri.disable); NRIRequestTimeout is
+	// nri.request_timeout ("": the default). The daemon's NRI socket
+	// and plugin directories are its own (Daemon.NRISocket, NRIPluginDir,
+	// NRIConfDir), never the node's.
+	NoNRI             bool
+	NRIRequestTimeout string
+	// NRIPlugins are plugins the daemon starts from its plugin
+	// directory: "NN-name" → the plugin's binary.
+	NRIPlugins map[string]string
 	// Logger receives the harness's own messages; discarded when nil.
 	Logger *slog.Logger
 }
@@ -145,6 +154,9 @@ type Daemon struct {
 	Subnet     string
 	// CDIDir is the daemon's only CDI spec directory.
 	CDIDir string
+	// NRISocket is where NRI plugins connect to the daemon; NRIPluginDir
+	// holds the plugins it starts, NRIConfDir their configuration.
+	NRISocket, NRIPluginDir, NRIConfDir string
 
 	opts Options
 	log  *slog.Logger
@@ -205,6 +217,9 @@ func New(opts Options) (*Daemon, error) {
 		OverheadCgroup: "stagelet-e2e-" + hex.EncodeToString(suffix[:]) + "-vmm",
 		CNIConfDir:     filepath.Join(root, "cni"),
 		CDIDir:         filepath.Join(root, "cdi"),
+		NRISocket:      filepath.Join(root, "run", "nri.sock"),
+		NRIPluginDir:   filepath.Join(root, "nri", "plugins"),
+		NRIConfDir:     filepath.Join(root, "nri", "conf.d"),
 		Bridge:         "se2e" + hex.EncodeToString(suffix[:]),
 		Subnet:         fmt.Sprintf("10.213.%d.0/24", suffix[0]),
 		opts:           opts,
@@ -229,11 +244,7 @@ func New(opts Options) (*Daemon, error) {
 		os.RemoveAll(root)
 		return nil, err
 	}
-	if err := os.MkdirAll(d.CNIConfDir, 0o755); err != nil {
-		os.RemoveAll(root)
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(d.CNIConfDir, "10-e2e.conflist"), []byte(d.cniConflist()), 0o644); err != nil {
+	if err := d.writeNetworkAndPlugins(); err != nil {
 		os.RemoveAll(root)
 		return nil, err
 	}
@@ -242,6 +253,35 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// writeNetworkAndPlugins writes the daemon's CNI configuration and
+// links its NRI plugins.
+func (d *Daemon) writeNetworkAndPlugins() error {
+	if err := os.MkdirAll(d.CNIConfDir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(d.CNIConfDir, "10-e2e.conflist"), []byte(d.cniConflist()), 0o644); err != nil {
+		return err
+	}
+	return d.linkNRIPlugins()
+}
+
+// linkNRIPlugins puts Options.NRIPlugins in the daemon's NRI plugin
+// directory.
+func (d *Daemon) linkNRIPlugins() error {
+	if len(d.opts.NRIPlugins) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(d.NRIPluginDir, 0o755); err != nil {
+		return err
+	}
+	for name, bin := range d.opts.NRIPlugins {
+		if err := os.Symlink(bin, filepath.Join(d.NRIPluginDir, name)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d *Daemon) configYAML() string {
@@ -273,6 +313,14 @@ func (d *Daemon) configYAML() string {
 	}
 	if d.opts.TracingEndpoint != "" {
 		fmt.Fprintf(&b, "tracing:\n  endpoint: %q\n  sampling_rate_per_million: %d\n", d.opts.TracingEndpoint, d.opts.TracingRate)
+	}
+	if d.opts.NoNRI {
+		b.WriteString("nri:\n  disable: true\n")
+	} else {
+		fmt.Fprintf(&b, "nri:\n  socket_path: %q\n  plugin_path: %q\n  plugin_config_path: %q\n", d.NRISocket, d.NRIPluginDir, d.NRIConfDir)
+		if d.opts.NRIRequestTimeout != "" {
+			fmt.Fprintf(&b, "  request_timeout: %q\n", d.opts.NRIRequestTimeout)
+		}
 	}
 	if d.opts.SignaturePolicy != "" || d.opts.SignaturePolicyDir != "" {
 		fmt.Fprintf(&b, "images:\n  signature_policy: %q\n  signature_policy_dir: %q\n", d.opts.SignaturePolicy, d.opts.SignaturePolicyDir)
