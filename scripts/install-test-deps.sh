@@ -6,7 +6,10 @@
 #   (testregistry.PushJRE);
 # - cosign (sigstore), which the image signature tests sign with: the
 #   release scripts/build-cosign.sh pins (its VERSION), built with go
-#   install (cached in /var/cache/stagelet-cosign) into /usr/local/bin.
+#   install (cached in /var/cache/stagelet-cosign) into /usr/local/bin;
+# - containerd/nri's own NRI plugins, which the NRI tests run unmodified:
+#   the kit's ../shared/nri/build.sh builds those they use (cached in
+#   /var/cache/stagelet-nri); the tests ask it for their directory.
 # Safe to run repeatedly; does nothing when everything is present.
 set -eu
 
@@ -34,4 +37,11 @@ if ! /usr/local/bin/cosign version 2>/dev/null | grep -q "^GitVersion: *$cosign_
 		exit 1
 	fi
 	"$(dirname "$0")/build-cosign.sh" >/dev/null
+fi
+
+nri_kit="$(dirname "$0")/../../shared/nri/build.sh"
+if [ -x "$nri_kit" ]; then
+	"$nri_kit" ulimit-adjuster device-injector hook-injector logger template >/dev/null
+else
+	echo "install-test-deps: no NRI plugin kit at $nri_kit: the NRI tests will fail" >&2
 fi

@@ -32,13 +32,17 @@ var nriPluginsDir = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := exec.Command(filepath.Join(root, "..", "shared", "nri", "build.sh")).Output()
+	out, err := exec.Command(filepath.Join(root, "..", "shared", "nri", "build.sh"), nriTestPlugins...).Output()
 	if err != nil {
 		return "", fmt.Errorf("../shared/nri/build.sh: %w", err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	return lines[len(lines)-1], nil
 })
+
+// nriTestPlugins are the plugins the tests run (scripts/install-test-deps.sh
+// builds the same).
+var nriTestPlugins = []string{"ulimit-adjuster", "device-injector", "hook-injector", "logger", "template"}
 
 func nriPlugin(t *testing.T, name string) string {
 	t.Helper()
