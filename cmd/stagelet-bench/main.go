@@ -11,9 +11,11 @@
 // ListContainers and ListPodSandbox at each (the kubelet's relist), then
 // the time from a container's exit to its event reaching a
 // GetContainerEvents subscriber. It tears everything down before it
-// exits, also on failure or interrupt. It needs root.
+// exits, also on failure or interrupt. It needs root. With -nri it
+// measures the daemon with NRI off, on (the default) or on with a no-op
+// plugin of its own connected (nri.go).
 //
-//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet] [-stage1 nspawn -scale 10,50,100] [-stage1 kvm -fileio -n 3]
+//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet] [-stage1 nspawn -scale 10,50,100] [-stage1 kvm -fileio -n 3] [-nri off|on|noop]
 package main
 
 import (
@@ -113,6 +115,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "stagelet-bench: -n must be at least 1")
 		os.Exit(2)
 	}
+	if err := checkNRIMode(*nriMode); err != nil {
+		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *memoryLimitMiB != 0 && (*endpoint != "" || levels != nil || *fileIO) {
@@ -124,6 +130,10 @@ func main() {
 		os.Exit(2)
 	}
 	if *endpoint != "" {
+		if *nriMode != nriOn {
+			fmt.Fprintln(os.Stderr, "stagelet-bench: -nri is for stagelet's daemon: not with -endpoint")
+			os.Exit(2)
+		}
 		if *img == "" {
 			fmt.Fprintln(os.Stderr, "stagelet-bench: -endpoint needs -image")
 			os.Exit(2)
@@ -191,6 +201,9 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	err = d.Start(sctx)
 	cancel()
 	if err != nil {
+		return err
+	}
+	if err := connectNoopPlugin(ctx, tb, d, log); err != nil {
 		return err
 	}
 	unlimit := limitPods(d)
@@ -277,6 +290,7 @@ func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger
 		TracingEndpoint:    traces,
 		TracingRate:        max(*traceRate, 0),
 		SignaturePolicy:    policy,
+		NoNRI:              *nriMode == nriOff,
 	})
 	if err != nil {
 		return nil, "", err
@@ -365,6 +379,7 @@ func describeRun(stage1 string, podNet, noTemplate bool) string {
 	if *signed {
 		network += ", signature policy requiring the image's signature"
 	}
+	network += ", " + describeNRI()
 	if stage1 == "kvm" {
 		if noTemplate {
 			network += ", VMs boot their kernel"
