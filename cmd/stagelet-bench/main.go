@@ -119,6 +119,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 		os.Exit(2)
 	}
+	// Output piped to a reader that quits (| head): its writes fail
+	// instead of SIGPIPE killing the bench before its teardown. Caught,
+	// not ignored, so that the daemon does not inherit it ignored.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *memoryLimitMiB != 0 && (*endpoint != "" || levels != nil || *fileIO) {
