@@ -82,7 +82,7 @@ func (b *Broker) nriPodLocked(p *pod) *nriapi.PodSandbox {
 		Labels:         c.Labels,
 		Annotations:    c.Annotations,
 		RuntimeHandler: c.RuntimeHandler,
-		CgroupParent:   b.podSpec(rec).CgroupParent,
+		CgroupParent:   b.podCgroupParent(&rec.Config),
 		NetNSPath:      rec.NetNS,
 		IPs:            rec.IPs,
 	})
@@ -189,6 +189,61 @@ func (b *Broker) nriRunPod(ctx context.Context, p *pod) error {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "NRI: %w", err)
 	}
 	return nil
+}
+
+// nriUndoRunPod tells the plugins that a pod they were told of did not
+// start after all, as a stop and a removal.
+func (b *Broker) nriUndoRunPod(p *pod) {
+	h := b.opts.NRI
+	if h == nil {
+		return
+	}
+	b.mu.Lock()
+	pod := b.nriPodLocked(p)
+	b.mu.Unlock()
+	b.nriq.post(func() {
+		ctx := context.Background()
+		if err := h.StopPodSandbox(ctx, pod); err != nil {
+			b.log.Warn("NRI: undoing a failed pod start", "pod", pod.GetId(), "err", err)
+		}
+		if err := h.RemovePodSandbox(ctx, pod); err != nil {
+			b.log.Warn("NRI: undoing a failed pod start", "pod", pod.GetId(), "err", err)
+		}
+	})
+}
+
+// nriUpdatePod tells the plugins pod p's limits change to res, and
+// waits: a refusal fails the change.
+func (b *Broker) nriUpdatePod(ctx context.Context, p *pod, res api.Resources) error {
+	h := b.opts.NRI
+	if h == nil {
+		return nil
+	}
+	b.mu.Lock()
+	pod := b.nriPodLocked(p)
+	b.mu.Unlock()
+	var err error
+	b.nriq.do(func() { err = h.UpdatePodSandbox(ctx, pod, nil, nri.LinuxResourcesOf(&res)) })
+	if err != nil {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "NRI: %w", err)
+	}
+	return nil
+}
+
+// nriPostUpdatePod tells the plugins pod p's limits changed.
+func (b *Broker) nriPostUpdatePod(p *pod) {
+	h := b.opts.NRI
+	if h == nil {
+		return
+	}
+	b.mu.Lock()
+	pod := b.nriPodLocked(p)
+	b.mu.Unlock()
+	b.nriq.post(func() {
+		if err := h.PostUpdatePodSandbox(context.Background(), pod); err != nil {
+			b.log.Warn("NRI plugins failed a notification", "event", "PostUpdatePodSandbox", "pod", pod.GetId(), "err", err)
+		}
+	})
 }
 
 // nriCreateContainer asks the plugins to adjust container c's app spec

@@ -290,15 +290,21 @@ func awaitPod(ctx context.Context, p *pod) error {
 // after the caller gave up waiting.
 const createTimeout = 4 * time.Minute
 
+// podCgroupParent is the cgroup parent of a pod of config c: the
+// kubelet's when it gives one, the node's otherwise.
+func (b *Broker) podCgroupParent(c *PodConfig) string {
+	if c.CgroupParent != "" {
+		return c.CgroupParent
+	}
+	return b.opts.CgroupParent
+}
+
 func (b *Broker) podSpec(rec *PodRecord) *stage1.PodSpec {
 	c := rec.Config
 	// The kubelet's pod cgroup (cgroupfs driver: /kubepods/<qos>/pod<uid>;
 	// systemd: kubepods-<qos>-pod<uid>.slice) when it gives one, so its QoS
 	// limits and accounting cover the pod; the node's parent otherwise.
-	parent := b.opts.CgroupParent
-	if c.CgroupParent != "" {
-		parent = c.CgroupParent
-	}
+	parent := b.podCgroupParent(&c)
 	spec := &stage1.PodSpec{
 		ID:           rec.ID,
 		Name:         c.Metadata.Name,
@@ -406,19 +412,15 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	if err != nil {
 		return err
 	}
-	h := b.openPod(started, rec)
-	if ipc := sysctlsOf(&rec.Config, sysctl.IPC); len(ipc) > 0 {
-		// In the pod's IPC namespace, which the agent runs in; before
-		// any container can start.
-		if err := h.SetSysctls(ctx, ipc); err != nil {
-			h.Stop(context.WithoutCancel(ctx), 0)
-			return fmt.Errorf("config.linux.sysctls: %w", err)
-		}
-	}
-	if err := b.nriRunPod(ctx, p); err != nil {
-		h.Stop(context.WithoutCancel(ctx), 0)
+	h, err := b.preparePod(ctx, p, started)
+	if err != nil {
 		return err
 	}
+	defer func() {
+		if err != nil {
+			b.nriUndoRunPod(p)
+		}
+	}()
 	b.mu.Lock()
 	p.handle = h
 	rec.BackendState = h.State()
@@ -438,6 +440,25 @@ func (b *Broker) startPod(ctx context.Context, p *pod, be stage1.Backend) (err e
 	b.publishLocked(EventStarted, p, nil)
 	b.mu.Unlock()
 	return nil
+}
+
+// preparePod opens started, pod p's agent, sets the pod's IPC sysctls in
+// it and tells NRI plugins the pod runs; on failure the agent is stopped.
+func (b *Broker) preparePod(ctx context.Context, p *pod, started stage1.Pod) (*podconn.Pod, error) {
+	h := b.openPod(started, p.rec)
+	if ipc := sysctlsOf(&p.rec.Config, sysctl.IPC); len(ipc) > 0 {
+		// In the pod's IPC namespace, which the agent runs in; before
+		// any container can start.
+		if err := h.SetSysctls(ctx, ipc); err != nil {
+			h.Stop(context.WithoutCancel(ctx), 0)
+			return nil, fmt.Errorf("config.linux.sysctls: %w", err)
+		}
+	}
+	if err := b.nriRunPod(ctx, p); err != nil {
+		h.Stop(context.WithoutCancel(ctx), 0)
+		return nil, err
+	}
+	return h, nil
 }
 
 // plan asks a stage1 that plans its pods (stage1.PodPlanner) whether it
@@ -913,6 +934,9 @@ func (b *Broker) UpdatePodResources(ctx context.Context, id string, r Resources)
 	if err != nil {
 		return err
 	}
+	if err := b.nriUpdatePod(ctx, p, appResources(r)); err != nil {
+		return fmt.Errorf("update pod sandbox %s: %w", id, err)
+	}
 	if rs, ok := h.Pod.(stage1.PodResizer); ok {
 		actx, cancel := agentCtx(ctx, agentTimeout)
 		defer cancel()
@@ -929,6 +953,7 @@ func (b *Broker) UpdatePodResources(ctx context.Context, id string, r Resources)
 		return fmt.Errorf("persist pod record: %w", err)
 	}
 	b.log.InfoContext(ctx, "pod limits changed", "pod", id, "resources", r)
+	b.nriPostUpdatePod(p)
 	return nil
 }
 

@@ -285,12 +285,16 @@ func (l *logger) gone(format string, args []any) {
 }
 
 func (l *logger) Debugf(ctx context.Context, format string, args ...any) {
-	l.h.log.DebugContext(ctx, "NRI: "+fmt.Sprintf(format, args...))
+	if l.h.log.Enabled(ctx, slog.LevelDebug) {
+		l.h.log.DebugContext(ctx, "NRI: "+fmt.Sprintf(format, args...))
+	}
 }
 
 func (l *logger) Infof(ctx context.Context, format string, args ...any) {
 	l.gone(format, args)
-	l.h.log.DebugContext(ctx, "NRI: "+fmt.Sprintf(format, args...))
+	if l.h.log.Enabled(ctx, slog.LevelDebug) {
+		l.h.log.DebugContext(ctx, "NRI: "+fmt.Sprintf(format, args...))
+	}
 }
 
 func (l *logger) Warnf(ctx context.Context, format string, args ...any) {
