@@ -3,6 +3,7 @@ package preflight
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,5 +172,29 @@ func TestFindCRIU(t *testing.T) {
 	}
 	if _, _, _, err := FindCRIU(ctx, filepath.Join(dir, "none")); err == nil {
 		t.Error("a configured criu that does not exist was taken")
+	}
+}
+
+func TestNRIProbe(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "10-a"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		disabled  bool
+		connected func(context.Context) ([]string, error)
+		status    Status
+		want      string
+	}{
+		{"off", true, nil, Info, "off (nri.disable)"},
+		{"plugins", false, func(context.Context) ([]string, error) { return []string{"10-a", "20-b"}, nil }, OK, "/s.sock; started from " + dir + ": 10-a; connected: 10-a, 20-b"},
+		{"none", false, func(context.Context) ([]string, error) { return nil, nil }, OK, "connected: none"},
+		{"no daemon", false, func(context.Context) ([]string, error) { return nil, errors.New("down") }, Info, "connected: unknown (down)"},
+	} {
+		c := NRI(tc.disabled, "/s.sock", dir, tc.connected)(context.Background())
+		if c.Status != tc.status || !strings.Contains(c.Detail, tc.want) {
+			t.Errorf("%s: %s %q, want %s with %q", tc.name, c.Status, c.Detail, tc.status, tc.want)
+		}
 	}
 }

@@ -502,3 +502,43 @@ func readTrim(path string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// NRI reports how NRI plugins are hosted: off, or the socket they connect
+// to, the plugins the daemon starts from pluginDir, and those connected
+// now (connected; an error when the daemon cannot be asked). It never
+// fails: plugins are optional.
+func NRI(disabled bool, socket, pluginDir string, connected func(ctx context.Context) ([]string, error)) Prober {
+	return func(ctx context.Context) Check {
+		c := Check{Name: "nri"}
+		if disabled {
+			c.Status, c.Detail = Info, "off (nri.disable): no NRI plugin is hosted"
+			return c
+		}
+		var parts []string
+		parts = append(parts, "plugins connect to "+socket)
+		if ents, err := os.ReadDir(pluginDir); err == nil {
+			var names []string
+			for _, e := range ents {
+				if !e.IsDir() {
+					names = append(names, e.Name())
+				}
+			}
+			if len(names) > 0 {
+				parts = append(parts, fmt.Sprintf("started from %s: %s", pluginDir, strings.Join(names, ", ")))
+			}
+		}
+		c.Status = OK
+		names, err := connected(ctx)
+		switch {
+		case err != nil:
+			c.Status = Info
+			parts = append(parts, "connected: unknown ("+err.Error()+")")
+		case len(names) == 0:
+			parts = append(parts, "connected: none")
+		default:
+			parts = append(parts, "connected: "+strings.Join(names, ", "))
+		}
+		c.Detail = strings.Join(parts, "; ")
+		return c
+	}
+}

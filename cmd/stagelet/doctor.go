@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -9,10 +11,13 @@ import (
 	"path/filepath"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/stagelet/stagelet/broker"
 	"github.com/stagelet/stagelet/config"
 	"github.com/stagelet/stagelet/devices"
 	"github.com/stagelet/stagelet/network"
+	"github.com/stagelet/stagelet/nri"
 	"github.com/stagelet/stagelet/preflight"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/kvm"
@@ -24,6 +29,7 @@ func doctorMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("stagelet doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	output := fs.String("o", "text", "output: text, or json for tools")
+	socket := fs.String("socket", "", "the serving daemon's CRI socket, asked which NRI plugins are connected (default: the configuration's, else "+defaultSocket+")")
 	nf := addNodeFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -59,6 +65,9 @@ func doctorMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if *socket != "" {
+		cfg.Socket = *socket
+	}
 	rep := nodeReport(ctx, cfg, state, b)
 	if *output == "json" {
 		rep.WriteJSON(stdout)
@@ -97,6 +106,8 @@ func nodeReport(ctx context.Context, cfg *config.Config, state string, b *broker
 		preflight.CDI(cdi.SpecDirs(), cdi.Devices),
 		preflight.CRIU(cfg.Checkpoint.CRIU),
 		preflight.SignaturePolicy(cfg.Images.SignaturePolicy, cfg.Images.PolicyDir()),
+		preflight.NRI(cfg.NRI.Disable, cmp.Or(cfg.NRI.SocketPath, nri.DefaultSocketPath), cmp.Or(cfg.NRI.PluginPath, nri.DefaultPluginPath),
+			func(ctx context.Context) ([]string, error) { return nriPlugins(ctx, cfg, b) }),
 		preflight.Disk(state),
 		preflight.SetAside(func(ctx context.Context) ([]string, error) {
 			recs, err := b.SetAsideRecords(ctx)
@@ -112,6 +123,41 @@ func nodeReport(ctx context.Context, cfg *config.Config, state string, b *broker
 		}),
 	}
 	return preflight.Run(ctx, names, b.Policy().DefaultStage1, probes)
+}
+
+// nriPlugins are the NRI plugins connected to the daemon: b's, in the
+// daemon; else, in stagelet doctor, what the serving daemon says in its
+// verbose Status.
+func nriPlugins(ctx context.Context, cfg *config.Config, b *broker.Broker) ([]string, error) {
+	var plugins []nri.Plugin
+	if h := b.NRI(); h != nil {
+		plugins, _ = h.Plugins()
+	} else {
+		rt, closeConn, err := criClient(cmp.Or(cfg.Socket, defaultSocket))
+		if err != nil {
+			return nil, err
+		}
+		defer closeConn()
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		resp, err := rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+		if err != nil {
+			return nil, fmt.Errorf("the daemon does not answer: %w", err)
+		}
+		var st struct{ Plugins []nri.Plugin }
+		if err := json.Unmarshal([]byte(resp.GetInfo()["nri"]), &st); err != nil {
+			return nil, fmt.Errorf("the daemon's verbose Status: nri: %w", err)
+		}
+		plugins = st.Plugins
+	}
+	names := make([]string, len(plugins))
+	for i, p := range plugins {
+		names[i] = p.Name
+		if p.LastError != "" {
+			names[i] += " (last error: " + p.LastError + ")"
+		}
+	}
+	return names, nil
 }
 
 // holdsDetail lists what a set-aside record's pod holds.

@@ -142,6 +142,11 @@ func testNRIPlugins(t *testing.T, e *env, s podStage1) {
 	startNRIPlugin(t, nriPlugin(t, "logger"), "-idx", "20", "-socket-path", e.d.NRISocket, "-log-file", logFile, "-add-env", "NRI_LOGGER")
 	startNRIPlugin(t, nriPlugin(t, "device-injector"), "-idx", "30", "-socket-path", e.d.NRISocket)
 	e.nriConnected("10-ulimit-adjuster", "20-logger", "30-device-injector")
+	// stagelet doctor asks the serving daemon.
+	out, _ := exec.Command(stageletBin, "doctor", "-config", e.d.ConfigPath, "-socket", e.d.Socket, "-state-dir", e.d.StateDir, "-run-dir", e.d.RunDir).CombinedOutput()
+	if !strings.Contains(string(out), "connected: 10-ulimit-adjuster, 20-logger, 30-device-injector") {
+		t.Errorf("stagelet doctor does not list the connected plugins:\n%s", out)
+	}
 	testutil.WaitFor(t, time.Minute, "logger's synchronization with the running pod", func() (bool, string) {
 		b, _ := os.ReadFile(logFile)
 		return strings.Contains(string(b), "Synchronize") && strings.Contains(string(b), earlyID), string(b)
