@@ -212,6 +212,17 @@ func testDeviceInjector(t *testing.T, e *env, s podStage1) {
 		if err == nil || !strings.Contains(err.Error(), "device-injector") || !strings.Contains(err.Error(), "/dev/nri-null") {
 			t.Errorf("a device injected in a VM: %v, want a refusal naming device-injector and the device", err)
 		}
+		// The mount alone reaches the guest, shared as CRI mounts are.
+		mcfg := e.netPodConfig("mounts", s)
+		mcfg.Annotations["mounts.noderesource.dev/container.mnt"] = cfg.Annotations["mounts.noderesource.dev/container.dev"]
+		cfg = mcfg
+		pod = e.runStage1Pod(cfg, s)
+		ctr = e.netContainer(s, "mnt", "sh", "-c", "cat /nri-mount/file && ! touch /nri-mount/x")
+		id := e.createAndStart(pod, cfg, ctr)
+		if st := e.waitContainerState(id, runtimeapi.ContainerState_CONTAINER_EXITED, callTimeout); st.ExitCode != 0 {
+			b, _ := os.ReadFile(filepath.Join(cfg.LogDirectory, "mnt.log"))
+			t.Errorf("device-injector's mount in a VM: exit %d\n%s", st.ExitCode, b)
+		}
 		return
 	}
 	id := e.createAndStart(pod, cfg, ctr)
