@@ -373,3 +373,50 @@ func startStubPlugin(t *testing.T, socket, idx, name string) *stubPlugin {
 	t.Cleanup(func() { st.Stop(); cancel() })
 	return p
 }
+
+// syncPlugin is a plugin of this test that handles only a container's
+// start (the stub wants one event at least) and asks for updates on its
+// own (stub.UpdateContainers).
+type syncPlugin struct{}
+
+func (syncPlugin) StartContainer(context.Context, *nriapi.PodSandbox, *nriapi.Container) error { return nil }
+
+// TestNRIPluginUpdatesARunningContainer: a plugin's own update of a
+// running container's limits (as a resource policy rebalances) reaches
+// the container's cgroup and its status, as the kubelet's
+// UpdateContainerResources does.
+func TestNRIPluginUpdatesARunningContainer(t *testing.T) {
+	e := newEnvOpts(t, harness.Options{Policy: bothStage1sPolicy}, true)
+	s := flyStage1
+	st, err := stub.New(syncPlugin{}, stub.WithSocketPath(e.d.NRISocket), stub.WithPluginIdx("70"), stub.WithPluginName("updater"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Stop)
+	e.nriConnected("70-updater")
+
+	cfg := e.netPodConfig("updated", s)
+	pod := e.runStage1Pod(cfg, s)
+	id := e.createAndStart(pod, cfg, e.netContainer(s, "c", "sleep", "3600"))
+	failed, err := st.UpdateContainers([]*nriapi.ContainerUpdate{{
+		ContainerId: id,
+		Linux: &nriapi.LinuxContainerUpdate{Resources: &nriapi.LinuxResources{
+			Memory: &nriapi.LinuxMemory{Limit: nriapi.Int64(64 << 20)},
+			Cpu:    &nriapi.LinuxCPU{Shares: nriapi.UInt64(333)},
+		}},
+	}})
+	if err != nil || len(failed) > 0 {
+		t.Fatalf("UpdateContainers: failed %v, %v", failed, err)
+	}
+	got := e.containerStatus(id).GetResources().GetLinux()
+	if got.GetMemoryLimitInBytes() != 64<<20 || got.GetCpuShares() != 333 {
+		t.Errorf("the container's status after the plugin's update: %v", got)
+	}
+	limit := strings.TrimSpace(e.execOK(id, "sh", "-c", "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"))
+	if limit != fmt.Sprint(64<<20) {
+		t.Errorf("the container's cgroup memory limit after the plugin's update: %s", limit)
+	}
+}
