@@ -15,8 +15,11 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 all: build guest
 
 # One static binary: the daemon, the pod agent and the operator tools.
+# Without the NRI library's WebAssembly runtime (nri_no_wasm): 2.6 MB less
+# in every pod and VM, and no WASM plugins (executables only).
+BUILDTAGS := nri_no_wasm
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stagelet
+	CGO_ENABLED=0 $(GO) build -trimpath -tags $(BUILDTAGS) -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stagelet
 
 # What running and building need (make run installs no more).
 deps:

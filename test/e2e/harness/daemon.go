@@ -47,7 +47,8 @@ func Build(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "stagelet")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/stagelet")
+	// The build tags of the Makefile's build.
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "nri_no_wasm", "-o", out, "./cmd/stagelet")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
