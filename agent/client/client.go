@@ -120,13 +120,16 @@ func (c *Client) roundTrip(ctx context.Context, req *api.Request, call trace.Spa
 		conn.Close()
 		return nil, nil, nil, err
 	}
+	// Before the write: the agent may handle the request before this
+	// goroutine runs again, and its spans must fit between sent and
+	// received.
+	sent := time.Now()
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
 		if endedBy(ctx, err) {
 			return fail(ended(ctx, req.Op))
 		}
 		return fail(errdefs.New(errdefs.ErrUnavailable, "agent: %s: send: %w", req.Op, err))
 	}
-	sent := time.Now()
 	dec := json.NewDecoder(&capReader{r: conn, left: maxResponse(req.Op)})
 	var resp api.Response
 	if err := dec.Decode(&resp); err != nil {
