@@ -336,7 +336,9 @@ func spansLie(op string, late bool) fake.Liar {
 			span(4, tid, parent, strings.Repeat("n", 1<<16)))
 		if late {
 			s := span(5, tid, parent, "late")
-			s.Start, s.End = now.Add(time.Hour), now.Add(time.Hour+time.Millisecond)
+			// Of no length: only its place in time is a lie (a span
+			// longer than a fast call is dropped on its own).
+			s.Start, s.End = now.Add(time.Hour), now.Add(time.Hour)
 			resp.Spans = append(resp.Spans, s)
 		}
 	})

@@ -63,6 +63,17 @@ func (q *nriQueue) drain() {
 	}
 }
 
+// nriWait runs fn, an NRI call, in its turn and waits for it: its error
+// is the plugins' refusal (FailedPrecondition).
+func (b *Broker) nriWait(fn func() error) error {
+	var err error
+	b.nriq.do(func() { err = fn() })
+	if err != nil {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "NRI: %w", err)
+	}
+	return nil
+}
+
 // do queues fn and waits for it to have run.
 func (q *nriQueue) do(fn func()) {
 	done := make(chan struct{})
@@ -86,6 +97,18 @@ func (b *Broker) nriPodLocked(p *pod) *nriapi.PodSandbox {
 		NetNSPath:      rec.NetNS,
 		IPs:            rec.IPs,
 	})
+}
+
+// nriViews are pod p and, unless c is nil, its container c (with app
+// spec app, or its record's) as NRI plugins see them.
+func (b *Broker) nriViews(p *pod, c *container, app *api.AppSpec) (*nriapi.PodSandbox, *nriapi.Container) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	pod := b.nriPodLocked(p)
+	if c == nil {
+		return pod, nil
+	}
+	return pod, b.nriContainerLocked(c, app)
 }
 
 // nriContainerLocked is container c as NRI plugins see it, from its app
@@ -180,15 +203,8 @@ func (b *Broker) nriRunPod(ctx context.Context, p *pod) error {
 	if h == nil {
 		return nil
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	b.mu.Unlock()
-	var err error
-	b.nriq.do(func() { err = h.RunPodSandbox(ctx, pod) })
-	if err != nil {
-		return errdefs.New(errdefs.ErrFailedPrecondition, "NRI: %w", err)
-	}
-	return nil
+	pod, _ := b.nriViews(p, nil, nil)
+	return b.nriWait(func() error { return h.RunPodSandbox(ctx, pod) })
 }
 
 // nriUndoRunPod tells the plugins that a pod they were told of did not
@@ -198,9 +214,7 @@ func (b *Broker) nriUndoRunPod(p *pod) {
 	if h == nil {
 		return
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	b.mu.Unlock()
+	pod, _ := b.nriViews(p, nil, nil)
 	b.nriq.post(func() {
 		ctx := context.Background()
 		if err := h.StopPodSandbox(ctx, pod); err != nil {
@@ -219,15 +233,8 @@ func (b *Broker) nriUpdatePod(ctx context.Context, p *pod, res api.Resources) er
 	if h == nil {
 		return nil
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	b.mu.Unlock()
-	var err error
-	b.nriq.do(func() { err = h.UpdatePodSandbox(ctx, pod, nil, nri.LinuxResourcesOf(&res)) })
-	if err != nil {
-		return errdefs.New(errdefs.ErrFailedPrecondition, "NRI: %w", err)
-	}
-	return nil
+	pod, _ := b.nriViews(p, nil, nil)
+	return b.nriWait(func() error { return h.UpdatePodSandbox(ctx, pod, nil, nri.LinuxResourcesOf(&res)) })
 }
 
 // nriPostUpdatePod tells the plugins pod p's limits changed.
@@ -236,9 +243,7 @@ func (b *Broker) nriPostUpdatePod(p *pod) {
 	if h == nil {
 		return
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	b.mu.Unlock()
+	pod, _ := b.nriViews(p, nil, nil)
 	b.nriq.post(func() {
 		if err := h.PostUpdatePodSandbox(context.Background(), pod); err != nil {
 			b.log.Warn("NRI plugins failed a notification", "event", "PostUpdatePodSandbox", "pod", pod.GetId(), "err", err)
@@ -256,10 +261,7 @@ func (b *Broker) nriCreateContainer(ctx context.Context, p *pod, c *container, a
 	if h == nil {
 		return nil
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	ctr := b.nriContainerLocked(c, app)
-	b.mu.Unlock()
+	pod, ctr := b.nriViews(p, c, app)
 	var (
 		created *nri.Created
 		err     error
@@ -295,10 +297,7 @@ func (b *Broker) nriUndoCreate(ctx context.Context, p *pod, c *container) {
 	if h == nil {
 		return
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	ctr := b.nriContainerLocked(c, nil)
-	b.mu.Unlock()
+	pod, ctr := b.nriViews(p, c, nil)
 	b.nriq.post(func() {
 		ctx := context.WithoutCancel(ctx)
 		if _, err := h.StopContainer(ctx, pod, ctr); err != nil {
@@ -317,16 +316,8 @@ func (b *Broker) nriStartContainer(ctx context.Context, p *pod, c *container) er
 	if h == nil {
 		return nil
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	ctr := b.nriContainerLocked(c, nil)
-	b.mu.Unlock()
-	var err error
-	b.nriq.do(func() { err = h.StartContainer(ctx, pod, ctr) })
-	if err != nil {
-		return errdefs.New(errdefs.ErrFailedPrecondition, "NRI: %w", err)
-	}
-	return nil
+	pod, ctr := b.nriViews(p, c, nil)
+	return b.nriWait(func() error { return h.StartContainer(ctx, pod, ctr) })
 }
 
 // nriUpdateContainer asks the plugins about container c's new resources
@@ -337,10 +328,7 @@ func (b *Broker) nriUpdateContainer(ctx context.Context, p *pod, c *container, u
 	if h == nil {
 		return upd, nil
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	ctr := b.nriContainerLocked(c, nil)
-	b.mu.Unlock()
+	pod, ctr := b.nriViews(p, c, nil)
 	var (
 		res *nri.Updated
 		err error
@@ -384,10 +372,7 @@ func (b *Broker) nriPostUpdate(p *pod, c *container) {
 	if h == nil {
 		return
 	}
-	b.mu.Lock()
-	pod := b.nriPodLocked(p)
-	ctr := b.nriContainerLocked(c, nil)
-	b.mu.Unlock()
+	pod, ctr := b.nriViews(p, c, nil)
 	b.nriq.post(func() {
 		if err := h.PostUpdateContainer(context.Background(), pod, ctr); err != nil {
 			b.log.Warn("NRI plugins failed a notification", "event", "PostUpdateContainer", "container", ctr.GetId(), "err", err)

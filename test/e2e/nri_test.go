@@ -379,7 +379,9 @@ func startStubPlugin(t *testing.T, socket, idx, name string) *stubPlugin {
 // own (stub.UpdateContainers).
 type syncPlugin struct{}
 
-func (syncPlugin) StartContainer(context.Context, *nriapi.PodSandbox, *nriapi.Container) error { return nil }
+func (syncPlugin) StartContainer(context.Context, *nriapi.PodSandbox, *nriapi.Container) error {
+	return nil
+}
 
 // TestNRIPluginUpdatesARunningContainer: a plugin's own update of a
 // running container's limits (as a resource policy rebalances) reaches
