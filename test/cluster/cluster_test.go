@@ -359,6 +359,7 @@ type podObj struct {
 	Metadata struct {
 		Name      string `json:"name"`
 		Namespace string `json:"namespace"`
+		UID       string `json:"uid"`
 	} `json:"metadata"`
 	Spec struct {
 		NodeName string `json:"nodeName"`
@@ -582,16 +583,24 @@ func (c *cluster) expectStage1(t *testing.T, prefix, stage1 string) {
 // would) and returns its trimmed output.
 func (c *cluster) nodeExec(t *testing.T, n *node, args ...string) string {
 	t.Helper()
-	leader, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.proc.cmd.Process.Pid, n.proc.cmd.Process.Pid))
-	if err != nil || len(strings.Fields(string(leader))) == 0 {
-		t.Fatalf("node %s: its init: %v", n.name, err)
+	pid, err := c.nodeInit(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	pid := strings.Fields(string(leader))[0]
 	out, err := exec.Command("nsenter", append([]string{"-t", pid, "-m", "-u", "-i", "-n", "-p", "-C"}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("node %s: %s: %v\n%s", n.name, strings.Join(args, " "), err, out)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// nodeInit is the PID of node n's init, the leader of its namespaces.
+func (c *cluster) nodeInit(n *node) (string, error) {
+	leader, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.proc.cmd.Process.Pid, n.proc.cmd.Process.Pid))
+	if err != nil || len(strings.Fields(string(leader))) == 0 {
+		return "", fmt.Errorf("node %s: its init: %v", n.name, err)
+	}
+	return strings.Fields(string(leader))[0], nil
 }
 
 // testVMNamespace: pods the nodes' policy sends to kvm by an operator's
