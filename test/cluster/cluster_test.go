@@ -305,6 +305,7 @@ func TestCluster(t *testing.T) {
 		c.testVMNamespace(t)
 	})
 	t.Run("device plugin", c.testDevicePlugin)
+	t.Run("an NRI plugin deployed as a DaemonSet", c.testNRIDaemonSet)
 	t.Run("a container moves to the other node", c.testMove)
 	t.Run("drain moves pods to the other node", func(t *testing.T) {
 		drained, kept := c.nodes[1].name, c.nodes[0].name
