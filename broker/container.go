@@ -491,7 +491,7 @@ func (b *Broker) createInPod(ctx context.Context, h *podconn.Pod, p *pod, c *con
 		}
 		return st.PID
 	}
-	if err := b.runHooks(ctx, c, string(specs.StateCreated), pid, ocihooks.Prestart, ocihooks.CreateRuntime, ocihooks.CreateContainer); err != nil {
+	if err := b.runHooks(ctx, c, string(specs.StateCreated), pid, ocihooks.Prestart, ocihooks.CreateRuntime); err != nil {
 		h.RemoveContainer(context.WithoutCancel(ctx), rec.ID)
 		return fmt.Errorf("create container: %w", err)
 	}
@@ -657,9 +657,7 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 	b.mu.Lock()
 	restore := c.rec.Restore != nil
 	b.mu.Unlock()
-	if err := b.runHooks(ctx, c, string(specs.StateCreated), func() int { return b.appPID(ctx, h, c) }, ocihooks.StartContainer); err != nil {
-		return fmt.Errorf("start container %s: %w", c.rec.ID, err)
-	}
+
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
 	var st *api.AppStatus
@@ -688,18 +686,6 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 	}
 	b.log.InfoContext(ctx, "container started", "pod", p.rec.ID, "container", c.rec.ID)
 	return nil
-}
-
-// appPID is the PID of container c's process as its agent says, 0 when
-// it cannot tell.
-func (b *Broker) appPID(ctx context.Context, h *podconn.Pod, c *container) int {
-	actx, cancel := agentCtx(ctx, agentTimeout)
-	defer cancel()
-	st, err := h.ContainerStatus(actx, c.rec.ID)
-	if err != nil {
-		return 0
-	}
-	return st.PID
 }
 
 // applyAppStatus folds the agent's view of a container into its record,

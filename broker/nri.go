@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -478,6 +479,10 @@ func (b *Broker) NRIValidate(_ context.Context, req *nriapi.ValidateContainerAdj
 	b.mu.Unlock()
 	if p == nil {
 		return errdefs.NotFound("pod sandbox %q not found", req.GetPod().GetId())
+	}
+	if h := req.GetAdjust().GetHooks(); len(h.GetCreateContainer())+len(h.GetStartContainer()) > 0 {
+		owner, _ := req.GetOwners().HooksOwner(req.GetContainer().GetId())
+		return errdefs.New(errdefs.ErrUnimplemented, "NRI plugin %s asked for createContainer or startContainer hooks: they run in the namespaces of the container's process before its command, and the agent starts that process with its command, at StartContainer, in one step", cmp.Or(owner, "(unknown)"))
 	}
 	return nri.CheckStage1(b.caps[stage1].KernelIsolated, stage1, req)
 }

@@ -233,10 +233,11 @@ func testDeviceInjector(t *testing.T, e *env, s podStage1) {
 	}
 }
 
-// testHookInjector: hook-injector finds a hook in the node's hook
-// directory (written for this test's containers only, by annotation) and
-// injects it at prestart and poststop; the daemon runs it as runc would,
-// with the container's state on its stdin.
+// testHookInjector: hook-injector finds hooks in the node's hook directory
+// (written for this test's containers only, by annotation) and injects
+// them; the daemon runs prestart, poststart and poststop hooks as runc
+// would, with the container's state on their stdin, and refuses a
+// createContainer hook, naming the plugin.
 func testHookInjector(t *testing.T, e *env, s podStage1) {
 	hooksDir := "/etc/containers/oci/hooks.d"
 	if _, err := os.Stat(hooksDir); os.IsNotExist(err) {
@@ -252,11 +253,10 @@ func testHookInjector(t *testing.T, e *env, s podStage1) {
 	if err := os.WriteFile(script, []byte("#!/bin/sh\n{ echo \"$1\"; cat; echo; } >>"+out+"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	hook := filepath.Join(hooksDir, "stagelet-e2e-"+tag+".json")
-	spec := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q, "args": ["hook.sh", "STAGE"]}, "when": {"annotations": {"stagelet-e2e-hook": %q}}, "stages": ["STAGE"]}`, script, tag)
-	for _, stage := range []string{"prestart", "poststop"} {
-		p := strings.Replace(hook, ".json", "-"+stage+".json", 1)
-		if err := os.WriteFile(p, []byte(strings.ReplaceAll(spec, "STAGE", stage)), 0o644); err != nil {
+	for stage, who := range map[string]string{"prestart": tag, "poststart": tag, "poststop": tag, "createContainer": tag + "-cc"} {
+		spec := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q, "args": ["hook.sh", %q]}, "when": {"annotations": {"stagelet-e2e-hook": %q}}, "stages": [%q]}`, script, stage, who, stage)
+		p := filepath.Join(hooksDir, "stagelet-e2e-"+tag+"-"+stage+".json")
+		if err := os.WriteFile(p, []byte(spec), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.Remove(p) })
@@ -266,7 +266,7 @@ func testHookInjector(t *testing.T, e *env, s podStage1) {
 
 	cfg := e.netPodConfig("hooks", s)
 	pod := e.runStage1Pod(cfg, s)
-	ctr := e.netContainer(s, "hooked", "true")
+	ctr := e.netContainer(s, "hooked", "sleep", "3600")
 	ctr.Annotations = map[string]string{"stagelet-e2e-hook": tag}
 	id := e.createContainer(pod, cfg, ctr)
 	b, _ := os.ReadFile(out)
@@ -274,13 +274,33 @@ func testHookInjector(t *testing.T, e *env, s podStage1) {
 		t.Errorf("the prestart hook's record: %q", b)
 	}
 	e.startContainer(id)
-	e.waitContainerState(id, runtimeapi.ContainerState_CONTAINER_EXITED, callTimeout)
+	// The poststart hook's pid is the host's, of the container's process
+	// (in a pod with a PID namespace of its own too).
+	b, _ = os.ReadFile(out)
+	_, after, ok := strings.Cut(string(b), "poststart\n")
+	var state struct{ Pid int }
+	if !ok || json.Unmarshal([]byte(strings.SplitN(after, "\n", 2)[0]), &state) != nil {
+		t.Errorf("no poststart record with a state: %q", b)
+	} else if cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", state.Pid)); err != nil || !strings.Contains(string(cg), "/app-"+id) {
+		t.Errorf("the poststart hook's pid %d is not the container's process on the host: %q, %v", state.Pid, cg, err)
+	}
+	if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := e.rt().RemoveContainer(e.ctx(), &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
 	b, _ = os.ReadFile(out)
 	if !strings.Contains(string(b), "poststop\n") {
 		t.Errorf("no poststop hook ran: %q", b)
+	}
+	// A createContainer hook would run in the namespaces of a process
+	// that does not exist before StartContainer here: refused, named.
+	cc := e.netContainer(s, "cc", "true")
+	cc.Annotations = map[string]string{"stagelet-e2e-hook": tag + "-cc"}
+	_, err := e.rt().CreateContainer(e.ctx(), &runtimeapi.CreateContainerRequest{PodSandboxId: pod, Config: cc, SandboxConfig: cfg})
+	if err == nil || !strings.Contains(err.Error(), "hook-injector") || !strings.Contains(err.Error(), "createContainer") {
+		t.Errorf("a createContainer hook: %v, want a refusal naming hook-injector", err)
 	}
 }
 
