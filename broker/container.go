@@ -825,8 +825,12 @@ func (b *Broker) applyResources(ctx context.Context, p *pod, c *container, upd a
 	if upd.CpusetMems != "" {
 		cur.CpusetMems = upd.CpusetMems
 	}
-	if app := c.rec.App; app != nil {
+	if c.rec.App != nil {
+		// A new spec, not a change to the one copies of the record
+		// saved outside b.mu may be reading.
+		app := *c.rec.App
 		mergeResources(&app.Resources, upd)
+		c.rec.App = &app
 	}
 	cp := *c.rec
 	b.mu.Unlock()
