@@ -150,6 +150,7 @@ test-node-selinux: test-deps build guest
 BENCH_OUT ?= $(CURDIR)/bin/bench
 bench: test-deps build guest
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/supervisor/ ./network/ ./stage1/nspawn/
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./nri/
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) test -run '^$$' -bench . -benchtime 10x ./stage1/kvm/
 	mkdir -p $(BENCH_OUT)
 	./scripts/bench-containerd.sh -n 10 -save $(BENCH_OUT)/containerd.tsv -against previous=$(CURDIR)/test/bench/containerd.tsv
