@@ -178,9 +178,7 @@ func (b *Broker) nriPublishLocked(typ string, p *pod, c *container) {
 		case EventStopped:
 			fn = func() error {
 				upd, err := h.StopContainer(ctx, pod, ctr)
-				if err == nil && len(upd) > 0 {
-					_, err = b.NRIUpdate(ctx, upd)
-				}
+				b.nriApplyLater("a container's stop", upd, nil)
 				return err
 			}
 		case EventDeleted:
@@ -278,17 +276,28 @@ func (b *Broker) nriCreateContainer(ctx context.Context, p *pod, c *container, a
 	if err := b.applyAdjusted(c, app, adjusted); err != nil {
 		return fmt.Errorf("NRI adjustment: %w", err)
 	}
-	if len(created.Update) > 0 || len(created.Evict) > 0 {
-		b.nriq.post(func() {
-			if _, err := b.NRIUpdate(context.WithoutCancel(ctx), created.Update); err != nil {
-				b.log.WarnContext(ctx, "NRI: updates asked for at a container's creation", "err", err)
-			}
-			if err := b.NRIEvict(context.WithoutCancel(ctx), created.Evict); err != nil {
-				b.log.WarnContext(ctx, "NRI: evictions asked for at a container's creation", "err", err)
-			}
-		})
-	}
+	b.nriApplyLater("a container's creation", created.Update, created.Evict)
 	return nil
+}
+
+// nriApplyLater applies, on a goroutine of their own, the updates and
+// evictions of other containers plugins answered an event (what): never
+// on the queue's goroutine nor the caller's, which may hold the op lock
+// of a container they name, or wait on the queue for a call of one that
+// does.
+func (b *Broker) nriApplyLater(what string, updates []*nriapi.ContainerUpdate, evictions []*nriapi.ContainerEviction) {
+	if len(updates) == 0 && len(evictions) == 0 {
+		return
+	}
+	go func() {
+		ctx := context.Background()
+		if _, err := b.NRIUpdate(ctx, updates); err != nil {
+			b.log.WarnContext(ctx, "NRI: updates plugins asked for at "+what, "err", err)
+		}
+		if err := b.NRIEvict(ctx, evictions); err != nil {
+			b.log.WarnContext(ctx, "NRI: evictions plugins asked for at "+what, "err", err)
+		}
+	}()
 }
 
 // nriUndoCreate tells the plugins that a container they adjusted was not
@@ -354,16 +363,7 @@ func (b *Broker) nriUpdateContainer(ctx context.Context, p *pod, c *container, u
 			return upd, fmt.Errorf("NRI update: %w", err)
 		}
 	}
-	if len(others) > 0 || len(res.Evict) > 0 {
-		b.nriq.post(func() {
-			if _, err := b.NRIUpdate(context.WithoutCancel(ctx), others); err != nil {
-				b.log.WarnContext(ctx, "NRI: updates asked for at a container's update", "err", err)
-			}
-			if err := b.NRIEvict(context.WithoutCancel(ctx), res.Evict); err != nil {
-				b.log.WarnContext(ctx, "NRI: evictions asked for at a container's update", "err", err)
-			}
-		})
-	}
+	b.nriApplyLater("a container's update", others, res.Evict)
 	return upd, nil
 }
 
