@@ -23,6 +23,8 @@ for t in cpio lz4 xz:xz-utils zstd make flex bison bc flock:util-linux; do
 	command -v "$cmd" >/dev/null 2>&1 || need="$need $pkg"
 done
 [ -f /usr/include/libelf.h ] || need="$need libelf-dev"
+# kvm pods' container images become read-only erofs disk images.
+command -v mkfs.erofs >/dev/null 2>&1 || need="$need erofs-utils"
 # make conformance: the kit's critest.sh and the expectations check.
 command -v python3 >/dev/null 2>&1 || need="$need python3"
 # make race: the race detector's runtime is linked with cgo.
