@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -119,6 +120,9 @@ func startCluster(t *testing.T, e env, nodeNames ...string) *cluster {
 	c := &cluster{t: t, env: e, id: newID(), dir: dir}
 	c.bridge = "stcl" + c.id
 	t.Cleanup(c.removeDir)
+	if err := c.copyUnderTest(); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.makePKI(); err != nil {
 		t.Fatal(err)
 	}
@@ -153,6 +157,62 @@ func startCluster(t *testing.T, e env, nodeNames ...string) *cluster {
 		}
 	}
 	return c
+}
+
+// copyUnderTest copies the binary and the guest assets under test into
+// the cluster's directory, which the nodes bind: a build of the tree
+// during the run (make build rewrites bin/stagelet in place) would
+// otherwise change the nodes' binary beneath their running daemons and
+// break every pod started after it.
+func (c *cluster) copyUnderTest() error {
+	bin := c.path("under-test", "stagelet")
+	if err := copyTo(c.env.stagelet, bin); err != nil {
+		return err
+	}
+	c.env.stagelet = bin
+	if c.env.guest == "" {
+		return nil
+	}
+	entries, err := os.ReadDir(c.env.guest)
+	if err != nil {
+		return err
+	}
+	guest := c.path("under-test", "guest")
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			if err := copyTo(filepath.Join(c.env.guest, e.Name()), filepath.Join(guest, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	c.env.guest = guest
+	return nil
+}
+
+// copyTo copies the regular file from to the new file to, with its mode,
+// making to's directory.
+func copyTo(from, to string) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	fi, err := src.Stat()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return err
+	}
+	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fi.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
+	}
+	return dst.Close()
 }
 
 func (c *cluster) path(elem ...string) string {
