@@ -101,8 +101,8 @@ func (b *Broker) appDevices(p *pod, cfg *ContainerConfig, app *api.AppSpec) (pci
 func applyCDI(app *api.AppSpec, e devices.Edits) {
 	for _, m := range e.Mounts {
 		app.Mounts = append(app.Mounts, api.Mount{
-			Source: m.Host, Destination: m.Container, Readonly: m.Readonly, Propagation: m.Propagation,
-			NoSuid: m.NoSuid, NoDev: m.NoDev, NoExec: m.NoExec,
+			Source: m.Host, Destination: m.Container, Readonly: m.Readonly, RecursiveReadonly: m.RecursiveReadonly,
+			Propagation: m.Propagation, NoSuid: m.NoSuid, NoDev: m.NoDev, NoExec: m.NoExec,
 		})
 	}
 	for _, kv := range e.Env {

@@ -11,6 +11,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/bindopts"
 )
 
 // DefaultCDISpecDirs are where CDI specs are read from unless configured
@@ -41,9 +42,8 @@ func (r *CDI) SpecDirs() []string { return slices.Clone(r.dirs) }
 
 // Mount is a bind mount a CDI spec asks for.
 type Mount struct {
-	Host, Container                 string
-	Readonly, NoSuid, NoDev, NoExec bool
-	Propagation                     string // "", "rslave" or "rshared"
+	Host, Container string
+	bindopts.Flags
 }
 
 // Edits are what CDI devices make of a container: device nodes and their
@@ -123,33 +123,11 @@ func (r *CDI) Resolve(names []string, field string) (Edits, error) {
 // bindMount reads a CDI spec's mount, which must be a bind mount with
 // options the agent applies.
 func bindMount(m specs.Mount) (Mount, error) {
-	out := Mount{Host: m.Source, Container: m.Destination}
-	bind := m.Type == "bind"
-	for _, o := range m.Options {
-		switch o {
-		case "bind", "rbind":
-			bind = true
-		case "ro":
-			out.Readonly = true
-		case "rw", "private", "rprivate":
-		case "nosuid":
-			out.NoSuid = true
-		case "nodev":
-			out.NoDev = true
-		case "noexec":
-			out.NoExec = true
-		case "slave", "rslave":
-			out.Propagation = "rslave"
-		case "shared", "rshared":
-			out.Propagation = "rshared"
-		default:
-			return Mount{}, fmt.Errorf("option %q is not supported", o)
-		}
+	f, err := bindopts.Parse(m.Type, m.Options)
+	if err != nil {
+		return Mount{}, err
 	}
-	if !bind {
-		return Mount{}, fmt.Errorf("type %q: only bind mounts are supported", m.Type)
-	}
-	return out, nil
+	return Mount{Host: m.Source, Container: m.Destination, Flags: f}, nil
 }
 
 // Devices reads the spec directories again and lists the fully qualified

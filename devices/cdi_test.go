@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/bindopts"
 )
 
 func writeSpec(t *testing.T, dir, name, text string) {
@@ -55,7 +56,7 @@ containerEdits:
 	if !slices.Equal(e.GIDs, []uint32{44}) {
 		t.Errorf("gids: %v", e.GIDs)
 	}
-	want := Mount{Host: "/usr/share", Container: "/opt/share", Readonly: true, NoSuid: true, NoDev: true}
+	want := Mount{Host: "/usr/share", Container: "/opt/share", Flags: bindopts.Flags{Readonly: true, NoSuid: true, NoDev: true}}
 	if len(e.Mounts) != 1 || e.Mounts[0] != want {
 		t.Errorf("mounts: %+v, want %+v", e.Mounts, want)
 	}

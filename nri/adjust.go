@@ -13,6 +13,7 @@ import (
 
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/bindopts"
 	"github.com/stagelet/stagelet/internal/rlimit"
 	"github.com/stagelet/stagelet/seccomp"
 )
@@ -337,50 +338,15 @@ func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
 func mountOf(m *nriapi.Mount) (api.Mount, error) {
 	field := "mounts[" + m.GetDestination() + "]"
 	out := api.Mount{Source: m.GetSource(), Destination: m.GetDestination()}
-	bind := m.GetType() == "bind"
-	switch m.GetType() {
-	case "bind", "", "none":
-	default:
-		return out, unimplemented(field, fmt.Sprintf("type %q: the agent makes bind mounts only", m.GetType()))
+	f, err := bindopts.Parse(m.GetType(), m.GetOptions())
+	if err != nil {
+		return out, unimplemented(field, "the agent makes bind mounts only: "+err.Error())
 	}
 	if !filepath.IsAbs(out.Source) || !filepath.IsAbs(out.Destination) {
 		return out, invalid(field, "source %q and destination must be absolute paths", out.Source)
 	}
-	for _, o := range m.GetOptions() {
-		switch o {
-		case "bind", "rbind":
-			bind = true
-		case "ro":
-			out.Readonly = true
-		case "rro":
-			out.Readonly, out.RecursiveReadonly = true, true
-		case "rw":
-			out.Readonly, out.RecursiveReadonly = false, false
-		case "nosuid":
-			out.NoSuid = true
-		case "nodev":
-			out.NoDev = true
-		case "noexec":
-			out.NoExec = true
-		case "suid":
-			out.NoSuid = false
-		case "dev":
-			out.NoDev = false
-		case "exec":
-			out.NoExec = false
-		case "private", "rprivate":
-			out.Propagation = ""
-		case "slave", "rslave":
-			out.Propagation = "rslave"
-		case "shared", "rshared":
-			out.Propagation = "rshared"
-		default:
-			return out, unimplemented(field, fmt.Sprintf("option %q is not supported (bind mount options only)", o))
-		}
-	}
-	if !bind {
-		return out, unimplemented(field, fmt.Sprintf("type %q without bind: the agent makes bind mounts only", m.GetType()))
-	}
+	out.Readonly, out.RecursiveReadonly = f.Readonly, f.RecursiveReadonly
+	out.NoSuid, out.NoDev, out.NoExec, out.Propagation = f.NoSuid, f.NoDev, f.NoExec, f.Propagation
 	if out.RecursiveReadonly && out.Propagation != "" {
 		return out, invalid(field, "recursive read-only needs private propagation")
 	}
