@@ -307,6 +307,7 @@ func TestCluster(t *testing.T) {
 	t.Run("device plugin", c.testDevicePlugin)
 	t.Run("an NRI plugin deployed as a DaemonSet", c.testNRIDaemonSet)
 	t.Run("a container moves to the other node", c.testMove)
+	t.Run("a VM pod moves to the other node", c.testMoveVM)
 	t.Run("drain moves pods to the other node", func(t *testing.T) {
 		drained, kept := c.nodes[1].name, c.nodes[0].name
 		c.kubectl(t, "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=4m")

@@ -22,12 +22,15 @@ apiVersion: v1
 kind: Pod
 metadata: {name: {{.Name}}}
 spec:
-  nodeName: {{.Node}}
+  nodeName: {{.Node}}{{if .RuntimeClass}}
+  runtimeClassName: {{.RuntimeClass}}{{end}}
   containers:
   - name: counter
     image: {{.Image}}
     command: [sh, -c, "/counter & wait"]
-    env: [{name: MOVE_MARK, value: "{{.Mark}}"}]
+    env: [{name: MOVE_MARK, value: "{{.Mark}}"}]{{if .Memory}}
+    resources:
+      limits: {memory: {{.Memory}}}{{end}}
 `
 
 // restoredPod names the checkpoint image: the kubelet pulls it and
@@ -38,11 +41,14 @@ apiVersion: v1
 kind: Pod
 metadata: {name: {{.Name}}}
 spec:
-  nodeName: {{.Node}}
+  nodeName: {{.Node}}{{if .RuntimeClass}}
+  runtimeClassName: {{.RuntimeClass}}{{end}}
   containers:
   - name: counter
     image: {{.Image}}
-    env: [{name: MOVE_MARK, value: "{{.Mark}}"}]
+    env: [{name: MOVE_MARK, value: "{{.Mark}}"}]{{if .Memory}}
+    resources:
+      limits: {memory: {{.Memory}}}{{end}}
 `
 
 // counterState is what the counter serves.
@@ -52,6 +58,16 @@ type counterState struct {
 	PID      int    `json:"pid"`
 	Parent   string `json:"parent"`
 	MoveMark string `json:"moveMark"`
+}
+
+// mover is what moves: a container of a pod (CRIU) or a whole VM pod.
+type mover struct {
+	// name prefixes the pods' names.
+	name string
+	// runtimeClass and memory are the pods' ("": none).
+	runtimeClass, memory string
+	// stage1 is the stage1 both pods run under.
+	stage1 string
 }
 
 // testMove: a running container moves to the other node, as Kubernetes
@@ -68,6 +84,25 @@ func (c *cluster) testMove(t *testing.T) {
 	if c.env.criu == "" {
 		t.Skip("no criu works on this host's kernel (scripts/build-criu.sh)")
 	}
+	c.move(t, mover{name: "mover", stage1: "nspawn"})
+}
+
+// testMoveVM: a kvm pod moves to the other node the same way, through
+// the kubelet's checkpoint API: its VM is saved with its memory (qemu's
+// migration) and restored in the pod on node 2, where the guest takes
+// that pod's network. The counter keeps its count, PID and token: the
+// process was never restarted. The VM has 128 MiB for the guest beside
+// the 128 MiB limit: 256 MiB.
+func (c *cluster) testMoveVM(t *testing.T) {
+	if c.env.guest == "" {
+		t.Skip("no kvm guest (STAGELET_GUEST_ASSETS)")
+	}
+	c.move(t, mover{name: "vmmover", runtimeClass: "kvm", memory: "128Mi", stage1: "kvm"})
+}
+
+// move moves m's counter from node 1 to node 2 and checks that it went
+// on where it was.
+func (c *cluster) move(t *testing.T, m mover) {
 	from, to := c.nodes[0], c.nodes[1]
 	var client podObj
 	for _, p := range c.pods(t, "app=client") {
@@ -78,27 +113,28 @@ func (c *cluster) testMove(t *testing.T) {
 	if client.Metadata.Name == "" {
 		t.Fatalf("no client pod on %s", from.name)
 	}
-	c.apply(t, moverPod, "Name", "mover", "Node", from.name, "Image", img.counter, "Mark", "set on "+from.name)
+	c.apply(t, moverPod, "Name", m.name, "Node", from.name, "Image", img.counter, "Mark", "set on "+from.name,
+		"RuntimeClass", m.runtimeClass, "Memory", m.memory)
 	var before counterState
 	c.wait(t, 3*time.Minute, "the counter on "+from.name, func() (bool, error) {
-		p, err := c.pod("mover")
+		p, err := c.pod(m.name)
 		if err != nil || p.Status.PodIP == "" {
 			return false, err
 		}
 		before, err = c.counter(client, p.Status.PodIP)
 		return err == nil && before.Count > 10, err
 	})
-	moved, _ := c.pod("mover")
+	moved, _ := c.pod(m.name)
 
 	start := time.Now()
-	archive := c.checkpointContainer(t, from, "default", "mover", "counter")
+	archive := c.checkpointContainer(t, from, "default", m.name, "counter")
 	checkpointed := time.Now()
 	tookCheckpoint := checkpointed.Sub(start)
 	// The move: the container stops where it was.
-	c.kubectl(t, "delete", "pod", "mover", "--wait=false")
+	c.kubectl(t, "delete", "pod", m.name, "--wait=false")
 
 	start = time.Now()
-	ref := c.registry + "/checkpoints/counter:moved"
+	ref := c.registry + "/checkpoints/counter:" + m.name
 	out, err := exec.Command(c.env.stagelet, "checkpoint", "image", "-insecure", archive, ref).CombinedOutput()
 	if err != nil {
 		t.Fatalf("stagelet checkpoint image: %v\n%s", err, out)
@@ -106,11 +142,13 @@ func (c *cluster) testMove(t *testing.T) {
 	tookImage := time.Since(start)
 
 	start = time.Now()
-	c.apply(t, restoredPod, "Name", "moved", "Node", to.name, "Image", ref, "Mark", "set on "+to.name)
+	movedName := m.name + "-moved"
+	c.apply(t, restoredPod, "Name", movedName, "Node", to.name, "Image", ref, "Mark", "set on "+to.name,
+		"RuntimeClass", m.runtimeClass, "Memory", m.memory)
 	var after counterState
 	var restored podObj
 	c.wait(t, 3*time.Minute, "the restored counter on "+to.name, func() (bool, error) {
-		p, err := c.pod("moved")
+		p, err := c.pod(movedName)
 		if err != nil || p.Status.PodIP == "" {
 			return false, err
 		}
@@ -120,7 +158,7 @@ func (c *cluster) testMove(t *testing.T) {
 	})
 	answered := time.Now()
 	t.Logf("moved %s/counter from %s (%s) to %s (%s): checkpoint %v (archive %s), image build and push %v, restore to its first answer %v; downtime %v",
-		"mover", from.name, moved.Status.PodIP, to.name, restored.Status.PodIP, tookCheckpoint.Round(time.Millisecond),
+		m.name, from.name, moved.Status.PodIP, to.name, restored.Status.PodIP, tookCheckpoint.Round(time.Millisecond),
 		sizeOf(archive), tookImage.Round(time.Millisecond), answered.Sub(start).Round(time.Millisecond), answered.Sub(checkpointed).Round(time.Millisecond))
 	t.Logf("before: %+v; after: %+v", before, after)
 	if after.Token != before.Token {
@@ -138,8 +176,8 @@ func (c *cluster) testMove(t *testing.T) {
 	if restored.Spec.NodeName != to.name || restored.Status.PodIP == moved.Status.PodIP {
 		t.Errorf("the restored pod runs on %s at %s; the checkpointed one ran at %s", restored.Spec.NodeName, restored.Status.PodIP, moved.Status.PodIP)
 	}
-	c.expectStage1(t, "moved_default_", "nspawn")
-	c.kubectl(t, "delete", "pod", "moved", "--wait=false")
+	c.expectStage1(t, movedName+"_default_", m.stage1)
+	c.kubectl(t, "delete", "pod", movedName, "--wait=false")
 }
 
 // counter reads the counter's state at ip:8080 from the client pod cl.
