@@ -82,6 +82,17 @@ const (
 	// Request.PID 0 and Request.Message, why the restore failed: the app
 	// is then exited (code 128) with that message.
 	OpAdopt = "adopt"
+	// OpMountShare mounts the pod's shared directory in a guest that did
+	// not mount it at boot, before the first app whose paths are on it
+	// is created. Idempotent; FailedPrecondition from an agent that has
+	// no such directory to mount.
+	OpMountShare = "mountshare"
+	// OpNetwork gives a running guest its pod's network anew, as a VM
+	// restored into another pod needs: Request.Guest (stagelet.* kernel
+	// parameters: MAC, addresses, routes, MTU, hostname). The interface's
+	// earlier addresses and routes go. FailedPrecondition from an agent
+	// that is no VM's.
+	OpNetwork = "network"
 )
 
 // Frame types of a session.

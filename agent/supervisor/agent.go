@@ -48,6 +48,10 @@ type Config struct {
 	ExecInit bool
 	// Setup answers OpSetup (at most once); nil: the agent refuses it.
 	Setup func(*api.Request) error
+	// MountShare answers OpMountShare; nil: the agent refuses it.
+	MountShare func() error
+	// Network answers OpNetwork; nil: the agent refuses it.
+	Network func(*api.Request) error
 }
 
 // Agent supervises a pod's apps. Over the Linux System it reaps every
@@ -62,6 +66,9 @@ type Agent struct {
 	// setup answers OpSetup; nil once it ran (or when there is none).
 	setupMu sync.Mutex
 	setup   func(*api.Request) error
+	// mountShare answers OpMountShare, network OpNetwork; nil: refused.
+	mountShare func() error
+	network    func(*api.Request) error
 	// spans keeps the spans of traced requests for their answers.
 	spans *collect.Collector
 	// cg is the agent's own cgroup, the parent of every app's; nil when
@@ -112,6 +119,7 @@ func New(cfg Config) (*Agent, error) {
 		apps:    map[string]*app{},
 		done:    make(chan struct{}),
 	}
+	a.mountShare, a.network = cfg.MountShare, cfg.Network
 	sts, bad := readStates(a.dir)
 	for _, err := range bad {
 		log.Warn("skipping app record", "err", err)
@@ -286,6 +294,10 @@ func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, er
 	case api.OpAdopt:
 		st, err := a.adopt(ctx, req.ID, req.PID, req.Message)
 		return &api.Response{App: st}, err
+	case api.OpMountShare:
+		return &api.Response{}, a.runMountShare()
+	case api.OpNetwork:
+		return &api.Response{}, a.runNetwork(req)
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
 }

@@ -370,6 +370,9 @@ type state struct {
 	// UserNS is the pod's user namespace mapping; nil: the guest's.
 	UserNS *stage1.IDMapping `json:"userNS,omitempty"`
 	host.Ledger
+	// ShareOnDemand: the guest mounts the 9p share only when a container
+	// needs it (shareuse.go); false: at boot.
+	ShareOnDemand bool `json:"shareOnDemand,omitempty"`
 }
 
 // The VM directory holds the sockets and logs of the VM (<RunDir>/vm);
@@ -606,6 +609,7 @@ func podState(spec *stage1.PodSpec, plan vmPlan, cg *cgroups.Cgroup, unitLaunch 
 	}
 	st.VM = plan.vm
 	st.UserNS = spec.UserNS
+	st.ShareOnDemand = shareOnDemand(spec)
 	return st
 }
 
@@ -623,6 +627,7 @@ func guestConfig(spec *stage1.PodSpec) *guest.Config {
 		gcfg.UserNSHost, gcfg.UserNSSize = u.HostID, u.Size
 	}
 	gcfg.Sysctls = spec.NetSysctls
+	gcfg.ShareOnDemand = shareOnDemand(spec)
 	return gcfg
 }
 

@@ -31,6 +31,10 @@ type Pod struct {
 	// vfio are the PCI devices containers were given, plugged into the
 	// VM.
 	vfio *vfioPlugs
+	// share is whether the guest mounted the 9p share, and why.
+	share *podShare
+	// spec is the pod's, for a VM started again (RestorePod).
+	spec *stage1.PodSpec
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -42,7 +46,17 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}}
+	p := &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, share: &podShare{}, spec: spec}
+	if st.ShareOnDemand && st.dir() != "" {
+		use, err := loadShareUse(st)
+		if err != nil {
+			// Refusing the move is the safe reading of a bad record.
+			p.log.Warn("kvm: the record of the 9p share's use", "err", err)
+			use = &shareUse{Container: "unknown", HostPath: "unknown", CtrPath: "unknown"}
+		}
+		p.share.use = use
+	}
+	return p
 }
 
 // Agent implements stage1.Pod: streams over the VM's serial session, and

@@ -66,6 +66,10 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 	// tmpfs has no user ones before Linux 6.6; it writes into the host's
 	// layer, over 9p.
 	out.LocalUpper = v.SharedDir.UserNS == nil
+	if err := v.p.needShare(ctx, spec, out); err != nil {
+		v.Unshare(spec.ID)
+		return nil, err
+	}
 	return out, nil
 }
 
