@@ -93,6 +93,10 @@ const (
 	// earlier addresses and routes go. FailedPrecondition from an agent
 	// that is no VM's.
 	OpNetwork = "network"
+	// OpRename gives app Request.ID the ID Request.NewID -> Response.App:
+	// a VM restored into another pod keeps its apps, which the daemon
+	// there knows by other IDs. NotFound, AlreadyExists.
+	OpRename = "rename"
 )
 
 // Frame types of a session.
@@ -142,6 +146,8 @@ type Request struct {
 	Guest string `json:"guest,omitempty"`
 	Time  int64  `json:"time,omitempty"`
 	Seed  []byte `json:"seed,omitempty"`
+	// NewID is OpRename's.
+	NewID string `json:"newId,omitempty"`
 }
 
 // Stdio is the shape of an exec or attach session.

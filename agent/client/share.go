@@ -22,3 +22,10 @@ func (c *Client) Network(ctx context.Context, guest []string) error {
 	_, err := c.Call(ctx, &api.Request{Op: api.OpNetwork, Guest: strings.Join(guest, " ")})
 	return err
 }
+
+// Rename gives app id the ID newID (api.OpRename); its status is then
+// read under newID.
+func (c *Client) Rename(ctx context.Context, id, newID string) error {
+	_, err := c.Call(ctx, &api.Request{Op: api.OpRename, ID: id, NewID: newID})
+	return err
+}

@@ -298,6 +298,9 @@ func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, er
 		return &api.Response{}, a.runMountShare()
 	case api.OpNetwork:
 		return &api.Response{}, a.runNetwork(req)
+	case api.OpRename:
+		st, err := a.rename(ctx, req.ID, req.NewID)
+		return &api.Response{App: st}, err
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
 }
