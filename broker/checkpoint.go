@@ -49,6 +49,9 @@ func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) e
 	if err := b.checkpointRunning(c); err != nil {
 		return err
 	}
+	if handled, err := b.checkpointWholePod(ctx, p, c, location); handled {
+		return err
+	}
 	h, saver, err := b.appCheckpointer(ctx, p)
 	if err != nil {
 		return err
@@ -467,6 +470,9 @@ func archivePath(field, p string) error {
 func (b *Broker) checkpointable(ctx context.Context, name string) error {
 	if why := b.caps[name].NoCheckpoint; why != "" {
 		return errdefs.FailedPrecondition("stage1 %s cannot checkpoint or restore: %s", name, why)
+	}
+	if b.caps[name].WholePodCheckpoint {
+		return nil // saved whole by the stage1, without CRIU
 	}
 	_, err := b.criu(ctx)
 	return err

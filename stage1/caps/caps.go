@@ -50,6 +50,12 @@ type Capabilities struct {
 	// policy refuses any other key, and a value its check refuses, when
 	// it loads; none: the backend takes no options.
 	Options []Option `json:"options,omitempty"`
+	// WholePodCheckpoint: a checkpoint of one of the backend's
+	// containers saves its whole pod (stage1.PodSaver: a VM with its
+	// memory), without CRIU, and a pod of more than that one container
+	// cannot be checkpointed; a container restored from it takes the pod
+	// it is created in (stage1.PodRestorer).
+	WholePodCheckpoint bool `json:"wholePodCheckpoint,omitempty"`
 }
 
 // Option is one pod option a backend takes: the backend reads its value

@@ -346,21 +346,16 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		// pod's eth0 (net.go).
 		NetworkBeforeStart: true,
 		// Containers write into a layer in the guest's memory (vfio.go).
-		LocalLayers:  true,
-		NoCheckpoint: noCheckpoint,
+		LocalLayers: true,
 		// The pod's agent runs in the pod's user namespace inside the
 		// guest (agent/guestinit/nest.go); its files reach it idmapped.
 		UserNamespaces: true,
 		// The VM's size (qemu.go).
 		Options: slices.Clone(podOptions),
+		// The VM is saved whole (save.go).
+		WholePodCheckpoint: true,
 	}
 }
-
-// noCheckpoint is why a VM pod cannot be checkpointed: its state is the
-// VM's, saved by migrating the VM to a file, and qemu (7.2) refuses to
-// migrate a VM whose guest has a virtio-9p share mounted, which every
-// pod's guest has (TestMigrationRefusedWith9p).
-const noCheckpoint = "a VM pod is saved by migrating its VM, and qemu refuses to migrate a VM while its guest has the pod's virtio-9p share mounted"
 
 // state is what kvm persists for a pod.
 type state struct {
