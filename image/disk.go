@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/internal/atomicfile"
 )
 
 // An image's disk is its merged files (its layers applied in order,
@@ -167,7 +168,7 @@ func (s *Store) makeDisk(ctx context.Context, img *Image, p string) (err error) 
 	if err != nil {
 		return fmt.Errorf("image disk: %w", err)
 	}
-	if err := writeFileAtomic(p+".sha256", []byte(fmt.Sprintf("%s %d\n", sum, size))); err != nil {
+	if err := atomicfile.Write(p+".sha256", []byte(fmt.Sprintf("%s %d\n", sum, size)), 0o644); err != nil {
 		return fmt.Errorf("image disk: %w", err)
 	}
 	if err := os.Rename(out, p); err != nil {
@@ -302,33 +303,6 @@ func fileSHA256(p string) (string, int64, error) {
 		return "", 0, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-// writeFileAtomic writes b to p through a temporary file beside it.
-func writeFileAtomic(p string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-"+filepath.Base(p)+"-")
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	if err := os.Rename(f.Name(), p); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	return nil
 }
 
 // unmountIfMounted unmounts p; a path that is no mount point or is gone
