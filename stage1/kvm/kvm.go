@@ -216,6 +216,9 @@ type Config struct {
 	// OverheadMemoryMax caps the overhead cgroup itself, every VM in it
 	// together (bytes); 0: no cap but each VM's own.
 	OverheadMemoryMax int64
+	// ImageDisks gives containers' images as disks (disks.go); nil: their
+	// files reach the guest over 9p.
+	ImageDisks ImageDiskFunc
 }
 
 // Backend is the kvm stage1. Everything about a pod is in the state it

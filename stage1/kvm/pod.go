@@ -31,6 +31,8 @@ type Pod struct {
 	// vfio are the PCI devices containers were given, plugged into the
 	// VM.
 	vfio *vfioPlugs
+	// disks guards the record of the image disks plugged into the VM.
+	disks *diskPlugs
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -42,7 +44,7 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}}
+	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, disks: &diskPlugs{}}
 }
 
 // Agent implements stage1.Pod: streams over the VM's serial session, and
