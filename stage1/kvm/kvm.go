@@ -34,6 +34,11 @@
 //     agent's Stats. The host's writable layer stays as the image left
 //     it. Volumes (hostPath, emptyDir, the pod's files, logs) are binds
 //     seen over 9p as before: the host sees their writes.
+//   - images: that lower layer is not read over 9p but from the image's
+//     read-only erofs disk, hot-plugged into the VM's virtio-scsi
+//     controller once per image and shared by its containers (disks.go).
+//     The host's rootfs is still bound into the share (a pod with a user
+//     namespace of its own reads its image there).
 //   - start: with Config.TemplateDir set, a pod's VM is restored from a
 //     template, a VM booted once and saved, whose memory every pod's VM
 //     maps privately (template.go); else it boots the guest kernel.
