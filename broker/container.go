@@ -481,7 +481,7 @@ func (b *Broker) createInPod(ctx context.Context, h *podconn.Pod, p *pod, c *con
 	rec := c.rec
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
-	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app, PCIDevices: pci})
+	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app, PCIDevices: pci, ImageID: rec.ImageID})
 	if err != nil {
 		return fmt.Errorf("create container in pod: %w", err)
 	}

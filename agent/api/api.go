@@ -399,6 +399,22 @@ type AppSpec struct {
 	// ends (a terminal gets its end-of-file character).
 	Stdin     bool `json:"stdin,omitempty"`
 	StdinOnce bool `json:"stdinOnce,omitempty"`
+
+	// RootfsDisk, with LocalUpper, is the disk of the VM's guest that
+	// holds the app's image files (a read-only file system): the agent
+	// mounts it (once for every app that names it) as the lower layer of
+	// the app's overlay, mounted in the guest's own storage, instead of
+	// Rootfs. Nil: Rootfs is the lower layer.
+	RootfsDisk *Disk `json:"rootfsDisk,omitempty"`
+}
+
+// Disk is a disk plugged into a VM's guest: a SCSI disk on its
+// virtio-scsi controller (channel 0, LUN 0) at Target, reporting serial
+// number Serial, holding a file system of type FSType ("erofs").
+type Disk struct {
+	Target int    `json:"target"`
+	Serial string `json:"serial,omitempty"`
+	FSType string `json:"fstype"`
 }
 
 // OwnUTS tells whether the app runs in a UTS namespace of its own.

@@ -82,6 +82,9 @@ type Agent struct {
 	// events go to OpEvents subscribers.
 	events hub
 
+	// disks are the disks mounted for apps' layers (disk.go).
+	disks diskMounts
+
 	done     chan struct{}
 	doneOnce sync.Once
 }

@@ -64,13 +64,19 @@ func validateSpec(s *api.AppSpec) error {
 	if err := validID(s.ID); err != nil {
 		return err
 	}
+	if err := validateDisk(s); err != nil {
+		return err
+	}
 	if s.Rootfs == "" {
 		return errdefs.InvalidArgument("app %s: no rootfs", s.ID)
 	}
-	if st, err := os.Stat(s.Rootfs); err != nil {
-		return errdefs.InvalidArgument("app %s: rootfs: %w", s.ID, err)
-	} else if !st.IsDir() {
-		return errdefs.InvalidArgument("app %s: rootfs %s is not a directory", s.ID, s.Rootfs)
+	// With a disk, the disk is the app's image and Rootfs is replaced.
+	if s.RootfsDisk == nil {
+		if st, err := os.Stat(s.Rootfs); err != nil {
+			return errdefs.InvalidArgument("app %s: rootfs: %w", s.ID, err)
+		} else if !st.IsDir() {
+			return errdefs.InvalidArgument("app %s: rootfs %s is not a directory", s.ID, s.Rootfs)
+		}
 	}
 	if len(s.Args) == 0 || s.Args[0] == "" {
 		return errdefs.InvalidArgument("app %s: no command", s.ID)

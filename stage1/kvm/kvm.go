@@ -34,6 +34,11 @@
 //     agent's Stats. The host's writable layer stays as the image left
 //     it. Volumes (hostPath, emptyDir, the pod's files, logs) are binds
 //     seen over 9p as before: the host sees their writes.
+//   - images: that lower layer is not read over 9p but from the image's
+//     read-only erofs disk, hot-plugged into the VM's virtio-scsi
+//     controller once per image and shared by its containers (disks.go).
+//     The host's rootfs is still bound into the share (a pod with a user
+//     namespace of its own reads its image there).
 //   - start: with Config.TemplateDir set, a pod's VM is restored from a
 //     template, a VM booted once and saved, whose memory every pod's VM
 //     maps privately (template.go); else it boots the guest kernel.
@@ -216,6 +221,9 @@ type Config struct {
 	// OverheadMemoryMax caps the overhead cgroup itself, every VM in it
 	// together (bytes); 0: no cap but each VM's own.
 	OverheadMemoryMax int64
+	// ImageDisks gives containers' images as disks (disks.go); nil: their
+	// files reach the guest over 9p.
+	ImageDisks ImageDiskFunc
 }
 
 // Backend is the kvm stage1. Everything about a pod is in the state it

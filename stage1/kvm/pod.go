@@ -35,6 +35,8 @@ type Pod struct {
 	share *podShare
 	// spec is the pod's, for a VM started again (RestorePod).
 	spec *stage1.PodSpec
+	// disks guards the record of the image disks plugged into the VM.
+	disks *diskPlugs
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -46,7 +48,7 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	p := &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, share: &podShare{}, spec: spec}
+	p := &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, share: &podShare{}, spec: spec, disks: &diskPlugs{}}
 	if st.ShareOnDemand && st.dir() != "" {
 		use, err := loadShareUse(st)
 		if err != nil {

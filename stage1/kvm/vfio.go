@@ -2,6 +2,7 @@ package kvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -66,6 +67,13 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 	// tmpfs has no user ones before Linux 6.6; it writes into the host's
 	// layer, over 9p.
 	out.LocalUpper = v.SharedDir.UserNS == nil
+	if err := v.p.rootfsDisk(ctx, spec, out); err != nil {
+		if uerr := v.SharedDir.Unshare(spec.ID); uerr != nil {
+			v.p.log.WarnContext(ctx, "kvm: undo the sharing of a container whose disk failed", "container", spec.ID, "err", uerr)
+		}
+		v.p.unplugPCI(ctx, spec.ID)
+		return nil, err
+	}
 	if err := v.p.needShare(ctx, spec, out); err != nil {
 		v.Unshare(spec.ID)
 		return nil, err
@@ -76,7 +84,8 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 // Unshare implements stage1.ContainerPaths.
 func (v vmPaths) Unshare(id string) error {
 	v.p.unplugPCI(context.Background(), id) // stage1.ContainerPaths.Unshare is called with no request
-	return v.SharedDir.Unshare(id)
+	derr := v.p.detachImageDisk(context.Background(), id)
+	return errors.Join(derr, v.SharedDir.Unshare(id))
 }
 
 // plugPCI passes the PCI devices addrs through to the VM (QMP
