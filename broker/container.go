@@ -427,6 +427,7 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 	b.mu.Lock()
 	podCfg, podSELinux := p.rec.Config, p.rec.SELinux
 	guest := b.caps[p.rec.Stage1].KernelIsolated
+	hostLogs := b.caps[p.rec.Stage1].HostLogs
 	var target *ContainerRecord
 	if t := rec.Config.Security.PIDTarget; t != "" {
 		if tc, ok := b.ctrs[t]; ok && tc.rec.PodID == rec.PodID {
@@ -442,6 +443,10 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 		return nil, nil, err
 	}
 	app.Rlimits = slices.Clone(b.opts.Rlimits)
+	// The daemon writes the log on the host (podconn.FollowLog) where the
+	// pod's agent cannot reach the host's files but through a share that
+	// keeps the pod from moving.
+	app.HostLog = hostLogs && app.LogPath != ""
 	// Volumes that ask for it get the container's mount label, as in
 	// containerd and CRI-O: private to its pod's level. Others keep
 	// theirs, which the container reads only where the policy lets it.

@@ -17,6 +17,9 @@
 //	agent → client: FrameStdout, FrameStderr, then one FrameEnd (exec,
 //	                attach); FrameData, FrameEOF (port-forward)
 //
+// OpLogs is a session too: FrameLog, then one FrameEnd, from the agent;
+// FrameLogAck from the client.
+//
 // Closing the stream ends a session: the agent kills an exec'd command
 // whose client went away, detaches an attach and closes a forwarded
 // connection. Neither side depends on the transport's half-close.
@@ -97,6 +100,16 @@ const (
 	// a VM restored into another pod keeps its apps, which the daemon
 	// there knows by other IDs. NotFound, AlreadyExists.
 	OpRename = "rename"
+	// OpLogs is the session of an app created with AppSpec.HostLog:
+	// Request.ID. The agent sends its CRI log lines as FrameLog frames,
+	// each of whole lines, from the oldest the client has not
+	// acknowledged; the client acknowledges each frame once it wrote it
+	// (FrameLogAck). Once the app's output ended and every byte was
+	// acknowledged, one FrameEnd. One session at a time per app: a new
+	// one replaces the one before (which ends without FrameEnd), and is
+	// sent again what that one had not acknowledged. NotFound,
+	// FailedPrecondition (the app writes its own log file).
+	OpLogs = "logs"
 )
 
 // Frame types of a session.
@@ -108,11 +121,20 @@ const (
 	FrameData   byte = 'd' // port-forward bytes, both ways
 	FrameEOF    byte = 'z' // the sender sends no more stdin (or port-forward data)
 	FrameEnd    byte = 'x' // agent → client: SessionEnd as JSON; the last frame
+	// FrameLog carries whole CRI log lines (OpLogs), agent → client;
+	// FrameLogAck, client → agent, acknowledges the bytes of the frames
+	// written since the last one, as a big-endian uint64 count.
+	FrameLog    byte = 'l'
+	FrameLogAck byte = 'a'
 )
 
 // MaxFramePayload bounds a frame's payload; a longer frame is a protocol
 // error.
 const MaxFramePayload = 1 << 20
+
+// MaxLogFrame bounds a FrameLog's payload: whole CRI lines, each shorter
+// (the longest is 16 KiB and its header).
+const MaxLogFrame = 32 << 10
 
 // Request is one call to the agent.
 type Request struct {
@@ -406,6 +428,12 @@ type AppSpec struct {
 	// the app's overlay, mounted in the guest's own storage, instead of
 	// Rootfs. Nil: Rootfs is the lower layer.
 	RootfsDisk *Disk `json:"rootfsDisk,omitempty"`
+	// HostLog: the daemon writes the app's CRI log on the host, at
+	// LogPath, from the app's OpLogs session; the agent formats the
+	// lines as it would for the file and keeps them for that session
+	// (the app's output waits while they are not taken), and never opens
+	// LogPath. Needs a LogPath.
+	HostLog bool `json:"hostLog,omitempty"`
 }
 
 // Disk is a disk plugged into a VM's guest: a SCSI disk on its

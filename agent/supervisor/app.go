@@ -33,6 +33,9 @@ type app struct {
 	id   string
 	spec *api.AppSpec // nil for a record loaded from an earlier agent
 	cg   cgroup       // nil without cgroups
+	// hlog keeps the app's log lines for the daemon (spec.HostLog); nil
+	// otherwise.
+	hlog *logBuffer
 
 	mu      sync.Mutex
 	st      api.AppStatus
@@ -86,6 +89,9 @@ func validateSpec(s *api.AppSpec) error {
 	}
 	if s.LogPath != "" && !filepath.IsAbs(s.LogPath) {
 		return errdefs.InvalidArgument("app %s: log path %q is not absolute", s.ID, s.LogPath)
+	}
+	if s.HostLog && s.LogPath == "" {
+		return errdefs.InvalidArgument("app %s: a log for the host without a log path", s.ID)
 	}
 	if _, err := parseCaps(s.Capabilities); err != nil {
 		return errdefs.InvalidArgument("app %s: %w", s.ID, err)
@@ -156,6 +162,9 @@ func (a *Agent) create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, 
 	}
 	a.sys.useRlimits(spec.Rlimits)
 	ap := &app{id: spec.ID, spec: spec, st: api.AppStatus{ID: spec.ID, State: api.StateCreated, CreatedAt: time.Now()}, cg: a.sys.appCgroup(spec.ID)}
+	if spec.HostLog {
+		ap.hlog = newLogBuffer(logBufferSize)
+	}
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	a.mu.Lock()
@@ -391,7 +400,7 @@ func (a *Agent) beginStart(id string, ready func(*app) error) (*app, error) {
 // (code 128, reason Error, the failure as message) when it returns.
 func (a *Agent) launch(ctx context.Context, ap *app) error {
 	spec := ap.spec
-	lg, err := openCRILog(spec.LogPath)
+	lg, err := openAppLog(ap)
 	if err != nil {
 		return a.failEarly(ctx, ap, errdefs.FailedPrecondition("%w", err))
 	}
@@ -489,6 +498,9 @@ func (a *Agent) failEarly(ctx context.Context, ap *app, err error) error {
 	st.Reason = api.ReasonError
 	st.Message = err.Error()
 	st.FinishedAt = time.Now()
+	if ap.hlog != nil {
+		ap.hlog.end() // no output comes: the log session ends
+	}
 	if werr := writeState(a.dir, &st); werr != nil {
 		a.log.WarnContext(ctx, "write app record", "app", st.ID, "err", werr)
 	}
@@ -674,6 +686,10 @@ func (a *Agent) remove(ctx context.Context, id string) error {
 	ap.mu.Lock()
 	ap.removed = true
 	ap.mu.Unlock()
+	if ap.hlog != nil {
+		// Nobody takes its lines any more: its output must not wait.
+		ap.hlog.discard()
+	}
 	a.stopApp(ctx, ap, 0)
 	ap.mu.Lock()
 	stopWatch := ap.stopOOMWatch
@@ -716,6 +732,9 @@ func (a *Agent) reopenLog(id string) error {
 	ap, err := a.get(id)
 	if err != nil {
 		return err
+	}
+	if ap.hlog != nil {
+		return errdefs.FailedPrecondition("app %s: its log file is the daemon's to reopen, on the host", id)
 	}
 	ap.mu.Lock()
 	running, lg := ap.st.State == api.StateRunning, ap.log

@@ -45,6 +45,11 @@ type Capabilities struct {
 	// cannot be checkpointed or restored; empty: they can where CRIU
 	// works.
 	NoCheckpoint string `json:"noCheckpoint,omitempty"`
+	// HostLogs: the daemon writes the pod's containers' CRI log files on
+	// the host from their agent's log sessions (AppSpec.HostLog), and the
+	// backend does not make their log directories reachable in the pod;
+	// otherwise the agent writes them itself.
+	HostLogs bool `json:"hostLogs,omitempty"`
 	// Options are the pod options the backend takes from the policy
 	// (a rule's or handler's `options:`), each with its check. The
 	// policy refuses any other key, and a value its check refuses, when

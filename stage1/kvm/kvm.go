@@ -358,6 +358,9 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		// The pod's agent runs in the pod's user namespace inside the
 		// guest (agent/guestinit/nest.go); its files reach it idmapped.
 		UserNamespaces: true,
+		// The daemon writes the containers' logs on the host from the
+		// agent's sessions: no log directory crosses into the guest.
+		HostLogs: true,
 		// The VM's size (qemu.go).
 		Options: slices.Clone(podOptions),
 		// The VM is saved whole (save.go).
