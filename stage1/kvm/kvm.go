@@ -854,7 +854,9 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
 	return host.Recover(ctx, Name, spec, stateBytes, parseState, "qemu", recoverTimeout,
 		func(st *state) (stage1.Pod, *host.Process) {
-			return b.newPod(spec, st), st.qemu()
+			p := b.newPod(spec, st)
+			p.vols.load()
+			return p, st.qemu()
 		})
 }
 

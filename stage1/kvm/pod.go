@@ -31,6 +31,10 @@ type Pod struct {
 	// vfio are the PCI devices containers were given, plugged into the
 	// VM.
 	vfio *vfioPlugs
+	// runDir is the pod's run directory; vols its volumes that live in
+	// the guest (volumes.go).
+	runDir string
+	vols   *podVolumes
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -42,7 +46,9 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}}
+	p := &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, runDir: spec.RunDir}
+	p.vols = newPodVolumes(st.dir(), p.log, client.NewClient(d.Dial))
+	return p
 }
 
 // Agent implements stage1.Pod: streams over the VM's serial session, and
@@ -121,6 +127,7 @@ func (p *Pod) Details() map[string]string {
 // tap, mounts and cgroup stay until DestroyPod. Idempotent: a gone pod is
 // fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
+	p.vols.stop()
 	if p.st.qemu().Alive() {
 		sctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
 		err := shutdown(sctx, timeout)
