@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -85,7 +86,8 @@ func (p *Pod) UpdatePodResources(ctx context.Context, r stage1.PodResources) err
 // machine type, memory, vCPUs and guest kernel, its network, and where
 // its qemu runs: "placement" is "pod" (the pod's cgroup) or "overhead"
 // (the overhead cgroup, capped at "qemuMemoryCapMiB"), "qemuCgroup" the
-// cgroup.
+// cgroup; "mountsOver9p", when any, the containers' mounts that reach
+// the guest over 9p (SharedMounts).
 func (p *Pod) Details() map[string]string {
 	d := map[string]string{
 		"stage1":      Name,
@@ -115,6 +117,9 @@ func (p *Pod) Details() map[string]string {
 	}
 	if cg := p.st.cgroup(); cg != nil {
 		d["qemuCgroup"] = cg.String()
+	}
+	if m := p.SharedMounts(); len(m) > 0 {
+		d["mountsOver9p"] = strings.Join(m, "; ")
 	}
 	return d
 }
