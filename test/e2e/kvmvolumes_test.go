@@ -183,11 +183,31 @@ func TestKVMPodVolumesWithout9p(t *testing.T) {
 		return !strings.Contains(string(r.Stdout), "color") && !strings.Contains(string(r.Stdout), "..2026_11_28_20_00_00.123"), string(r.Stdout)
 	})
 
-	// A termination message: on the host before the exit is.
+	// A termination message: on the host before the exit is, also for a
+	// container that exits after a restart of the daemon, which resumes
+	// the copies' watches too.
 	msgFile := k.messageFile("writer")
-	writer := e.netContainer(kvmStage1, "writer", "sh", "-c", "printf 'all done' > /dev/termination-log; exit 3")
-	writer.Mounts = []*runtimeapi.Mount{{ContainerPath: "/dev/termination-log", HostPath: msgFile}}
+	writer := e.netContainer(kvmStage1, "writer", "sh", "-c", "while [ ! -e /cache/go ]; do sleep 0.1; done; printf 'all done' > /dev/termination-log; exit 3")
+	writer.Mounts = []*runtimeapi.Mount{
+		{ContainerPath: "/dev/termination-log", HostPath: msgFile},
+		{ContainerPath: "/cache", HostPath: k.emptyDir},
+	}
 	w := e.createAndStart(pod, podCfg, writer)
+	if err := e.d.Kill9(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	k.writeConfigMap("..2026_11_28_20_10_00.789", map[string]string{"greeting": "hallo"})
+	if err := e.d.Restart(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 60*time.Second, "the container seeing the update made while the daemon was down", func() (bool, string) {
+		r, err := e.rt().ExecSync(e.ctx(), &runtimeapi.ExecSyncRequest{ContainerId: a, Cmd: []string{"cat", "/cfg/greeting"}, Timeout: 30})
+		if err != nil {
+			return false, err.Error()
+		}
+		return string(r.Stdout) == "hallo", string(r.Stdout) + string(r.Stderr)
+	})
+	e.execOK(a, "touch", "/cache/go")
 	st := e.waitContainerState(w, runtimeapi.ContainerState_CONTAINER_EXITED, 60*time.Second)
 	if b, err := os.ReadFile(msgFile); err != nil || string(b) != "all done" {
 		t.Errorf("the termination message file holds %q, %v once the container exited (code %d)", b, err, st.ExitCode)
