@@ -32,8 +32,11 @@
 //     tmpfs of the container's own (AppSpec.LocalUpper): its writes stay
 //     in guest memory, go at RemoveContainer and are counted by the
 //     agent's Stats. The host's writable layer stays as the image left
-//     it. Volumes (hostPath, emptyDir, the pod's files, logs) are binds
-//     seen over 9p as before: the host sees their writes.
+//     it. emptyDir volumes live in the guest, the kubelet's configMap,
+//     secret, projected and downwardAPI volumes and the pod's small
+//     files are copies kept current, the termination message is copied
+//     back at exit (classify.go, volumes.go); other volumes and the logs
+//     are binds seen over 9p as before: the host sees their writes.
 //   - start: with Config.TemplateDir set, a pod's VM is restored from a
 //     template, a VM booted once and saved, whose memory every pod's VM
 //     maps privately (template.go); else it boots the guest kernel.
