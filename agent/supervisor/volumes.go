@@ -34,8 +34,9 @@ func (a *Agent) volumesDir() string { return filepath.Join(filepath.Dir(a.dir), 
 // resolveGuestMounts gives spec's guest mounts (kinds other than
 // api.MountPath) the paths of their volumes, made as their kind says:
 // a MountGuest directory when missing, a MountMessage file; a MountCopy
-// tree must have been put (FailedPrecondition). InvalidArgument: a bad
-// kind or volume name.
+// tree must have been put (FailedPrecondition), and a directory one be
+// mounted read-only. InvalidArgument: a bad kind or volume name, a
+// writable copied directory.
 func (a *Agent) resolveGuestMounts(spec *api.AppSpec) error {
 	volumesMu.Lock()
 	defer volumesMu.Unlock()
@@ -56,8 +57,13 @@ func (a *Agent) resolveGuestMounts(spec *api.AppSpec) error {
 		case api.MountGuest:
 			err = makeGuestDir(p, m.Mode, m.UID, m.GID)
 		case api.MountCopy:
-			if _, serr := os.Lstat(p); serr != nil {
+			// The daemon writes a copied tree: a container that could
+			// write it could swap its entries for links the next copy
+			// follows. A copied file is written in place.
+			if st, serr := os.Lstat(p); serr != nil {
 				err = errdefs.FailedPrecondition("the copied volume is not there: %w", serr)
+			} else if st.IsDir() && !m.Readonly {
+				err = errdefs.InvalidArgument("a copied directory is mounted read-only")
 			}
 		case api.MountMessage:
 			err = makeMessageFile(p, m.Mode, m.UID, m.GID)

@@ -209,7 +209,15 @@ func TestResolveGuestMounts(t *testing.T) {
 	if err := a.resolveGuestMounts(spec2); err != nil || spec2.Mounts[0].Source != spec.Mounts[1].Source {
 		t.Fatalf("second app: %v, %s", err, spec2.Mounts[0].Source)
 	}
+	// A copied directory is mounted read-only only.
+	if err := a.putFiles(atomicWriterTree("copy-3", "..ts", map[string]string{"k": "v"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.resolveGuestMounts(&api.AppSpec{ID: "c4", Mounts: []api.Mount{{Kind: api.MountCopy, Source: "copy-3", Destination: "/c", Readonly: true}}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range []api.Mount{
+		{Kind: api.MountCopy, Source: "copy-3", Destination: "/c"},
 		{Kind: api.MountCopy, Source: "not-put", Destination: "/c"},
 		{Kind: api.MountGuest, Source: "../x", Destination: "/c"},
 		{Kind: "other", Source: "x", Destination: "/c"},

@@ -19,7 +19,7 @@ import (
 //     in the guest's memory (api.MountGuest), one per source for the
 //     whole pod.
 //   - .../kubernetes.io~configmap, ~secret, ~projected and ~downward-api
-//     volumes, .../pods/<uid>/etc-hosts and the daemon's resolv.conf,
+//     volumes mounted read-only, .../pods/<uid>/etc-hosts and the daemon's resolv.conf,
 //     hostname and hosts: a copy in the guest (api.MountCopy), kept
 //     current.
 //   - .../pods/<uid>/containers/<container>/<id>, the termination
@@ -71,10 +71,15 @@ func classifyMount(m api.Mount, runDir string) mountWay {
 	w := mountWay{Source: src, File: st.Mode().IsRegular()}
 	switch {
 	case st.IsDir() && kubeletVolume.MatchString(src):
-		if kubeletVolume.FindStringSubmatch(src)[1] == "empty-dir" {
+		switch {
+		case kubeletVolume.FindStringSubmatch(src)[1] == "empty-dir":
 			w.Kind = api.MountGuest
-		} else {
+		case m.Readonly:
 			w.Kind = api.MountCopy
+		default:
+			// The kubelet mounts these read-only: a writable one is
+			// someone else's, whose writes the host must see.
+			return mountWay{Kind: path}
 		}
 	case w.File && (kubeletHosts.MatchString(src) || isPodFile(src, runDir)):
 		w.Kind = api.MountCopy

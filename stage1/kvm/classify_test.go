@@ -49,15 +49,16 @@ func TestClassifyMount(t *testing.T) {
 		file bool
 	}{
 		{"emptyDir", api.Mount{Source: mkdir(vol("empty-dir", "cache"))}, api.MountGuest, false},
-		{"configMap", api.Mount{Source: mkdir(vol("configmap", "cfg"))}, api.MountCopy, false},
-		{"secret", api.Mount{Source: mkdir(vol("secret", "token"))}, api.MountCopy, false},
-		{"projected", api.Mount{Source: mkdir(vol("projected", "kube-api-access-x"))}, api.MountCopy, false},
-		{"downwardAPI", api.Mount{Source: mkdir(vol("downward-api", "info"))}, api.MountCopy, false},
+		{"configMap", api.Mount{Source: mkdir(vol("configmap", "cfg")), Readonly: true}, api.MountCopy, false},
+		{"writable configMap", api.Mount{Source: vol("configmap", "cfg")}, api.MountPath, false},
+		{"secret", api.Mount{Source: mkdir(vol("secret", "token")), Readonly: true}, api.MountCopy, false},
+		{"projected", api.Mount{Source: mkdir(vol("projected", "kube-api-access-x")), Readonly: true}, api.MountCopy, false},
+		{"downwardAPI", api.Mount{Source: mkdir(vol("downward-api", "info")), Readonly: true}, api.MountCopy, false},
 		{"etc-hosts", api.Mount{Source: file(filepath.Join(pod, "etc-hosts"))}, api.MountCopy, true},
 		{"termination message", api.Mount{Source: file(filepath.Join(pod, "containers", "app", "4f2a"))}, api.MountMessage, true},
 		{"daemon's resolv.conf", api.Mount{Source: file(filepath.Join(runDir, "etc", "resolv.conf"))}, api.MountCopy, true},
 		{"daemon's hostname", api.Mount{Source: file(filepath.Join(runDir, "etc", "hostname"))}, api.MountCopy, true},
-		{"through a linked kubelet root", api.Mount{Source: filepath.Join(linkedRoot, "pods/uid-1/volumes/kubernetes.io~configmap/cfg")}, api.MountCopy, false},
+		{"through a linked kubelet root", api.Mount{Source: filepath.Join(linkedRoot, "pods/uid-1/volumes/kubernetes.io~configmap/cfg"), Readonly: true}, api.MountCopy, false},
 		{"hostPath", api.Mount{Source: hostDir}, api.MountPath, false},
 		{"PVC", api.Mount{Source: mkdir(vol("csi", "pvc-1/mount"))}, api.MountPath, false},
 		{"local volume plugin", api.Mount{Source: mkdir(vol("local-volume", "pv"))}, api.MountPath, false},
@@ -66,13 +67,13 @@ func TestClassifyMount(t *testing.T) {
 		{"emptyDir that is a file", api.Mount{Source: file(vol("empty-dir", "odd"))}, api.MountPath, false},
 		{"etc-hosts that is a directory", api.Mount{Source: mkdir(filepath.Join(kubelet, "pods", "uid-2", "etc-hosts"))}, api.MountPath, false},
 		{"emptyDir linked out of the pod", api.Mount{Source: link(vol("empty-dir", "escape"), hostDir)}, api.MountPath, false},
-		{"configMap linked out of the pod", api.Mount{Source: link(vol("configmap", "escape"), hostDir)}, api.MountPath, false},
+		{"configMap linked out of the pod", api.Mount{Source: link(vol("configmap", "escape"), hostDir), Readonly: true}, api.MountPath, false},
 		{"etc-hosts linked to the host's", api.Mount{Source: link(filepath.Join(kubelet, "pods", "uid-3", "etc-hosts"), "/etc/hosts")}, api.MountPath, false},
-		{"a link into a volume is that volume", api.Mount{Source: link(filepath.Join(root, "srv/cfg-link"), vol("configmap", "cfg"))}, api.MountCopy, false},
+		{"a link into a volume is that volume", api.Mount{Source: link(filepath.Join(root, "srv/cfg-link"), vol("configmap", "cfg")), Readonly: true}, api.MountCopy, false},
 		{"missing", api.Mount{Source: vol("configmap", "gone")}, api.MountPath, false},
 		{"relative", api.Mount{Source: "pods/x/volumes/kubernetes.io~configmap/c"}, api.MountPath, false},
 		{"propagation", api.Mount{Source: vol("empty-dir", "cache"), Propagation: "rslave"}, api.MountPath, false},
-		{"volume name beneath", api.Mount{Source: mkdir(filepath.Join(vol("configmap", "cfg"), "sub"))}, api.MountPath, false},
+		{"volume name beneath", api.Mount{Source: mkdir(filepath.Join(vol("configmap", "cfg"), "sub")), Readonly: true}, api.MountPath, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := classifyMount(tc.m, runDir)

@@ -170,15 +170,19 @@ func (p *Pod) guestMounts(ctx context.Context, spec *stage1.ContainerSpec) (rest
 		if p.st.UserNS == nil {
 			ways[i] = classifyMount(m, p.runDir)
 		}
+		if ways[i].Kind == api.MountCopy {
+			err := p.vols.putCopy(ctx, ways[i].Name, ways[i].Source)
+			var cannot errCannotCopy
+			if errors.As(err, &cannot) {
+				// Too big, or holding what a copy cannot: shared.
+				p.log.WarnContext(ctx, "kvm: a volume cannot be copied into the VM; it is shared over 9p", "container", spec.ID, "source", m.Source, "err", err)
+				ways[i] = mountWay{Kind: api.MountPath}
+			} else if err != nil {
+				return nil, nil, fmt.Errorf("container %s: copy %s into the VM: %w", spec.ID, ways[i].Source, err)
+			}
+		}
 		if ways[i].Kind == api.MountPath {
 			r.Mounts = append(r.Mounts, m)
-		}
-	}
-	for _, w := range ways {
-		if w.Kind == api.MountCopy {
-			if err := p.vols.putCopy(ctx, w.Name, w.Source); err != nil {
-				return nil, nil, fmt.Errorf("container %s: copy %s into the VM: %w", spec.ID, w.Source, err)
-			}
 		}
 	}
 	place = func(shared []api.Mount) []api.Mount {
@@ -295,8 +299,14 @@ func (p *Pod) AppExited(ctx context.Context, id string) error {
 	return nil
 }
 
+// errCannotCopy is why a tree cannot be copied into the guest.
+type errCannotCopy struct{ error }
+
+func (e errCannotCopy) Unwrap() error { return e.error }
+
 // putCopy copies tree src into the guest as volume name, unless it is
-// there already, and watches it.
+// there already, and watches it. errCannotCopy: the tree cannot be read
+// or copied (readTree).
 func (v *podVolumes) putCopy(ctx context.Context, name, src string) error {
 	v.mu.Lock()
 	_, known := v.rec.Copies[name]
@@ -306,7 +316,7 @@ func (v *podVolumes) putCopy(ctx context.Context, name, src string) error {
 	}
 	tree, err := readTree(name, src)
 	if err != nil {
-		return err
+		return errCannotCopy{err}
 	}
 	cctx, cancel := context.WithTimeout(ctx, volumeCallTimeout)
 	defer cancel()
