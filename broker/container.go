@@ -701,6 +701,9 @@ func (b *Broker) applyAppStatus(ctx context.Context, c *container, st *api.AppSt
 	if st == nil {
 		return
 	}
+	if st.State == api.StateExited {
+		b.reportExit(ctx, c)
+	}
 	b.mu.Lock()
 	rec := c.rec
 	changed := false

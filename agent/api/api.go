@@ -110,6 +110,15 @@ const (
 	// sent again what that one had not acknowledged. NotFound,
 	// FailedPrecondition (the app writes its own log file).
 	OpLogs = "logs"
+	// OpPutFiles writes Request.Files, a tree the daemon copies into the
+	// agent's side (a kubelet volume, a file it gives every container),
+	// as its guest volume Files.Name, replacing what an earlier call put
+	// there in steps a reader never sees half done (files.go).
+	OpPutFiles = "putfiles"
+	// OpTermination reads an exited app's termination message: Request.ID
+	// -> Response.Termination, the last MaxTerminationMessage bytes of
+	// the file of its MountMessage mount.
+	OpTermination = "termination"
 )
 
 // Frame types of a session.
@@ -170,6 +179,8 @@ type Request struct {
 	Seed  []byte `json:"seed,omitempty"`
 	// NewID is OpRename's.
 	NewID string `json:"newId,omitempty"`
+	// Files is OpPutFiles'.
+	Files *FileTree `json:"files,omitempty"`
 }
 
 // Stdio is the shape of an exec or attach session.
@@ -248,6 +259,8 @@ type Response struct {
 	// Spans are the agent's spans of a traced request (Request.TraceParent),
 	// for the daemon to export: the agent talks to no collector.
 	Spans []tracing.Finished `json:"spans,omitempty"`
+	// Termination is OpTermination's.
+	Termination []byte `json:"termination,omitempty"`
 }
 
 // RestoreIO is where a restored app's output goes: the write ends of
@@ -285,6 +298,16 @@ type Mount struct {
 	NoSuid bool `json:"nosuid,omitempty"`
 	NoDev  bool `json:"nodev,omitempty"`
 	NoExec bool `json:"noexec,omitempty"`
+	// Kind says where Source is (MountPath, MountGuest, MountCopy,
+	// MountMessage); for every kind but MountPath, Source is a guest
+	// volume's name (ValidVolumeName), which the agent resolves.
+	Kind string `json:"kind,omitempty"`
+	// Mode, UID and GID are the mode and owner the agent gives the
+	// directory of a MountGuest volume, or the file of a MountMessage
+	// one, when it makes it.
+	Mode uint32 `json:"mode,omitempty"`
+	UID  uint32 `json:"uid,omitempty"`
+	GID  uint32 `json:"gid,omitempty"`
 }
 
 // Resources are the app's cgroup limits; zero means unlimited/default.

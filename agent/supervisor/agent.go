@@ -304,6 +304,11 @@ func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, er
 	case api.OpRename:
 		st, err := a.rename(ctx, req.ID, req.NewID)
 		return &api.Response{App: st}, err
+	case api.OpPutFiles:
+		return &api.Response{}, a.putFiles(req.Files)
+	case api.OpTermination:
+		msg, err := a.terminationMessage(req.ID)
+		return &api.Response{Termination: msg}, err
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
 }

@@ -157,6 +157,9 @@ func validID(id string) error {
 // create records an app: InvalidArgument for a bad spec, AlreadyExists for
 // a known id, FailedPrecondition while shutting down.
 func (a *Agent) create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, error) {
+	if err := a.resolveGuestMounts(spec); err != nil {
+		return nil, err
+	}
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}

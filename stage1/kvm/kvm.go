@@ -32,8 +32,11 @@
 //     tmpfs of the container's own (AppSpec.LocalUpper): its writes stay
 //     in guest memory, go at RemoveContainer and are counted by the
 //     agent's Stats. The host's writable layer stays as the image left
-//     it. Volumes (hostPath, emptyDir, the pod's files, logs) are binds
-//     seen over 9p as before: the host sees their writes.
+//     it. emptyDir volumes live in the guest, the kubelet's configMap,
+//     secret, projected and downwardAPI volumes and the pod's small
+//     files are copies kept current, the termination message is copied
+//     back at exit (classify.go, volumes.go); other volumes and the logs
+//     are binds seen over 9p as before: the host sees their writes.
 //   - images: that lower layer is not read over 9p but from the image's
 //     read-only erofs disk, hot-plugged into the VM's virtio-scsi
 //     controller once per image and shared by its containers (disks.go).
@@ -865,7 +868,9 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
 	return host.Recover(ctx, Name, spec, stateBytes, parseState, "qemu", recoverTimeout,
 		func(st *state) (stage1.Pod, *host.Process) {
-			return b.newPod(spec, st), st.qemu()
+			p := b.newPod(spec, st)
+			p.vols.load()
+			return p, st.qemu()
 		})
 }
 

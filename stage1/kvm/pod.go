@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +38,10 @@ type Pod struct {
 	spec *stage1.PodSpec
 	// disks guards the record of the image disks plugged into the VM.
 	disks *diskPlugs
+	// runDir is the pod's run directory; vols its volumes that live in
+	// the guest (volumes.go).
+	runDir string
+	vols   *podVolumes
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -48,7 +53,7 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	p := &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, share: &podShare{}, spec: spec, disks: &diskPlugs{}}
+	p := &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, share: &podShare{}, spec: spec, disks: &diskPlugs{}, runDir: spec.RunDir}
 	if st.ShareOnDemand && st.dir() != "" {
 		use, err := loadShareUse(st)
 		if err != nil {
@@ -58,6 +63,7 @@ func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 		}
 		p.share.use = use
 	}
+	p.vols = newPodVolumes(st.dir(), p.log, client.NewClient(d.Dial))
 	return p
 }
 
@@ -95,7 +101,8 @@ func (p *Pod) UpdatePodResources(ctx context.Context, r stage1.PodResources) err
 // machine type, memory, vCPUs and guest kernel, its network, and where
 // its qemu runs: "placement" is "pod" (the pod's cgroup) or "overhead"
 // (the overhead cgroup, capped at "qemuMemoryCapMiB"), "qemuCgroup" the
-// cgroup.
+// cgroup; "mountsOver9p", when any, the containers' mounts that reach
+// the guest over 9p (SharedMounts).
 func (p *Pod) Details() map[string]string {
 	d := map[string]string{
 		"stage1":      Name,
@@ -126,6 +133,9 @@ func (p *Pod) Details() map[string]string {
 	if cg := p.st.cgroup(); cg != nil {
 		d["qemuCgroup"] = cg.String()
 	}
+	if m := p.SharedMounts(); len(m) > 0 {
+		d["mountsOver9p"] = strings.Join(m, "; ")
+	}
 	return d
 }
 
@@ -137,6 +147,7 @@ func (p *Pod) Details() map[string]string {
 // tap, mounts and cgroup stay until DestroyPod. Idempotent: a gone pod is
 // fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
+	p.vols.stop()
 	if p.st.qemu().Alive() {
 		sctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
 		err := shutdown(sctx, timeout)

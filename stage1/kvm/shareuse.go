@@ -69,8 +69,8 @@ func loadShareUse(st *state) (*shareUse, error) {
 }
 
 // shareNeed is the first path of a container's in-pod spec (out, shared
-// from in) on the share: a mount source, else its rootfs, else its log;
-// nil when none is.
+// from in) on the share: a mount source, else its rootfs (unless the
+// image comes from a disk), else its log; nil when none is.
 func shareNeed(in, out *stage1.ContainerSpec) *shareUse {
 	u := &shareUse{Container: out.ID, Name: out.Name}
 	for i, m := range out.Mounts {
@@ -82,7 +82,7 @@ func shareNeed(in, out *stage1.ContainerSpec) *shareUse {
 			return u
 		}
 	}
-	if onShare(out.Rootfs) {
+	if out.RootfsDisk == nil && onShare(out.Rootfs) {
 		u.HostPath, u.CtrPath = in.Rootfs, "/"
 		return u
 	}

@@ -53,11 +53,17 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 			return nil, err
 		}
 	}
-	out, err := v.SharedDir.Share(ctx, spec, known)
+	rest, place, err := v.p.guestMounts(ctx, spec)
 	if err != nil {
 		v.p.unplugPCI(ctx, spec.ID)
 		return nil, err
 	}
+	out, err := v.SharedDir.Share(ctx, rest, known)
+	if err != nil {
+		v.p.unplugPCI(ctx, spec.ID)
+		return nil, err
+	}
+	out.Mounts = place(out.Mounts)
 	// The container writes into a layer in the guest's memory: over 9p
 	// each file's creation, lookup and removal is a round trip to qemu
 	// (the host's rootfs, beneath, stays as the image left it). Not in a
@@ -84,6 +90,7 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 // Unshare implements stage1.ContainerPaths.
 func (v vmPaths) Unshare(id string) error {
 	v.p.unplugPCI(context.Background(), id) // stage1.ContainerPaths.Unshare is called with no request
+	v.p.forgetContainer(id)
 	derr := v.p.detachImageDisk(context.Background(), id)
 	return errors.Join(derr, v.SharedDir.Unshare(id))
 }
