@@ -117,7 +117,7 @@ func (b *Broker) startRestoredPod(ctx context.Context, h *podconn.Pod, c *contai
 		return nil, errdefs.FailedPrecondition("container %s was created from a checkpoint of a whole pod, and its pod's stage1 cannot restore one", c.rec.ID)
 	}
 	b.mu.Lock()
-	r, podID := c.rec.Restore, c.rec.PodID
+	r, podID, app := c.rec.Restore, c.rec.PodID, c.rec.App
 	b.mu.Unlock()
 	p, err := b.lookupPod(podID)
 	if err != nil {
@@ -132,6 +132,10 @@ func (b *Broker) startRestoredPod(ctx context.Context, h *podconn.Pod, c *contai
 	// The pod's agent goes away and comes back: not a death.
 	b.unwatch(p)
 	defer b.watch(p, h)
+	// The container's log: what the pod's own app wrote goes with its
+	// VM; the saved app's is written from its agent once it has the
+	// container's ID.
+	h.StopLog(c.rec.ID)
 	loaded, err := restorer.RestorePod(rctx, r.Images)
 	if err != nil {
 		return nil, err
@@ -145,6 +149,9 @@ func (b *Broker) startRestoredPod(ctx context.Context, h *podconn.Pod, c *contai
 	}
 	if err := h.Rename(rctx, r.Pod.App, c.rec.ID); err != nil {
 		return nil, fmt.Errorf("restore container %s: its app %s in the restored pod: %w", c.rec.ID, r.Pod.App, err)
+	}
+	if app != nil && app.HostLog {
+		h.FollowLog(c.rec.ID, app.LogPath)
 	}
 	st, err := h.ContainerStatus(rctx, c.rec.ID)
 	if err != nil {

@@ -47,6 +47,10 @@ type savedVM struct {
 	VM      vmInfo `json:"vm"`
 	// Migration is the save's figures.
 	Migration migration `json:"migration"`
+	// Disks are the image disks plugged into the VM: the VM that loads
+	// it gets the same bytes (found by image ID, checked by SHA-256) at
+	// the same addresses first.
+	Disks []PluggedDisk `json:"disks,omitempty"`
 }
 
 // SavePod implements stage1.PodSaver: the VM's state goes to
@@ -56,6 +60,10 @@ type savedVM struct {
 // not write dir), or qemu refused to migrate (its reason).
 func (p *Pod) SavePod(ctx context.Context, dir string) (*stage1.PodSaved, error) {
 	if err := p.movable(); err != nil {
+		return nil, err
+	}
+	disks, err := p.Disks()
+	if err != nil {
 		return nil, err
 	}
 	q, err := p.dialQMP(ctx)
@@ -83,7 +91,7 @@ func (p *Pod) SavePod(ctx context.Context, dir string) (*stage1.PodSaved, error)
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(savedVM{Version: savedVMVersion, VM: p.st.VM, Migration: m})
+	b, err := json.Marshal(savedVM{Version: savedVMVersion, VM: p.st.VM, Migration: m, Disks: disks})
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +157,12 @@ func (p *Pod) readSavedVM(dir string) (*savedVM, error) {
 // pod's qemu was stopped, a failure leaves the pod without a VM
 // (Unavailable, from its agent, after).
 func (p *Pod) RestorePod(ctx context.Context, dir string) (*stage1.PodRestored, error) {
-	if _, err := p.readSavedVM(dir); err != nil {
+	sv, err := p.readSavedVM(dir)
+	if err != nil {
+		return nil, err
+	}
+	disks, err := p.localDisks(ctx, sv.Disks)
+	if err != nil {
 		return nil, err
 	}
 	// What this pod's own guest mounted goes with it; what its qemu was
@@ -171,10 +184,63 @@ func (p *Pod) RestorePod(ctx context.Context, dir string) (*stage1.PodRestored, 
 		return nil, err
 	}
 	start := time.Now()
-	if err := p.loadVM(ctx, res, filepath.Join(dir, savedStateName)); err != nil {
+	if err := p.loadVM(ctx, res, filepath.Join(dir, savedStateName), disks); err != nil {
 		return nil, fmt.Errorf("%w (the pod's own VM was stopped)", err)
 	}
 	return &stage1.PodRestored{Load: time.Since(start)}, nil
+}
+
+// localDisks finds this node's disks of the saved VM's images, by image
+// ID, with the bytes the saved VM read (FailedPrecondition when the
+// SHA-256 differs, or this node makes no image disks), and returns the
+// record the loaded VM is to have: the saved disks at their addresses,
+// used by the containers of both pods.
+func (p *Pod) localDisks(ctx context.Context, saved []PluggedDisk) (*diskRecord, error) {
+	r := &diskRecord{Version: disksVersion}
+	if len(saved) == 0 {
+		return r, nil
+	}
+	if p.b.cfg.ImageDisks == nil {
+		return nil, errdefs.FailedPrecondition("kvm: the saved VM reads %d image disks, and this node makes none", len(saved))
+	}
+	own, err := p.Disks()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range saved {
+		path, sum, err := p.b.cfg.ImageDisks(ctx, d.ImageID)
+		if err != nil {
+			return nil, fmt.Errorf("kvm: the saved VM's disk of image %s: %w", d.ImageID, err)
+		}
+		if sum != d.SHA256 {
+			return nil, errdefs.FailedPrecondition("kvm: the disk of image %s here has SHA-256 %s, and the saved VM read one of %s: its guest's page cache holds blocks of that one", d.ImageID, sum, d.SHA256)
+		}
+		d.Path = path
+		for _, o := range own {
+			if o.ImageID == d.ImageID {
+				d.Users = append(d.Users, o.Users...)
+			}
+		}
+		r.Disks = append(r.Disks, d)
+		r.Next = max(r.Next, (d.Target+1)%(maxSCSITarget+1))
+	}
+	return r, nil
+}
+
+// replugDisks plugs disks into the pod's qemu, waiting for a saved VM's
+// state, at the addresses the saved VM had them, and records them.
+func (p *Pod) replugDisks(ctx context.Context, r *diskRecord) error {
+	p.disks.mu.Lock()
+	defer p.disks.mu.Unlock()
+	if err := p.saveDisks(r); err != nil {
+		return err
+	}
+	for i := range r.Disks {
+		if err := p.plugDisk(ctx, &r.Disks[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // stopVM kills the pod's qemu and ends its serial session.
@@ -195,7 +261,7 @@ func (p *Pod) stopVM(ctx context.Context) error {
 // loadVM starts the pod's qemu again, waiting for the state at path
 // (-incoming defer) on the pod's tap and in its cgroup, loads it, and
 // gives the guest the pod's network once its agent answers.
-func (p *Pod) loadVM(ctx context.Context, res *tools, path string) error {
+func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRecord) error {
 	spec, st := p.spec, p.st
 	unitLaunch := p.b.UnitLaunch()
 	gcfg := guestConfig(spec)
@@ -235,6 +301,9 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string) error {
 		return fmt.Errorf("kvm: qemu: %w", err)
 	}
 	st.Record(host.Resource{Kind: host.KindProcess, Role: roleQemu, Process: qemu})
+	if err := p.replugDisks(ctx, disks); err != nil {
+		return err
+	}
 	if err := loadState(ctx, st.qmpSocket(), qemu, path, p.b.bootTimeout()); err != nil {
 		return fmt.Errorf("kvm: loading the saved VM (qemu log %s): %w", launch.LogPath, err)
 	}
