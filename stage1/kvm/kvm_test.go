@@ -480,7 +480,7 @@ func TestReconnect(t *testing.T) {
 
 func TestCapabilities(t *testing.T) {
 	c := New(nil, Config{}).Capabilities()
-	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, NoCheckpoint: noCheckpoint, UserNamespaces: true}
+	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, NoCheckpoint: noCheckpoint, UserNamespaces: true, HostLogs: true}
 	opts := c.Options
 	if c.Options = nil; !reflect.DeepEqual(c, want) {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
