@@ -430,6 +430,16 @@ func (a *Agent) StopAll(timeout time.Duration) {
 		apps = append(apps, ap)
 	}
 	a.mu.Unlock()
+	// The apps' exits wait for the daemon to take their last lines, for
+	// a while: it may be gone.
+	unwait := time.AfterFunc(timeout+shutdownLogGrace, func() {
+		for _, ap := range apps {
+			if ap.hlog != nil {
+				ap.hlog.unwait()
+			}
+		}
+	})
+	defer unwait.Stop()
 	var wg sync.WaitGroup
 	for _, ap := range apps {
 		wg.Add(1)

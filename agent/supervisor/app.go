@@ -532,6 +532,9 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	lg, aio := ap.log, ap.io
 	ap.mu.Unlock()
 	lg.close()
+	if ap.hlog != nil {
+		ap.hlog.delivered()
+	}
 	aio.end()
 	if c.stdin != nil {
 		c.stdin.Close()

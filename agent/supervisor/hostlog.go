@@ -22,6 +22,11 @@ import (
 // daemon dies; the lines it wrote but had not acknowledged are written a
 // second time.
 
+// shutdownLogGrace is how long, past its stop timeout, a shutdown waits
+// for the daemon to take the apps' last lines before the agent exits
+// without them.
+const shutdownLogGrace = 5 * time.Second
+
 // logBufferSize bounds the bytes an app's log buffer holds unacknowledged:
 // a writer waits (and the app's pipe fills) while it is full.
 const logBufferSize = 1 << 20
@@ -40,8 +45,10 @@ type logBuffer struct {
 	base int64
 	max  int
 	// ended: no more lines come (the app's output was drained);
-	// discarded: the app was removed, its lines are dropped.
-	ended, discarded bool
+	// discarded: the app was removed, its lines are dropped; unwaited:
+	// the agent shuts down, and the app's exit waits no more for the
+	// daemon (a session may still take what is left).
+	ended, discarded, unwaited bool
 	// reader is the generation of the attached reader.
 	reader uint64
 	// changed is closed, and replaced, at every change.
@@ -100,6 +107,29 @@ func (b *logBuffer) discard() {
 	b.discarded, b.ended = true, true
 	b.base += int64(len(b.data))
 	b.data = nil
+	b.signalLocked()
+}
+
+// delivered waits until everything written was acknowledged, after the
+// end (the app's exit is recorded once the daemon wrote its last lines,
+// as it is once a log file was written), or until the buffer is
+// discarded or unwaited.
+func (b *logBuffer) delivered() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for !b.discarded && !b.unwaited && len(b.data) > 0 {
+		ch := b.changed
+		b.mu.Unlock()
+		<-ch
+		b.mu.Lock()
+	}
+}
+
+// unwait makes delivered return: the agent shuts down. Idempotent.
+func (b *logBuffer) unwait() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.unwaited = true
 	b.signalLocked()
 }
 

@@ -163,3 +163,30 @@ func TestCRILogToBuffer(t *testing.T) {
 		t.Error("closing the log did not end the buffer")
 	}
 }
+
+// TestLogBufferDelivered: an app's exit waits until the daemon
+// acknowledged its last lines.
+func TestLogBufferDelivered(t *testing.T) {
+	b := newLogBuffer(1 << 10)
+	if err := b.write([]byte("last\n")); err != nil {
+		t.Fatal(err)
+	}
+	b.end()
+	done := make(chan struct{})
+	go func() { b.delivered(); close(done) }()
+	gen, _ := b.attach()
+	if got := takeAll(t, b, gen, 0, 100); got != "last\n" {
+		t.Fatalf("take = %q", got)
+	}
+	select {
+	case <-done:
+		t.Fatal("delivered before the acknowledgement")
+	default:
+	}
+	b.ack(gen, 5)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not delivered after the acknowledgement")
+	}
+}

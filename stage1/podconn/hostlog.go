@@ -48,8 +48,9 @@ type hostLog struct {
 	failing bool
 }
 
-// FollowLog starts writing container id's log at path (a host path) from
-// its agent's log session, unless it is written already. For a container
+// FollowLog creates (or opens) container id's log at path (a host path)
+// and starts writing it from its agent's log session, unless it is
+// written already. For a container
 // created with HostLog; CreateContainer calls it, the broker calls it for
 // the containers it recovers.
 func (c *Conn) FollowLog(id, path string) {
@@ -64,6 +65,15 @@ func (c *Conn) FollowLog(id, path string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	hl := &hostLog{id: id, path: path, cancel: cancel, done: make(chan struct{})}
 	c.logs.w[id] = hl
+	// The file is there once the container is created, empty until
+	// it writes, as the kubelet may read it any time after the start.
+	hl.mu.Lock()
+	err := hl.openLocked()
+	hl.mu.Unlock()
+	if err != nil {
+		c.logs.errors.Add(1)
+		c.log.Warn("create the container's log; opening it again at its first line", "container", id, "err", err)
+	}
 	go c.followLog(ctx, hl)
 }
 

@@ -111,12 +111,13 @@ func TestHostLogFollowAgain(t *testing.T) {
 	go func() { attached <- first.Attach(ctx, "c", client.StreamIO{Stdin: stdin}) }()
 	io.WriteString(typing, "while away\n")
 	typing.Close()
-	if err := <-attached; err != nil {
-		t.Fatalf("attach: %v", err)
-	}
 	second := podconn.Connect(pod, nil)
 	second.FollowLog("c", logPath)
 	waitFile(t, logPath, " stdout F after\n")
+	// The app's exit waited for its last line to be written.
+	if err := <-attached; err != nil {
+		t.Fatalf("attach: %v", err)
+	}
 	b, _ := os.ReadFile(logPath)
 	if strings.Count(string(b), " stdout F ") != 3 || !strings.Contains(string(b), " stdout F while away\n") {
 		t.Errorf("log:\n%s", b)
