@@ -292,7 +292,12 @@ func (p *Pod) detachImageDisk(ctx context.Context, ctr string) error {
 		}
 		gone := *d
 		if err := p.unplugDisk(ctx, &gone); err != nil {
-			p.log.WarnContext(ctx, "kvm: unplug an image disk", "image", gone.ImageID, "target", gone.Target, "err", err)
+			if q := p.st.qemu(); q != nil && !q.Alive() {
+				// The pod is stopping: the disk went with the VM.
+				p.log.DebugContext(ctx, "kvm: image disk not unplugged: the VM is gone", "image", gone.ImageID, "err", err)
+			} else {
+				p.log.WarnContext(ctx, "kvm: unplug an image disk", "image", gone.ImageID, "target", gone.Target, "err", err)
+			}
 		}
 		r.Disks = slices.Delete(r.Disks, i, i+1)
 		return p.saveDisks(r)
