@@ -19,6 +19,7 @@ import (
 
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/atomicfile"
+	"github.com/stagelet/stagelet/internal/lsm"
 )
 
 // An image's disk is its merged files (its layers applied in order,
@@ -131,6 +132,11 @@ func (s *Store) makeDisk(ctx context.Context, img *Image, p string) (err error) 
 		return errdefs.FailedPrecondition("image %s: making its disk for a VM needs mkfs.erofs (install the erofs-utils package): %w", img.ID, err)
 	}
 	if err := os.MkdirAll(s.disksDir(), 0o700); err != nil {
+		return fmt.Errorf("image disk: %w", err)
+	}
+	// A confined qemu reads the disk through the descriptor it is
+	// handed; SELinux still checks the file's label.
+	if err := lsm.LabelReadOnly(s.disksDir()); err != nil {
 		return fmt.Errorf("image disk: %w", err)
 	}
 	tmp, err := os.MkdirTemp(s.disksDir(), ".tmp-"+strings.TrimPrefix(img.ID, "sha256:")[:12]+"-")

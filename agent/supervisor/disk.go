@@ -150,7 +150,7 @@ func (a *Agent) releaseDisk(id string, d *api.Disk) error {
 // ENOMEDIUM while its SCSI probe ends) is tried again, polling with
 // backoff, until deadline.
 func mountDisk(node, dir, fstype string, deadline time.Time) error {
-	for delay := 2 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+	for delay := 2 * time.Millisecond; ; delay = min(2*delay, 10*time.Millisecond) {
 		err := unix.Mount(node, dir, fstype, unix.MS_RDONLY|unix.MS_NODEV, "")
 		if err == nil {
 			return nil
@@ -174,7 +174,7 @@ type blockDev struct {
 func waitDisk(d *api.Disk, timeout time.Duration) (blockDev, error) {
 	deadline := time.Now().Add(timeout)
 	last := "no SCSI device at that target"
-	for delay := 2 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+	for delay := 2 * time.Millisecond; ; delay = min(2*delay, 10*time.Millisecond) {
 		dev, why, ok := findDisk(d)
 		if ok {
 			return dev, nil

@@ -99,6 +99,9 @@ type diskRecord struct {
 // diskPlugs guards a pod's disk record.
 type diskPlugs struct {
 	mu sync.Mutex
+	// controller: the VM was found to have the SCSI controller (VMs
+	// started by earlier versions have none).
+	controller bool
 }
 
 func (p *Pod) disksPath() string { return filepath.Join(p.st.dir(), disksFile) }
@@ -182,6 +185,9 @@ func (p *Pod) attachImageDisk(ctx context.Context, ctr, imageID string) (*api.Di
 		}
 		return guestDisk(d), nil
 	}
+	if err := p.checkController(ctx); err != nil {
+		return nil, noDiskError{err}
+	}
 	path, sum, err := p.b.cfg.ImageDisks(ctx, imageID)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: the disk of image %s: %w", imageID, noDiskError{err})
@@ -209,6 +215,30 @@ func (p *Pod) attachImageDisk(ctx context.Context, ctr, imageID string) (*api.Di
 	}
 	p.log.DebugContext(ctx, "kvm: image disk plugged", "container", ctr, "image", imageID, "target", target)
 	return guestDisk(&d), nil
+}
+
+// checkController checks once that the VM has the SCSI controller disks
+// are plugged into: FailedPrecondition for a VM started by an earlier
+// version, whose containers keep reading their image over 9p. The
+// caller holds p.disks.mu.
+func (p *Pod) checkController(ctx context.Context) error {
+	if p.disks.controller {
+		return nil
+	}
+	q, err := p.dialQMP(ctx)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	ok, err := q.peripheral(ctx, scsiController)
+	if err != nil {
+		return fmt.Errorf("kvm: %w", err)
+	}
+	if !ok {
+		return errdefs.FailedPrecondition("kvm: the VM has no SCSI controller to plug image disks into: it was started by an earlier version")
+	}
+	p.disks.controller = true
+	return nil
 }
 
 // freeTarget is the first target from r.Next on that no disk has.
@@ -262,7 +292,12 @@ func (p *Pod) detachImageDisk(ctx context.Context, ctr string) error {
 		}
 		gone := *d
 		if err := p.unplugDisk(ctx, &gone); err != nil {
-			p.log.WarnContext(ctx, "kvm: unplug an image disk", "image", gone.ImageID, "target", gone.Target, "err", err)
+			if q := p.st.qemu(); q != nil && !q.Alive() {
+				// The pod is stopping: the disk went with the VM.
+				p.log.DebugContext(ctx, "kvm: image disk not unplugged: the VM is gone", "image", gone.ImageID, "err", err)
+			} else {
+				p.log.WarnContext(ctx, "kvm: unplug an image disk", "image", gone.ImageID, "target", gone.Target, "err", err)
+			}
 		}
 		r.Disks = slices.Delete(r.Disks, i, i+1)
 		return p.saveDisks(r)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -67,7 +68,7 @@ func (e *env) rootLower(ctr string) string {
 // read-only erofs disk plugged into the VM, one per image, shared by the
 // containers of that image and unplugged after the last is removed; the
 // image's files read back as the host has them, and writes stay in the
-// guest.
+// guest. A restarted daemon knows the disks.
 func TestKVMImageDisk(t *testing.T) {
 	e := newKVMEnv(t)
 	other := e.reg.Push(t, "e2e/other", "v1", testregistry.WithConfig(testregistry.BusyboxImage(t), nil, []string{"sleep", "1000"}, ""))
@@ -128,7 +129,20 @@ func TestKVMImageDisk(t *testing.T) {
 	if !strings.Contains(devices(), scsi) {
 		t.Errorf("the guest shows no SCSI device %s: %s", scsi, devices())
 	}
-	for _, id := range []string{a, b, c} {
+	// A restarted daemon knows the plugged disks from the VM's record.
+	ctx, cancel := context.WithTimeout(e.ctx(), 2*time.Minute)
+	defer cancel()
+	if err := e.d.Kill9(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d2 := e.createAndStart(pod, cfg, e.netContainer(kvmStage1, "d", "sleep", "1000"))
+	if d := e.vmDisks(pod); len(d.Disks) != 2 {
+		t.Fatalf("after a restart, another container of a plugged image: disks %+v, want the two", d.Disks)
+	}
+	for _, id := range []string{a, b, c, d2} {
 		if _, err := e.rt().StopContainer(e.ctx(), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
 			t.Fatal(err)
 		}
