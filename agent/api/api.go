@@ -282,6 +282,9 @@ type Info struct {
 	PID       int       `json:"pid"`
 	Kernel    string    `json:"kernel"` // uname -r as the agent sees it
 	StartedAt time.Time `json:"startedAt"`
+	// Features are what the agent does beyond Version's protocol
+	// (FeatureGuestVolumes); an agent of an earlier daemon has none.
+	Features []string `json:"features,omitempty"`
 }
 
 // Mount is one bind mount into an app's root.

@@ -27,6 +27,10 @@ const (
 	MountMessage = "message"
 )
 
+// FeatureGuestVolumes (Info.Features): the agent takes the mount kinds
+// other than MountPath, OpPutFiles and OpTermination.
+const FeatureGuestVolumes = "guestVolumes"
+
 // Bounds of OpPutFiles and OpTermination.
 const (
 	// MaxFileTreeBytes bounds the contents of one FileTree's files

@@ -227,6 +227,7 @@ func (c *Client) vetInfo(op string, info *api.Info, now time.Time) error {
 		return c.refuse(op, FieldInfo, ReasonRange, "a PID out of range")
 	}
 	info.Kernel = c.text(FieldInfo, info.Kernel, MaxKernel)
+	info.Features = c.features(info.Features)
 	info.StartedAt = c.time(FieldInfo, info.StartedAt, now)
 	return nil
 }

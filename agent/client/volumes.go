@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"slices"
+	"strings"
 
 	"github.com/stagelet/stagelet/agent/api"
 )
@@ -36,4 +38,27 @@ func (c *Client) vetTermination(resp *api.Response) {
 		c.refused(FieldTermination, ReasonLength, 1)
 		resp.Termination = resp.Termination[n-api.MaxTerminationMessage:]
 	}
+}
+
+// MaxFeatures bounds Info.Features; each is a token of at most MaxKernel
+// letters and digits.
+const MaxFeatures = 32
+
+// features keeps the features an honest agent could send: tokens, at
+// most MaxFeatures of them.
+func (c *Client) features(fs []string) []string {
+	out := fs[:0]
+	for _, f := range fs {
+		if len(out) == MaxFeatures || f == "" || len(f) > MaxKernel || strings.Trim(f, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != "" {
+			c.refused(FieldInfo, ReasonInvalid, 1)
+			continue
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// HasFeature tells whether info lists feature f.
+func HasFeature(info *api.Info, f string) bool {
+	return info != nil && slices.Contains(info.Features, f)
 }

@@ -338,7 +338,7 @@ func (a *Agent) runSetup(req *api.Request) error {
 }
 
 func (a *Agent) info() *api.Info {
-	return &api.Info{Version: api.Version, PID: os.Getpid(), Kernel: a.sys.kernel(), StartedAt: a.started}
+	return &api.Info{Version: api.Version, PID: os.Getpid(), Kernel: a.sys.kernel(), StartedAt: a.started, Features: []string{api.FeatureGuestVolumes}}
 }
 
 func (a *Agent) get(id string) (*app, error) {

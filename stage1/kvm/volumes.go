@@ -79,6 +79,9 @@ type podVolumes struct {
 	// watches stop each copy's watch, by name.
 	watches map[string]func()
 	stopped bool
+	// featureKnown: featureOK says whether the agent takes guest
+	// volumes (guestVolumes).
+	featureKnown, featureOK bool
 }
 
 func newPodVolumes(dir string, log *slog.Logger, agent *client.Client) *podVolumes {
@@ -128,6 +131,30 @@ func (v *podVolumes) saveLocked() error {
 	return atomicfile.WriteVolatile(v.file, b, 0o600)
 }
 
+// guestVolumes tells whether the pod's agent takes guest volumes
+// (api.FeatureGuestVolumes), asked once: an agent started by an earlier
+// daemon does not. An agent that does not answer is taken not to.
+func (v *podVolumes) guestVolumes(ctx context.Context) bool {
+	v.mu.Lock()
+	known, ok := v.featureKnown, v.featureOK
+	v.mu.Unlock()
+	if known {
+		return ok
+	}
+	cctx, cancel := context.WithTimeout(ctx, volumeCallTimeout)
+	defer cancel()
+	info, err := v.agent.Info(cctx)
+	if err != nil {
+		v.log.WarnContext(ctx, "kvm: ask the agent for its features; the pod's volumes go over 9p", "err", err)
+		return false
+	}
+	ok = client.HasFeature(info, api.FeatureGuestVolumes)
+	v.mu.Lock()
+	v.featureKnown, v.featureOK = true, ok
+	v.mu.Unlock()
+	return ok
+}
+
 // stop ends every copy's watch. Idempotent.
 func (v *podVolumes) stop() {
 	v.mu.Lock()
@@ -159,15 +186,18 @@ func (p *Pod) SharedMounts() []string {
 // guestMounts places spec's mounts (Share): those that live in the
 // guest are made there (copies put, their watches started) and given
 // their kinds and names, in place in the result; the others are left in
-// rest, in order, for the 9p share, and shared lists them. In a pod with
-// a user namespace of its own every mount goes over 9p, as before: the
-// guest's copies would need its IDs mapped.
+// rest, in order, for the 9p share, and place records them and puts
+// them back in order. In a pod with a user namespace of its own every
+// mount goes over 9p, as before (the guest's copies would need its IDs
+// mapped), and so do they in a pod whose agent, an earlier daemon's,
+// has no guest volumes.
 func (p *Pod) guestMounts(ctx context.Context, spec *stage1.ContainerSpec) (rest *stage1.ContainerSpec, place func(shared []api.Mount) []api.Mount, err error) {
 	ways := make([]mountWay, len(spec.Mounts))
 	r := *spec
 	r.Mounts = nil
+	guest := p.st.UserNS == nil && len(spec.Mounts) > 0 && p.vols.guestVolumes(ctx)
 	for i, m := range spec.Mounts {
-		if p.st.UserNS == nil {
+		if guest {
 			ways[i] = classifyMount(m, p.runDir)
 		}
 		if ways[i].Kind == api.MountCopy {
