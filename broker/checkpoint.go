@@ -246,6 +246,9 @@ func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, co
 			return err
 		}
 	}
+	if handled, err := b.checkpointWholePodDir(ctx, p, cs, outputPath); handled {
+		return err
+	}
 	h, saver, err := b.appCheckpointer(ctx, p)
 	if err != nil {
 		return err

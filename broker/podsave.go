@@ -82,6 +82,42 @@ func (b *Broker) checkpointWholePod(ctx context.Context, p *pod, c *container, l
 	return true, nil
 }
 
+// checkpointWholePodDir is CheckpointPod for a stage1 that saves whole
+// pods: handled is false for any other. The pod checkpoint in outputPath
+// holds the one container's archive (checkpointWholePod) and the pod's
+// description. The caller holds every c.op. FailedPrecondition when
+// not exactly the pod's one container is named.
+func (b *Broker) checkpointWholePodDir(ctx context.Context, p *pod, cs []*container, outputPath string) (handled bool, err error) {
+	b.mu.Lock()
+	s1 := p.rec.Stage1
+	b.mu.Unlock()
+	if !b.caps[s1].WholePodCheckpoint {
+		return false, nil
+	}
+	if len(cs) != 1 {
+		return true, errdefs.FailedPrecondition("stage1 %s saves a pod whole with its one container: name that container, not %d", s1, len(cs))
+	}
+	c := cs[0]
+	b.mu.Lock()
+	name := c.rec.Config.Metadata.Name
+	desc := &checkpoint.Pod{ID: p.rec.ID, Name: p.rec.Config.Metadata.Name, Namespace: p.rec.Config.Metadata.Namespace, Stage1: s1,
+		Containers: []checkpoint.PodContainer{{Name: name, ID: c.rec.ID, Archive: checkpoint.ArchiveName(name)}}}
+	podCfg := p.rec.Config
+	b.mu.Unlock()
+	if desc.Config, err = json.Marshal(podCfg); err != nil {
+		return true, fmt.Errorf("checkpoint pod %s: %w", p.id(), err)
+	}
+	path := filepath.Join(outputPath, checkpoint.ArchiveName(name))
+	if _, err := b.checkpointWholePod(ctx, p, c, path); err != nil {
+		return true, err
+	}
+	if err := checkpoint.WritePod(outputPath, desc); err != nil {
+		os.Remove(path)
+		return true, errdefs.Storage(err, outputPath)
+	}
+	return true, nil
+}
+
 // onlyContainer refuses a whole-pod checkpoint or restore of container c
 // when pod p has others: an archive carries one container.
 func (b *Broker) onlyContainer(p *pod, c *container) error {

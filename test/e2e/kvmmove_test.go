@@ -3,6 +3,7 @@ package e2e
 import (
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -10,9 +11,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protojson"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
 )
 
 // tokenCounterCmd draws a random token and notes it with its PID, then
@@ -94,6 +97,53 @@ func TestKVMPodMoves(t *testing.T) {
 		}
 		return strings.Contains(err.Error(), "connection refused"), err.Error()
 	})
+
+	// Between two daemons, from the command line: the pod checkpoint
+	// is copied to the other node, which pulled the image (its disk,
+	// made there, holds the same bytes) and takes the VM.
+	to := &env{t: t, reg: e.reg, image: e.image, d: startDaemonOpts(t, e.reg, harness.Options{Policy: allStage1sPolicy})}
+	to.pull(e.image)
+	dir := filepath.Join(t.TempDir(), "saved")
+	if out, err := exec.Command(stageletBin, "checkpoint", "pod", "-socket", e.d.Socket, podB, dir).CombinedOutput(); err != nil {
+		t.Fatalf("stagelet checkpoint pod: %v\n%s", err, out)
+	}
+	copied := filepath.Join(t.TempDir(), "moved")
+	if out, err := exec.Command("cp", "-a", dir, copied).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podB}); err != nil {
+		t.Fatal(err)
+	}
+	cfgD := to.netPodConfig("vm-node2", s)
+	b, err := protojson.Marshal(cfgD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "pod.json")
+	if err := os.WriteFile(cfgFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	out, err := exec.Command(stageletBin, "checkpoint", "restore-pod", "-socket", to.d.Socket, "-runtime", s.handler, "-config", cfgFile, copied).Output()
+	if err != nil {
+		t.Fatalf("stagelet checkpoint restore-pod: %v\n%s", err, out)
+	}
+	podD := strings.TrimSpace(string(out))
+	to.cleanupPod(podD)
+	t.Logf("stagelet checkpoint restore-pod on the second daemon took %v", time.Since(start).Round(time.Millisecond))
+	resp, err := to.rt().ListContainers(to.ctx(), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: podD}})
+	if err != nil || len(resp.Containers) != 1 {
+		t.Fatalf("the pod restored on the second daemon: %v, %v", resp.GetContainers(), err)
+	}
+	idD := resp.Containers[0].Id
+	if got := strings.TrimSpace(to.execOK(idD, "cat", "/tmp/token")); got != token {
+		t.Errorf("the counter on the second daemon: PID and token %q, want %q", got, token)
+	}
+	ipD := to.podStatus(podD).GetNetwork().GetIp()
+	if out := to.execOK(idD, "ip", "-4", "-o", "addr", "show", "dev", "eth0"); ipD == "" || !strings.Contains(out, " "+ipD+"/") {
+		t.Errorf("the guest on the second daemon: eth0 %q, want its pod's %s", out, ipD)
+	}
+	testutil.CountsOn(t, filepath.Join(cfgD.LogDirectory, "counter.log"))
 
 	// A pod with a hostPath volume cannot move, and says which.
 	cfgC := e.netPodConfig("vm-hostpath", s)
