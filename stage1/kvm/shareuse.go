@@ -123,7 +123,14 @@ func (p *Pod) needShare(ctx context.Context, in, out *stage1.ContainerSpec) erro
 		return fmt.Errorf("kvm: record the 9p share's use: %w", err)
 	}
 	p.share.use = need
-	if err := client.NewClient(p.dial).MountShare(ctx); err != nil {
+	err := client.NewClient(p.dial).MountShare(ctx)
+	if errors.Is(err, errdefs.ErrInvalidArgument) {
+		// A guest agent older than its host knows no such operation: it
+		// mounted the share at boot (guest assets of another build).
+		p.log.WarnContext(ctx, "kvm: the guest's agent does not mount the 9p share on demand; it mounted it at boot", "err", err)
+		err = nil
+	}
+	if err != nil {
 		return fmt.Errorf("kvm: container %s: mounting the VM's 9p share in the guest: %w", out.ID, err)
 	}
 	p.log.InfoContext(ctx, "kvm: the guest mounted the VM's 9p share: the pod cannot move", "container", need.Container, "hostPath", need.HostPath, "ctrPath", need.CtrPath)
