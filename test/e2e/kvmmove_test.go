@@ -26,8 +26,9 @@ const tokenCounterCmd = `echo $$ $(head -c 8 /dev/urandom | od -An -tx1 | tr -d 
 // flow: CheckpointContainer saves its whole VM and the pod runs on; a
 // container created in a new pod from the archive takes the saved VM:
 // the counter keeps its PID, its token and its count, and the moved
-// guest has the new pod's address. A pod with a hostPath volume is
-// refused, naming the volume.
+// guest has the new pod's address; the same from the command line to a
+// second daemon. A pod with a hostPath volume is refused, naming the
+// volume, and a pod of two containers.
 func TestKVMPodMoves(t *testing.T) {
 	e := newKVMEnv(t)
 	s := kvmStage1
@@ -160,5 +161,16 @@ func TestKVMPodMoves(t *testing.T) {
 	}
 	if _, err := os.Lstat(refused); !os.IsNotExist(err) {
 		t.Errorf("a refused checkpoint left %s: %v", refused, err)
+	}
+
+	// An archive carries one container: a pod of two is refused.
+	cfgE := e.netPodConfig("vm-two", s)
+	podE := e.runStage1Pod(cfgE, s)
+	idE := e.createAndStart(podE, cfgE, e.netContainer(s, "one", "sleep", "1000"))
+	e.createAndStart(podE, cfgE, e.netContainer(s, "two", "sleep", "1000"))
+	_, err = e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: idE, Location: refused})
+	requireCode(t, err, codes.FailedPrecondition, "CheckpointContainer of a kvm pod of two containers")
+	if err != nil && !strings.Contains(err.Error(), "carries one container") {
+		t.Errorf("the refusal does not say why: %v", err)
 	}
 }
