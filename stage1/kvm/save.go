@@ -208,6 +208,12 @@ func (p *Pod) localDisks(ctx context.Context, saved []PluggedDisk) (*diskRecord,
 		return nil, err
 	}
 	for _, d := range saved {
+		// The saved VM's account comes from another node: its qemu IDs
+		// and serial must be the ones its target and checksum give.
+		node, dev := diskIDs(d.Target)
+		if d.Target < 0 || d.Target > maxSCSITarget || d.Node != node || d.Device != dev || d.Serial != diskSerial(d.SHA256) {
+			return nil, errdefs.InvalidArgument("kvm: the saved VM's disk of image %s: target %d, IDs %q %q, serial %q do not agree", d.ImageID, d.Target, d.Node, d.Device, d.Serial)
+		}
 		path, sum, err := p.b.cfg.ImageDisks(ctx, d.ImageID)
 		if err != nil {
 			return nil, fmt.Errorf("kvm: the saved VM's disk of image %s: %w", d.ImageID, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/agent/client"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/stage1/host"
 )
 
 // TestSaveAndRestorePod: a running kvm pod's VM is saved and runs on; a
@@ -127,5 +129,48 @@ func answers(ctx context.Context, ip string) error {
 			return fmt.Errorf("no answer: %w", err)
 		}
 		time.Sleep(100 * time.Millisecond) // polling the guest's stack
+	}
+}
+
+// localDisks finds the saved VM's disks in this node's store by image
+// ID, refusing other bytes and an account whose IDs do not agree.
+func TestLocalDisks(t *testing.T) {
+	dir := t.TempDir()
+	st := &state{}
+	st.Record(host.Resource{Kind: host.KindDir, Role: roleDir, Path: dir})
+	b := &Backend{cfg: Config{}}
+	p := &Pod{st: st, b: b, log: slog.New(slog.DiscardHandler), disks: &diskPlugs{}}
+	const sum = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	node, dev := diskIDs(3)
+	saved := PluggedDisk{ImageID: "sha256:img", SHA256: sum, Path: "/elsewhere/disk.erofs", Target: 3, Serial: diskSerial(sum), Node: node, Device: dev, Users: []string{"old"}}
+	ctx := context.Background()
+	if _, err := p.localDisks(ctx, []PluggedDisk{saved}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a node without image disks: %v", err)
+	}
+	local := sum
+	b.cfg.ImageDisks = func(_ context.Context, id string) (string, string, error) {
+		if id != "sha256:img" {
+			return "", "", errdefs.NotFound("no image %s", id)
+		}
+		return "/here/disk.erofs", local, nil
+	}
+	if err := p.saveDisks(&diskRecord{Version: disksVersion, Disks: []PluggedDisk{{ImageID: "sha256:img", Target: 0, Users: []string{"new"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.localDisks(ctx, []PluggedDisk{saved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := r.Disks[0]; len(r.Disks) != 1 || d.Path != "/here/disk.erofs" || d.Target != 3 || strings.Join(d.Users, ",") != "old,new" || r.Next != 4 {
+		t.Errorf("localDisks = %+v", r)
+	}
+	local = strings.Repeat("f", 64)
+	if _, err := p.localDisks(ctx, []PluggedDisk{saved}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "SHA-256") {
+		t.Errorf("other bytes: %v", err)
+	}
+	bad := saved
+	bad.Device = "scsi0"
+	if _, err := p.localDisks(ctx, []PluggedDisk{bad}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("IDs that do not agree: %v", err)
 	}
 }
