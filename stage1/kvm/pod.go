@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,6 +37,9 @@ type Pod struct {
 	share *podShare
 	// spec is the pod's, for a VM started again (RestorePod).
 	spec *stage1.PodSpec
+	// stMu guards st's VM and qemu against RestorePod, which changes
+	// them, for State and Details, which the status path reads.
+	stMu sync.RWMutex
 	// disks guards the record of the image disks plugged into the VM.
 	disks *diskPlugs
 	// runDir is the pod's run directory; vols its volumes that live in
@@ -74,7 +78,11 @@ func (p *Pod) Agent() stage1.AgentEndpoint {
 }
 
 // State implements stage1.Pod.
-func (p *Pod) State() []byte { return p.st.marshal() }
+func (p *Pod) State() []byte {
+	p.stMu.RLock()
+	defer p.stMu.RUnlock()
+	return p.st.marshal()
+}
 
 // UpdatePodResources implements stage1.PodResizer: the VM's memory and
 // vCPUs are fixed when it boots, so new totals must fit in them (the
@@ -104,6 +112,8 @@ func (p *Pod) UpdatePodResources(ctx context.Context, r stage1.PodResources) err
 // cgroup; "mountsOver9p", when any, the containers' mounts that reach
 // the guest over 9p (SharedMounts).
 func (p *Pod) Details() map[string]string {
+	p.stMu.RLock()
+	defer p.stMu.RUnlock()
 	d := map[string]string{
 		"stage1":      Name,
 		"accelerator": p.st.VM.Accelerator,

@@ -285,7 +285,9 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRe
 		}
 		defer t.Close()
 		gcfg.MAC, gcfg.IPs, gcfg.Routes, gcfg.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
+		p.stMu.Lock()
 		st.VM.MAC = nc.MAC.String()
+		p.stMu.Unlock()
 		tap, tapMode = t, "fd"
 		if unitLaunch {
 			tapMode = "name"
@@ -293,7 +295,9 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRe
 	}
 	vs := podVMSpec(spec, st, gcfg, nil, tapMode)
 	vs.incoming = true
+	p.stMu.Lock()
 	st.VM.Template = ""
+	p.stMu.Unlock()
 	launch := qemuLaunch(spec, st, res, vs, st.cgroup(), tap, unitLaunch)
 	if st.VM.Overhead {
 		launch.MemoryMax = int64(st.VM.CapMiB) << 20
@@ -306,7 +310,9 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRe
 	if err != nil {
 		return fmt.Errorf("kvm: qemu: %w", err)
 	}
+	p.stMu.Lock()
 	st.Record(host.Resource{Kind: host.KindProcess, Role: roleQemu, Process: qemu})
+	p.stMu.Unlock()
 	if err := p.replugDisks(ctx, disks); err != nil {
 		return err
 	}
