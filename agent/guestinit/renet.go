@@ -55,6 +55,11 @@ func retakeNetwork(req *api.Request, log *slog.Logger) error {
 	if err := configureNetwork(cfg); err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
+	// The neighbours learn the addresses' new place at once; they would
+	// otherwise on the guest's first packets.
+	if err := announce(nic.Attrs().Index, cfg.MAC, cfg.IPs); err != nil {
+		log.Warn("the guest's network", "err", err)
+	}
 	log.Info("the guest took its pod's network", "mac", cfg.MAC, "ips", cfg.IPs)
 	return nil
 }
