@@ -169,6 +169,9 @@ bench: test-deps build guest
 		-against nspawn=$(BENCH_OUT)/nspawn-podnet.tsv -against previous=test/bench/kvm-podnet.tsv
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -notemplate
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -memory-limit 64
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -no-image-disks
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -fileio -n 3
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -fileio -n 3 -no-image-disks
 
 # The data race detector on the packages where goroutines meet: the
 # broker, the CRI server, policy, the stage1s and the agent. The race

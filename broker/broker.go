@@ -166,12 +166,19 @@ type Broker struct {
 func (b *Broker) Close() {
 	b.mu.Lock()
 	ps := make([]*pod, 0, len(b.pods))
+	var hs []*podconn.Pod
 	for _, p := range b.pods {
 		ps = append(ps, p)
+		if p.handle != nil {
+			hs = append(hs, p.handle)
+		}
 	}
 	b.mu.Unlock()
 	for _, p := range ps {
 		b.unwatch(p)
+	}
+	for _, h := range hs {
+		h.StopLogs() // the next daemon takes them on from where they are
 	}
 	b.followers.Wait()
 	b.releasing.Wait()

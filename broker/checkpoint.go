@@ -49,6 +49,9 @@ func (b *Broker) CheckpointContainer(ctx context.Context, id, location string) e
 	if err := b.checkpointRunning(c); err != nil {
 		return err
 	}
+	if handled, err := b.checkpointWholePod(ctx, p, c, location); handled {
+		return err
+	}
 	h, saver, err := b.appCheckpointer(ctx, p)
 	if err != nil {
 		return err
@@ -209,29 +212,9 @@ func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, co
 	if err != nil {
 		return err
 	}
-	var cs []*container
-	seen := map[string]bool{}
-	names := map[string]bool{}
-	for _, id := range containerIDs {
-		c, cp, err := b.containerAndPod(ctx, id)
-		if err != nil {
-			return err
-		}
-		if cp != p {
-			return errdefs.NotFound("container %s is not in pod %s", c.rec.ID, p.id())
-		}
-		if seen[c.rec.ID] {
-			return errdefs.InvalidArgument("container_ids: %s is named twice", c.rec.ID)
-		}
-		seen[c.rec.ID] = true
-		b.mu.Lock()
-		name := c.rec.Config.Metadata.Name
-		b.mu.Unlock()
-		if names[name] {
-			return errdefs.InvalidArgument("container_ids: two containers are named %q, which a restore could not tell apart", name)
-		}
-		names[name] = true
-		cs = append(cs, c)
+	cs, err := b.podCheckpointContainers(ctx, p, containerIDs)
+	if err != nil {
+		return err
 	}
 	// Locked in one order, so that two checkpoints never wait on each
 	// other; neither stopped nor removed meanwhile.
@@ -242,6 +225,9 @@ func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, co
 		if err := b.checkpointRunning(c); err != nil {
 			return err
 		}
+	}
+	if handled, err := b.checkpointWholePodDir(ctx, p, cs, outputPath); handled {
+		return err
 	}
 	h, saver, err := b.appCheckpointer(ctx, p)
 	if err != nil {
@@ -277,6 +263,37 @@ func (b *Broker) CheckpointPod(ctx context.Context, podID, outputPath string, co
 	}
 	b.log.InfoContext(ctx, "pod checkpointed", "pod", p.id(), "containers", len(cs), "dir", outputPath, "bytes", total, "took", time.Since(start))
 	return nil
+}
+
+// podCheckpointContainers are the containers containerIDs of pod p, to
+// checkpoint together: NotFound (one not in p), InvalidArgument (one
+// named twice, or two of one name).
+func (b *Broker) podCheckpointContainers(ctx context.Context, p *pod, containerIDs []string) ([]*container, error) {
+	var cs []*container
+	seen := map[string]bool{}
+	names := map[string]bool{}
+	for _, id := range containerIDs {
+		c, cp, err := b.containerAndPod(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if cp != p {
+			return nil, errdefs.NotFound("container %s is not in pod %s", c.rec.ID, p.id())
+		}
+		if seen[c.rec.ID] {
+			return nil, errdefs.InvalidArgument("container_ids: %s is named twice", c.rec.ID)
+		}
+		seen[c.rec.ID] = true
+		b.mu.Lock()
+		name := c.rec.Config.Metadata.Name
+		b.mu.Unlock()
+		if names[name] {
+			return nil, errdefs.InvalidArgument("container_ids: two containers are named %q, which a restore could not tell apart", name)
+		}
+		names[name] = true
+		cs = append(cs, c)
+	}
+	return cs, nil
 }
 
 // RestoredContainer is a container RestorePod made: its CRI name and ID.
@@ -467,6 +484,9 @@ func archivePath(field, p string) error {
 func (b *Broker) checkpointable(ctx context.Context, name string) error {
 	if why := b.caps[name].NoCheckpoint; why != "" {
 		return errdefs.FailedPrecondition("stage1 %s cannot checkpoint or restore: %s", name, why)
+	}
+	if b.caps[name].WholePodCheckpoint {
+		return nil // saved whole by the stage1, without CRIU
 	}
 	_, err := b.criu(ctx)
 	return err

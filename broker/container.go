@@ -427,6 +427,7 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 	b.mu.Lock()
 	podCfg, podSELinux := p.rec.Config, p.rec.SELinux
 	guest := b.caps[p.rec.Stage1].KernelIsolated
+	hostLogs := b.caps[p.rec.Stage1].HostLogs
 	var target *ContainerRecord
 	if t := rec.Config.Security.PIDTarget; t != "" {
 		if tc, ok := b.ctrs[t]; ok && tc.rec.PodID == rec.PodID {
@@ -442,6 +443,10 @@ func (b *Broker) containerApp(p *pod, img *image.Image, rec *ContainerRecord, cf
 		return nil, nil, err
 	}
 	app.Rlimits = slices.Clone(b.opts.Rlimits)
+	// The daemon writes the log on the host (podconn.FollowLog) where the
+	// pod's agent cannot reach the host's files but through a share that
+	// keeps the pod from moving.
+	app.HostLog = hostLogs && app.LogPath != ""
 	// Volumes that ask for it get the container's mount label, as in
 	// containerd and CRI-O: private to its pod's level. Others keep
 	// theirs, which the container reads only where the policy lets it.
@@ -481,7 +486,7 @@ func (b *Broker) createInPod(ctx context.Context, h *podconn.Pod, p *pod, c *con
 	rec := c.rec
 	actx, cancel := agentCtx(ctx, agentTimeout)
 	defer cancel()
-	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app, PCIDevices: pci})
+	st, err := h.CreateContainer(actx, &stage1.ContainerSpec{AppSpec: *app, PCIDevices: pci, ImageID: rec.ImageID})
 	if err != nil {
 		return fmt.Errorf("create container in pod: %w", err)
 	}
@@ -695,6 +700,9 @@ func (b *Broker) StartContainer(ctx context.Context, id string) error {
 func (b *Broker) applyAppStatus(ctx context.Context, c *container, st *api.AppStatus) {
 	if st == nil {
 		return
+	}
+	if st.State == api.StateExited {
+		b.reportExit(ctx, c)
 	}
 	b.mu.Lock()
 	rec := c.rec

@@ -898,6 +898,7 @@ func (b *Broker) podGone(ctx context.Context, p *pod, h *podconn.Pod, why error)
 	b.publishLocked(EventStopped, p, nil)
 	b.mu.Unlock()
 	b.unwatch(p)
+	h.StopLogs()
 	b.log.WarnContext(ctx, "the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
 	b.markContainersGone(ctx, cp.ID, "the pod's agent is gone")
 	if err := b.rec.savePod(&cp); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/mountsafe"
 	"github.com/stagelet/stagelet/stage1"
+	"github.com/stagelet/stagelet/stage1/podconn"
 )
 
 // Recover reloads the persisted records, reattaches to every pod that
@@ -208,6 +209,7 @@ func (b *Broker) recoverPod(ctx context.Context, rec *PodRecord, ctrs []*Contain
 		}
 		return result
 	}
+	followLogs(p.handle, live)
 	// Containers may have started or exited while the daemon was down:
 	// following the agent begins with its full status, the one resync;
 	// recovery waits for it, so the first status read is current.
@@ -438,4 +440,17 @@ func (b *Broker) volumeImageIDs(mounts []Mount) []string {
 		}
 	}
 	return ids
+}
+
+// followLogs has h write the logs of its pod's recovered containers that
+// the daemon writes on the host (AppSpec.HostLog): each session begins
+// with what the agent holds that the daemon before did not acknowledge.
+// Called before the pod's agent is followed: nothing else writes the
+// records yet.
+func followLogs(h *podconn.Pod, live []*container) {
+	for _, c := range live {
+		if app := c.rec.App; app != nil && app.HostLog && c.rec.State != ContainerUnknown {
+			h.FollowLog(c.rec.ID, app.LogPath)
+		}
+	}
 }

@@ -107,6 +107,9 @@ func (b *Broker) checkRestorable(ctx context.Context, p *pod) error {
 	if err != nil {
 		return err
 	}
+	if _, ok := h.Pod.(stage1.PodRestorer); ok && b.caps[name].WholePodCheckpoint {
+		return nil
+	}
 	if _, ok := h.Pod.(stage1.AppRestorer); !ok {
 		// Unimplemented, as a checkpoint on such a stage1 answers.
 		return errdefs.New(errdefs.ErrUnimplemented, "stage1 %s cannot restore a container from a checkpoint", name)
@@ -142,7 +145,12 @@ func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *
 		return errdefs.InvalidArgument("%s: the container's configuration: %w", archive, err)
 	}
 	var img stage1.AppImage
-	if len(meta.Processes) == 0 || json.Unmarshal(meta.Processes, &img) != nil {
+	var saved *PodImage
+	if len(meta.SavedPod) > 0 {
+		if saved, err = parsePodImage(meta.SavedPod, archive); err != nil {
+			return err
+		}
+	} else if len(meta.Processes) == 0 || json.Unmarshal(meta.Processes, &img) != nil {
 		return errdefs.InvalidArgument("%s: no account of its processes' images", archive)
 	}
 	if isCheckpointArchive(old.Image) {
@@ -174,7 +182,7 @@ func (b *Broker) unpackCheckpoint(ctx context.Context, rec *ContainerRecord, p *
 	b.mu.Lock()
 	rec.Config = cfg
 	rec.ImageName = cfg.Image
-	rec.Restore = &RestoreRecord{Archive: ref, Images: filepath.Join(dir, checkpoint.ImagesDir), Image: &img}
+	rec.Restore = &RestoreRecord{Archive: ref, Images: filepath.Join(dir, checkpoint.ImagesDir), Image: &img, Pod: saved}
 	b.mu.Unlock()
 	return nil
 }
@@ -205,6 +213,12 @@ func (b *Broker) importCheckpointLayer(ctx context.Context, rec *ContainerRecord
 // startRestored starts container c of pod p, created from a checkpoint,
 // by restoring the checkpoint's processes. The caller holds c.op.
 func (b *Broker) startRestored(ctx context.Context, h *podconn.Pod, c *container) (*api.AppStatus, error) {
+	b.mu.Lock()
+	whole := c.rec.Restore.Pod != nil
+	b.mu.Unlock()
+	if whole {
+		return b.startRestoredPod(ctx, h, c)
+	}
 	restorer, ok := h.Pod.(stage1.AppRestorer)
 	if !ok {
 		return nil, errdefs.FailedPrecondition("container %s was created from a checkpoint, and its pod's stage1 cannot restore one", c.rec.ID)

@@ -315,4 +315,7 @@ type RestoreRecord struct {
 	Archive string           `json:"archive"`
 	Images  string           `json:"images"`
 	Image   *stage1.AppImage `json:"image"`
+	// Pod, for a checkpoint of a whole pod (a VM's), is what it saved:
+	// Images is then the stage1's image of the pod.
+	Pod *PodImage `json:"pod,omitempty"`
 }

@@ -70,6 +70,10 @@ type Container struct {
 	// Processes is the stage1's account of what CRIU's images leave out,
 	// for their restore; opaque here.
 	Processes json.RawMessage `json:"processes,omitempty"`
+	// SavedPod, from a stage1 that saves whole pods, is its account of the
+	// pod saved with the container (whose image is then in checkpoint/
+	// instead of CRIU's); opaque here.
+	SavedPod json.RawMessage `json:"savedPod,omitempty"`
 }
 
 // configDump is checkpointctl's ContainerConfig, the config.dump of

@@ -80,7 +80,15 @@ type KVM struct {
 	// OverheadMemoryMax caps the overhead cgroup, all VMs in it together,
 	// as a Kubernetes quantity ("8Gi"); empty: no cap but each VM's own.
 	OverheadMemoryMax string `yaml:"overhead_memory_max"`
+	// ImageDisks: containers read their image from a read-only erofs
+	// disk of it plugged into the VM (made by mkfs.erofs, package
+	// erofs-utils) instead of over 9p; nil means true.
+	ImageDisks *bool `yaml:"image_disks"`
 }
+
+// ImageDisksOn reports whether kvm pods' containers read their image
+// from a disk (ImageDisks).
+func (k KVM) ImageDisksOn() bool { return k.ImageDisks == nil || *k.ImageDisks }
 
 // OverheadMemoryMaxBytes is OverheadMemoryMax in bytes, 0 when empty
 // (Validate has checked it).

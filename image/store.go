@@ -11,6 +11,7 @@
 //	layers/.tmp-*        a layer being unpacked (removed on failure and at start)
 //	images/<id hex>.json one image record: {"version":1,...}, written atomically
 //	empty/               an empty lower directory for images without layers
+//	disks/<id hex>.erofs an image's files as a read-only disk image (disk.go)
 //
 // Records are keyed by image ID (the config digest). A record carries the
 // image's tags and repo digests; a tag names one image at a time. Pulling an
@@ -232,6 +233,7 @@ func NewStore(root string, cfg Config, log *slog.Logger) (*Store, error) {
 			_ = os.RemoveAll(filepath.Join(s.layersDir(), e.Name()))
 		}
 	}
+	s.removeDiskLeftovers()
 	ents, err = os.ReadDir(s.imagesDir())
 	if err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
@@ -397,8 +399,10 @@ func (s *Store) gc(ctx context.Context) {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
 	used := map[string]bool{}
+	ids := map[string]bool{}
 	s.mu.Lock()
 	for _, rec := range s.images {
+		ids[strings.TrimPrefix(rec.ID, "sha256:")] = true
 		for _, l := range rec.Layers {
 			used[strings.TrimPrefix(l, "sha256:")] = true
 		}
@@ -426,6 +430,7 @@ func (s *Store) gc(ctx context.Context) {
 			s.log.DebugContext(ctx, "garbage collection: layer removed", "layer", n)
 		}
 	}
+	s.gcDisks(ctx, ids)
 	if ents, err := os.ReadDir(s.blobDir()); err == nil {
 		for _, e := range ents {
 			if !used["blob:"+e.Name()] {

@@ -132,6 +132,10 @@ type ContainerSpec struct {
 	// vfio-pci that the container's pod is given: a VM's backend passes
 	// them through to its guest. Only for a KernelIsolated stage1.
 	PCIDevices []string
+	// ImageID is the ID of the container's image ("sha256:<hex>"): a VM's
+	// backend may give its guest the image as a disk (Rootfs stays the
+	// host's root file system of it).
+	ImageID string
 }
 
 // Persist stores a backend's opaque state with the pod record. A backend

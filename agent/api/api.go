@@ -17,6 +17,9 @@
 //	agent → client: FrameStdout, FrameStderr, then one FrameEnd (exec,
 //	                attach); FrameData, FrameEOF (port-forward)
 //
+// OpLogs is a session too: FrameLog, then one FrameEnd, from the agent;
+// FrameLogAck from the client.
+//
 // Closing the stream ends a session: the agent kills an exec'd command
 // whose client went away, detaches an attach and closes a forwarded
 // connection. Neither side depends on the transport's half-close.
@@ -82,6 +85,40 @@ const (
 	// Request.PID 0 and Request.Message, why the restore failed: the app
 	// is then exited (code 128) with that message.
 	OpAdopt = "adopt"
+	// OpMountShare mounts the pod's shared directory in a guest that did
+	// not mount it at boot, before the first app whose paths are on it
+	// is created. Idempotent; FailedPrecondition from an agent that has
+	// no such directory to mount.
+	OpMountShare = "mountshare"
+	// OpNetwork gives a running guest its pod's network anew, as a VM
+	// restored into another pod needs: Request.Guest (stagelet.* kernel
+	// parameters: MAC, addresses, routes, MTU, hostname). The interface's
+	// earlier addresses and routes go. FailedPrecondition from an agent
+	// that is no VM's.
+	OpNetwork = "network"
+	// OpRename gives app Request.ID the ID Request.NewID -> Response.App:
+	// a VM restored into another pod keeps its apps, which the daemon
+	// there knows by other IDs. NotFound, AlreadyExists.
+	OpRename = "rename"
+	// OpLogs is the session of an app created with AppSpec.HostLog:
+	// Request.ID. The agent sends its CRI log lines as FrameLog frames,
+	// each of whole lines, from the oldest the client has not
+	// acknowledged; the client acknowledges each frame once it wrote it
+	// (FrameLogAck). Once the app's output ended and every byte was
+	// acknowledged, one FrameEnd. One session at a time per app: a new
+	// one replaces the one before (which ends without FrameEnd), and is
+	// sent again what that one had not acknowledged. NotFound,
+	// FailedPrecondition (the app writes its own log file).
+	OpLogs = "logs"
+	// OpPutFiles writes Request.Files, a tree the daemon copies into the
+	// agent's side (a kubelet volume, a file it gives every container),
+	// as its guest volume Files.Name, replacing what an earlier call put
+	// there in steps a reader never sees half done (files.go).
+	OpPutFiles = "putfiles"
+	// OpTermination reads an exited app's termination message: Request.ID
+	// -> Response.Termination, the last MaxTerminationMessage bytes of
+	// the file of its MountMessage mount.
+	OpTermination = "termination"
 )
 
 // Frame types of a session.
@@ -93,11 +130,20 @@ const (
 	FrameData   byte = 'd' // port-forward bytes, both ways
 	FrameEOF    byte = 'z' // the sender sends no more stdin (or port-forward data)
 	FrameEnd    byte = 'x' // agent → client: SessionEnd as JSON; the last frame
+	// FrameLog carries whole CRI log lines (OpLogs), agent → client;
+	// FrameLogAck, client → agent, acknowledges the bytes of the frames
+	// written since the last one, as a big-endian uint64 count.
+	FrameLog    byte = 'l'
+	FrameLogAck byte = 'a'
 )
 
 // MaxFramePayload bounds a frame's payload; a longer frame is a protocol
 // error.
 const MaxFramePayload = 1 << 20
+
+// MaxLogFrame bounds a FrameLog's payload: whole CRI lines, each shorter
+// (the longest is 16 KiB and its header).
+const MaxLogFrame = 32 << 10
 
 // Request is one call to the agent.
 type Request struct {
@@ -131,6 +177,10 @@ type Request struct {
 	Guest string `json:"guest,omitempty"`
 	Time  int64  `json:"time,omitempty"`
 	Seed  []byte `json:"seed,omitempty"`
+	// NewID is OpRename's.
+	NewID string `json:"newId,omitempty"`
+	// Files is OpPutFiles'.
+	Files *FileTree `json:"files,omitempty"`
 }
 
 // Stdio is the shape of an exec or attach session.
@@ -209,6 +259,8 @@ type Response struct {
 	// Spans are the agent's spans of a traced request (Request.TraceParent),
 	// for the daemon to export: the agent talks to no collector.
 	Spans []tracing.Finished `json:"spans,omitempty"`
+	// Termination is OpTermination's.
+	Termination []byte `json:"termination,omitempty"`
 }
 
 // RestoreIO is where a restored app's output goes: the write ends of
@@ -230,6 +282,9 @@ type Info struct {
 	PID       int       `json:"pid"`
 	Kernel    string    `json:"kernel"` // uname -r as the agent sees it
 	StartedAt time.Time `json:"startedAt"`
+	// Features are what the agent does beyond Version's protocol
+	// (FeatureGuestVolumes); an agent of an earlier daemon has none.
+	Features []string `json:"features,omitempty"`
 }
 
 // Mount is one bind mount into an app's root.
@@ -246,6 +301,16 @@ type Mount struct {
 	NoSuid bool `json:"nosuid,omitempty"`
 	NoDev  bool `json:"nodev,omitempty"`
 	NoExec bool `json:"noexec,omitempty"`
+	// Kind says where Source is (MountPath, MountGuest, MountCopy,
+	// MountMessage); for every kind but MountPath, Source is a guest
+	// volume's name (ValidVolumeName), which the agent resolves.
+	Kind string `json:"kind,omitempty"`
+	// Mode, UID and GID are the mode and owner the agent gives the
+	// directory of a MountGuest volume, or the file of a MountMessage
+	// one, when it makes it.
+	Mode uint32 `json:"mode,omitempty"`
+	UID  uint32 `json:"uid,omitempty"`
+	GID  uint32 `json:"gid,omitempty"`
 }
 
 // Resources are the app's cgroup limits; zero means unlimited/default.
@@ -382,6 +447,28 @@ type AppSpec struct {
 	// ends (a terminal gets its end-of-file character).
 	Stdin     bool `json:"stdin,omitempty"`
 	StdinOnce bool `json:"stdinOnce,omitempty"`
+
+	// RootfsDisk, with LocalUpper, is the disk of the VM's guest that
+	// holds the app's image files (a read-only file system): the agent
+	// mounts it (once for every app that names it) as the lower layer of
+	// the app's overlay, mounted in the guest's own storage, instead of
+	// Rootfs. Nil: Rootfs is the lower layer.
+	RootfsDisk *Disk `json:"rootfsDisk,omitempty"`
+	// HostLog: the daemon writes the app's CRI log on the host, at
+	// LogPath, from the app's OpLogs session; the agent formats the
+	// lines as it would for the file and keeps them for that session
+	// (the app's output waits while they are not taken), and never opens
+	// LogPath. Needs a LogPath.
+	HostLog bool `json:"hostLog,omitempty"`
+}
+
+// Disk is a disk plugged into a VM's guest: a SCSI disk on its
+// virtio-scsi controller (channel 0, LUN 0) at Target, reporting serial
+// number Serial, holding a file system of type FSType ("erofs").
+type Disk struct {
+	Target int    `json:"target"`
+	Serial string `json:"serial,omitempty"`
+	FSType string `json:"fstype"`
 }
 
 // OwnUTS tells whether the app runs in a UTS namespace of its own.

@@ -214,6 +214,8 @@ func (c *Client) vetResponse(req *api.Request, resp *api.Response, now time.Time
 		if r.PID < 1 || r.PID > MaxPID || r.Stdout < 0 || r.Stdout > MaxFD || r.Stderr < 0 || r.Stderr > MaxFD {
 			return c.refuse(op, FieldRestore, ReasonRange, "a PID or descriptor out of range")
 		}
+	case api.OpTermination:
+		c.vetTermination(resp)
 	}
 	return nil
 }
@@ -225,6 +227,7 @@ func (c *Client) vetInfo(op string, info *api.Info, now time.Time) error {
 		return c.refuse(op, FieldInfo, ReasonRange, "a PID out of range")
 	}
 	info.Kernel = c.text(FieldInfo, info.Kernel, MaxKernel)
+	info.Features = c.features(info.Features)
 	info.StartedAt = c.time(FieldInfo, info.StartedAt, now)
 	return nil
 }

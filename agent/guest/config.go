@@ -87,6 +87,10 @@ type Config struct {
 	// namespace, the pod's (stagelet.sysctl=NAME=VALUE, repeated, VALUE
 	// query-escaped: values such as a port range hold spaces).
 	Sysctls map[string]string
+	// ShareOnDemand: the shared directory (FSTag) is not mounted at boot
+	// but when the host first asks for it (api.OpMountShare): a guest
+	// without it mounted can be migrated (stagelet.fsdemand=1).
+	ShareOnDemand bool
 }
 
 // Cmdline renders c as kernel command line parameters.
@@ -135,6 +139,9 @@ func (c *Config) Cmdline() []string {
 	}
 	for _, k := range slices.Sorted(maps.Keys(c.Sysctls)) {
 		add("sysctl", k+"="+url.QueryEscape(c.Sysctls[k]))
+	}
+	if c.ShareOnDemand {
+		add("fsdemand", "1")
 	}
 	return out
 }
@@ -193,6 +200,8 @@ func ParseCmdline(cmdline string) (*Config, error) {
 			c.UserNSHost, c.UserNSSize, err = parseUserNS(v)
 		case "sysctl":
 			err = c.addSysctl(v)
+		case "fsdemand":
+			c.ShareOnDemand = v == "1"
 		}
 		if err != nil {
 			return nil, fmt.Errorf("kernel parameter %s: %v", w, err)

@@ -111,7 +111,8 @@ func guestInit() error {
 		log.Warn("cgroups: app limits and stats are off", "err", err)
 	}
 
-	a, err = supervisor.New(supervisor.Config{StateDir: stateDir, Logger: log, Setup: setup})
+	a, err = supervisor.New(supervisor.Config{StateDir: stateDir, Logger: log, Setup: setup, MountShare: podShare.mount,
+		Network: func(req *api.Request) error { return retakeNetwork(req, log) }})
 	if err != nil {
 		return err
 	}
@@ -152,19 +153,30 @@ func personalize(cfg *guest.Config, log *slog.Logger) error {
 	if cfg.FSTag == "" {
 		return nil
 	}
+	if cfg.ShareOnDemand {
+		// Mounted at the host's first OpMountShare (share.go).
+		podShare.set(cfg.FSTag, cfg.FSType)
+		return nil
+	}
+	return mountShare(cfg.FSTag, cfg.FSType)
+}
+
+// mountShare mounts the pod's shared directory, tag of file system fsType,
+// at guest.Mounts.
+func mountShare(tag, fsType string) error {
 	if err := os.MkdirAll(guest.Mounts, 0o755); err != nil {
 		return err
 	}
 	fstype, data := "virtiofs", ""
-	if cfg.FSType == guest.FSVirtio9P {
+	if fsType == guest.FSVirtio9P {
 		// cache=mmap: no page cache beyond what mmap needs, so the host's
 		// changes (a volume's files, a bind made later) show at once;
 		// access=client: the guest kernel checks permissions, as on any
 		// local file system.
 		fstype, data = "9p", "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
 	}
-	if err := unix.Mount(cfg.FSTag, guest.Mounts, fstype, 0, data); err != nil {
-		return fmt.Errorf("mount %s %s: %w", fstype, cfg.FSTag, err)
+	if err := unix.Mount(tag, guest.Mounts, fstype, 0, data); err != nil {
+		return fmt.Errorf("mount %s %s: %w", fstype, tag, err)
 	}
 	return nil
 }

@@ -48,6 +48,10 @@ type Config struct {
 	ExecInit bool
 	// Setup answers OpSetup (at most once); nil: the agent refuses it.
 	Setup func(*api.Request) error
+	// MountShare answers OpMountShare; nil: the agent refuses it.
+	MountShare func() error
+	// Network answers OpNetwork; nil: the agent refuses it.
+	Network func(*api.Request) error
 }
 
 // Agent supervises a pod's apps. Over the Linux System it reaps every
@@ -62,6 +66,9 @@ type Agent struct {
 	// setup answers OpSetup; nil once it ran (or when there is none).
 	setupMu sync.Mutex
 	setup   func(*api.Request) error
+	// mountShare answers OpMountShare, network OpNetwork; nil: refused.
+	mountShare func() error
+	network    func(*api.Request) error
 	// spans keeps the spans of traced requests for their answers.
 	spans *collect.Collector
 	// cg is the agent's own cgroup, the parent of every app's; nil when
@@ -74,6 +81,9 @@ type Agent struct {
 
 	// events go to OpEvents subscribers.
 	events hub
+
+	// disks are the disks mounted for apps' layers (disk.go).
+	disks diskMounts
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -112,6 +122,7 @@ func New(cfg Config) (*Agent, error) {
 		apps:    map[string]*app{},
 		done:    make(chan struct{}),
 	}
+	a.mountShare, a.network = cfg.MountShare, cfg.Network
 	sts, bad := readStates(a.dir)
 	for _, err := range bad {
 		log.Warn("skipping app record", "err", err)
@@ -286,6 +297,18 @@ func (a *Agent) handle(ctx context.Context, req *api.Request) (*api.Response, er
 	case api.OpAdopt:
 		st, err := a.adopt(ctx, req.ID, req.PID, req.Message)
 		return &api.Response{App: st}, err
+	case api.OpMountShare:
+		return &api.Response{}, a.runMountShare()
+	case api.OpNetwork:
+		return &api.Response{}, a.runNetwork(req)
+	case api.OpRename:
+		st, err := a.rename(ctx, req.ID, req.NewID)
+		return &api.Response{App: st}, err
+	case api.OpPutFiles:
+		return &api.Response{}, a.putFiles(req.Files)
+	case api.OpTermination:
+		msg, err := a.terminationMessage(req.ID)
+		return &api.Response{Termination: msg}, err
 	}
 	return nil, errdefs.InvalidArgument("unknown operation %q", req.Op)
 }
@@ -315,7 +338,7 @@ func (a *Agent) runSetup(req *api.Request) error {
 }
 
 func (a *Agent) info() *api.Info {
-	return &api.Info{Version: api.Version, PID: os.Getpid(), Kernel: a.sys.kernel(), StartedAt: a.started}
+	return &api.Info{Version: api.Version, PID: os.Getpid(), Kernel: a.sys.kernel(), StartedAt: a.started, Features: []string{api.FeatureGuestVolumes}}
 }
 
 func (a *Agent) get(id string) (*app, error) {
@@ -407,6 +430,16 @@ func (a *Agent) StopAll(timeout time.Duration) {
 		apps = append(apps, ap)
 	}
 	a.mu.Unlock()
+	// The apps' exits wait for the daemon to take their last lines, for
+	// a while: it may be gone.
+	unwait := time.AfterFunc(timeout+shutdownLogGrace, func() {
+		for _, ap := range apps {
+			if ap.hlog != nil {
+				ap.hlog.unwait()
+			}
+		}
+	})
+	defer unwait.Stop()
 	var wg sync.WaitGroup
 	for _, ap := range apps {
 		wg.Add(1)

@@ -33,6 +33,9 @@ type app struct {
 	id   string
 	spec *api.AppSpec // nil for a record loaded from an earlier agent
 	cg   cgroup       // nil without cgroups
+	// hlog keeps the app's log lines for the daemon (spec.HostLog); nil
+	// otherwise.
+	hlog *logBuffer
 
 	mu      sync.Mutex
 	st      api.AppStatus
@@ -64,13 +67,19 @@ func validateSpec(s *api.AppSpec) error {
 	if err := validID(s.ID); err != nil {
 		return err
 	}
+	if err := validateDisk(s); err != nil {
+		return err
+	}
 	if s.Rootfs == "" {
 		return errdefs.InvalidArgument("app %s: no rootfs", s.ID)
 	}
-	if st, err := os.Stat(s.Rootfs); err != nil {
-		return errdefs.InvalidArgument("app %s: rootfs: %w", s.ID, err)
-	} else if !st.IsDir() {
-		return errdefs.InvalidArgument("app %s: rootfs %s is not a directory", s.ID, s.Rootfs)
+	// With a disk, the disk is the app's image and Rootfs is replaced.
+	if s.RootfsDisk == nil {
+		if st, err := os.Stat(s.Rootfs); err != nil {
+			return errdefs.InvalidArgument("app %s: rootfs: %w", s.ID, err)
+		} else if !st.IsDir() {
+			return errdefs.InvalidArgument("app %s: rootfs %s is not a directory", s.ID, s.Rootfs)
+		}
 	}
 	if len(s.Args) == 0 || s.Args[0] == "" {
 		return errdefs.InvalidArgument("app %s: no command", s.ID)
@@ -80,6 +89,9 @@ func validateSpec(s *api.AppSpec) error {
 	}
 	if s.LogPath != "" && !filepath.IsAbs(s.LogPath) {
 		return errdefs.InvalidArgument("app %s: log path %q is not absolute", s.ID, s.LogPath)
+	}
+	if s.HostLog && s.LogPath == "" {
+		return errdefs.InvalidArgument("app %s: a log for the host without a log path", s.ID)
 	}
 	if _, err := parseCaps(s.Capabilities); err != nil {
 		return errdefs.InvalidArgument("app %s: %w", s.ID, err)
@@ -145,11 +157,17 @@ func validID(id string) error {
 // create records an app: InvalidArgument for a bad spec, AlreadyExists for
 // a known id, FailedPrecondition while shutting down.
 func (a *Agent) create(ctx context.Context, spec *api.AppSpec) (*api.AppStatus, error) {
+	if err := a.resolveGuestMounts(spec); err != nil {
+		return nil, err
+	}
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
 	a.sys.useRlimits(spec.Rlimits)
 	ap := &app{id: spec.ID, spec: spec, st: api.AppStatus{ID: spec.ID, State: api.StateCreated, CreatedAt: time.Now()}, cg: a.sys.appCgroup(spec.ID)}
+	if spec.HostLog {
+		ap.hlog = newLogBuffer(logBufferSize)
+	}
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	a.mu.Lock()
@@ -385,7 +403,7 @@ func (a *Agent) beginStart(id string, ready func(*app) error) (*app, error) {
 // (code 128, reason Error, the failure as message) when it returns.
 func (a *Agent) launch(ctx context.Context, ap *app) error {
 	spec := ap.spec
-	lg, err := openCRILog(spec.LogPath)
+	lg, err := openAppLog(ap)
 	if err != nil {
 		return a.failEarly(ctx, ap, errdefs.FailedPrecondition("%w", err))
 	}
@@ -483,6 +501,9 @@ func (a *Agent) failEarly(ctx context.Context, ap *app, err error) error {
 	st.Reason = api.ReasonError
 	st.Message = err.Error()
 	st.FinishedAt = time.Now()
+	if ap.hlog != nil {
+		ap.hlog.end() // no output comes: the log session ends
+	}
 	if werr := writeState(a.dir, &st); werr != nil {
 		a.log.WarnContext(ctx, "write app record", "app", st.ID, "err", werr)
 	}
@@ -511,6 +532,9 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	lg, aio := ap.log, ap.io
 	ap.mu.Unlock()
 	lg.close()
+	if ap.hlog != nil {
+		ap.hlog.delivered()
+	}
 	aio.end()
 	if c.stdin != nil {
 		c.stdin.Close()
@@ -668,6 +692,10 @@ func (a *Agent) remove(ctx context.Context, id string) error {
 	ap.mu.Lock()
 	ap.removed = true
 	ap.mu.Unlock()
+	if ap.hlog != nil {
+		// Nobody takes its lines any more: its output must not wait.
+		ap.hlog.discard()
+	}
 	a.stopApp(ctx, ap, 0)
 	ap.mu.Lock()
 	stopWatch := ap.stopOOMWatch
@@ -710,6 +738,9 @@ func (a *Agent) reopenLog(id string) error {
 	ap, err := a.get(id)
 	if err != nil {
 		return err
+	}
+	if ap.hlog != nil {
+		return errdefs.FailedPrecondition("app %s: its log file is the daemon's to reopen, on the host", id)
 	}
 	ap.mu.Lock()
 	running, lg := ap.st.State == api.StateRunning, ap.log

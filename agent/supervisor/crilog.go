@@ -4,14 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/stagelet/stagelet/internal/logfile"
 )
 
 // maxLogLine is the longest content the CRI log writer puts on one line; a
@@ -27,13 +25,16 @@ const (
 // criLog writes an app's output to a file in the CRI log format the kubelet
 // reads: "<RFC3339Nano time> <stream> <F|P> <content>\n". Writes from the
 // stdout and stderr copiers are serialised so lines never interleave.
-// An empty path discards everything. Write errors (a full disk) are
+// An empty path discards everything. With mem set (AppSpec.HostLog) the
+// lines go to the app's log buffer instead of a file, for the daemon to
+// write on the host; a full buffer blocks the writer. Write errors (a full disk) are
 // remembered and reported once by the copier; output keeps being drained so
 // the app never blocks on a full pipe.
 type criLog struct {
 	mu   sync.Mutex
 	path string
 	f    *os.File
+	mem  *logBuffer
 	now  func() time.Time
 	buf  []byte
 	// closed: the app is gone; reopen does nothing any more.
@@ -55,35 +56,14 @@ func openCRILog(path string) (*criLog, error) {
 	return l, nil
 }
 
-func openLogFile(path string) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("log %s: %w", path, err)
-	}
-	// Never through a symlink planted at the log path, on every stage1,
-	// and only into a regular file.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o640)
-	if errors.Is(err, unix.ELOOP) {
-		return nil, fmt.Errorf("log %s is a symbolic link: logs are not written through links", path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("log %s: %w", path, err)
-	}
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		if err == nil {
-			err = fmt.Errorf("a %s, not a regular file", fi.Mode().Type())
-		}
-		return nil, fmt.Errorf("log %s: %w", path, err)
-	}
-	return f, nil
-}
+func openLogFile(path string) (*os.File, error) { return logfile.Open(path) }
 
 // writeLine writes one CRI log line. partial marks a chunk of a line that
 // continues in the next one.
 func (l *criLog) writeLine(stream string, partial bool, content []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.f == nil {
+	if l.f == nil && l.mem == nil {
 		return nil
 	}
 	tag := "F"
@@ -100,6 +80,9 @@ func (l *criLog) writeLine(stream string, partial bool, content []byte) error {
 	b = append(b, content...)
 	b = append(b, '\n')
 	l.buf = b
+	if l.mem != nil {
+		return l.mem.write(b)
+	}
 	_, err := l.f.Write(b)
 	return err
 }
@@ -133,11 +116,16 @@ func (l *criLog) reopen() error {
 	return nil
 }
 
-// close closes the file; later writes are discarded.
+// close closes the file (ends the buffer: the daemon's session ends once
+// it took what is left); later writes are discarded.
 func (l *criLog) close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
+	if l.mem != nil {
+		l.mem.end()
+		l.mem = nil
+	}
 	if l.f == nil {
 		return nil
 	}

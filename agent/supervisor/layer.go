@@ -22,10 +22,26 @@ import (
 // layerDir is where app id's local writable layer is mounted.
 func (a *Agent) layerDir(id string) string { return filepath.Join(a.dir, "layers", id) }
 
-// mountLayer mounts app spec's local writable layer over its Rootfs.
-// Nothing is left mounted on failure.
+// mountLayer mounts app spec's local writable layer over its Rootfs, or
+// over its RootfsDisk mounted (disk.go), in the layer's tmpfs, which then
+// becomes its Rootfs. Nothing is left mounted on failure.
 func (a *Agent) mountLayer(spec *api.AppSpec) (err error) {
 	dir := a.layerDir(spec.ID)
+	lower, target := spec.Rootfs, spec.Rootfs
+	if spec.RootfsDisk != nil {
+		if lower, err = a.acquireDisk(spec.ID, spec.RootfsDisk); err != nil {
+			return fmt.Errorf("writable layer: %w", err)
+		}
+		defer func() {
+			if err == nil {
+				return
+			}
+			if rerr := a.releaseDisk(spec.ID, spec.RootfsDisk); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("writable layer: undo: %w", rerr))
+			}
+		}()
+		target = filepath.Join(dir, "root")
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("writable layer: %w", err)
 	}
@@ -44,7 +60,11 @@ func (a *Agent) mountLayer(spec *api.AppSpec) (err error) {
 		os.Remove(dir)
 	}()
 	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
-	for _, d := range []string{upper, work} {
+	dirs := []string{upper, work}
+	if target != spec.Rootfs {
+		dirs = append(dirs, target)
+	}
+	for _, d := range dirs {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fmt.Errorf("writable layer: %w", err)
 		}
@@ -52,7 +72,7 @@ func (a *Agent) mountLayer(spec *api.AppSpec) (err error) {
 	// The root directory's owner and mode are the image's: the overlay's
 	// root shows the upper directory's.
 	var st unix.Stat_t
-	if err := unix.Stat(spec.Rootfs, &st); err != nil {
+	if err := unix.Stat(lower, &st); err != nil {
 		return fmt.Errorf("writable layer: rootfs: %w", err)
 	}
 	if err := os.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
@@ -61,10 +81,11 @@ func (a *Agent) mountLayer(spec *api.AppSpec) (err error) {
 	if err := os.Chmod(upper, os.FileMode(st.Mode&0o7777)); err != nil {
 		return fmt.Errorf("writable layer: %w", err)
 	}
-	opts := "lowerdir=" + spec.Rootfs + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", spec.Rootfs, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("writable layer: overlay on %s: %w", spec.Rootfs, err)
+	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("writable layer: overlay on %s: %w", target, err)
 	}
+	spec.Rootfs = target
 	return nil
 }
 
@@ -74,7 +95,7 @@ func (a *Agent) mountLayer(spec *api.AppSpec) (err error) {
 func (a *Agent) unmountLayer(spec *api.AppSpec) error {
 	dir := a.layerDir(spec.ID)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
+		return a.releaseLayerDisk(spec)
 	}
 	var errs []error
 	if err := unmountIfMounted(spec.Rootfs); err != nil {
@@ -83,6 +104,8 @@ func (a *Agent) unmountLayer(spec *api.AppSpec) error {
 	if err := unmountIfMounted(dir); err != nil {
 		errs = append(errs, err)
 	} else if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	} else if err := a.releaseLayerDisk(spec); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -112,4 +135,15 @@ func (a *Agent) layerUsage(id string) (bytes, inodes uint64, ok bool) {
 		return 0, 0, false
 	}
 	return (fs.Blocks - fs.Bfree) * uint64(fs.Bsize), fs.Files - fs.Ffree, true
+}
+
+// releaseLayerDisk releases the disk app spec's layer is over, if any.
+func (a *Agent) releaseLayerDisk(spec *api.AppSpec) error {
+	if spec.RootfsDisk == nil {
+		return nil
+	}
+	if err := a.releaseDisk(spec.ID, spec.RootfsDisk); err != nil {
+		return fmt.Errorf("writable layer: %w", err)
+	}
+	return nil
 }

@@ -138,7 +138,7 @@ func (a *Agent) adopt(ctx context.Context, id string, pid int, why string) (*api
 		err = a.failEarly(ctx, ap, err)
 		return ap.status(), err
 	}
-	lg, err := openCRILog(ap.spec.LogPath)
+	lg, err := openAppLog(ap)
 	if err != nil {
 		return fail(errdefs.FailedPrecondition("%w", err))
 	}

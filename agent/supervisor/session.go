@@ -36,7 +36,7 @@ type sessionRunner func(fw *wire.Writer, fr *wire.Reader)
 
 func isSession(op string) bool {
 	switch op {
-	case api.OpExecStream, api.OpAttach, api.OpPortForward:
+	case api.OpExecStream, api.OpAttach, api.OpPortForward, api.OpLogs:
 		return true
 	}
 	return false
@@ -55,6 +55,8 @@ func (a *Agent) serveSession(c net.Conn, in io.Reader, req *api.Request) {
 		run, err = a.openAttach(ctx, req)
 	case api.OpPortForward:
 		run, err = a.openPortForward(ctx, req)
+	case api.OpLogs:
+		run, err = a.openLogs(ctx, req)
 	}
 	if err != nil {
 		resp := wire.ErrorResponse(err)

@@ -70,6 +70,10 @@ var memoryLimitMiB = flag.Int("memory-limit", 0, "give each measured pod's conta
 // parent: made and limited as the kubelet's pod<uid>, for the pod named.
 var podLimit func(name string) (string, error)
 
+// noImageDisks: kvm containers read their image over 9p, as they did
+// before image disks, for a figure beside theirs.
+var noImageDisks = flag.Bool("no-image-disks", false, "kvm: containers read their image over 9p as the lower layer of their overlay (kvm.image_disks: false) instead of from a read-only erofs disk of it: the design before image disks, for comparison")
+
 // fileIO: time file I/O in a container instead (measureFileIO).
 var fileIO = flag.Bool("fileio", false, fmt.Sprintf("instead: in one pod's container, time -n runs of creating, stat-ing, reading and removing %d small files and writing %d MiB + fsync, in its root file system and in a tmpfs in the pod (its /dev/shm), and print the medians and their ratio", fileIOFiles, fileIOWriteMiB))
 
@@ -290,6 +294,7 @@ func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger
 		LogLevel:           "info",
 		Logger:             log,
 		KVMNoTemplate:      noTemplate,
+		KVMNoImageDisks:    *noImageDisks,
 		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
 		TracingEndpoint:    traces,
 		TracingRate:        max(*traceRate, 0),
@@ -389,6 +394,11 @@ func describeRun(stage1 string, podNet, noTemplate bool) string {
 			network += ", VMs boot their kernel"
 		} else {
 			network += ", VMs restored from a template"
+		}
+		if *noImageDisks {
+			network += ", image over 9p"
+		} else {
+			network += ", image on an erofs disk"
 		}
 	}
 	return network

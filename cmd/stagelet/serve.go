@@ -312,6 +312,13 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 		sl.Owner = state
 	}
 	backends := builtinBackends(log, cfg, l, false, run)
+	if kb, ok := backends[kvm.Name].(*kvm.Backend); ok && cfg.KVM.ImageDisksOn() {
+		// VM pods' containers read their image from a disk of it.
+		kb.UseImageDisks(func(ctx context.Context, id string) (string, string, error) {
+			d, err := images.Disk(ctx, id)
+			return d.Path, d.SHA256, err
+		})
+	}
 	pol, err := loadPolicy(log, cfg, capabilitiesOf(backends))
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy: %w", err)

@@ -45,11 +45,22 @@ type Capabilities struct {
 	// cannot be checkpointed or restored; empty: they can where CRIU
 	// works.
 	NoCheckpoint string `json:"noCheckpoint,omitempty"`
+	// HostLogs: the daemon writes the pod's containers' CRI log files on
+	// the host from their agent's log sessions (AppSpec.HostLog), and the
+	// backend does not make their log directories reachable in the pod;
+	// otherwise the agent writes them itself.
+	HostLogs bool `json:"hostLogs,omitempty"`
 	// Options are the pod options the backend takes from the policy
 	// (a rule's or handler's `options:`), each with its check. The
 	// policy refuses any other key, and a value its check refuses, when
 	// it loads; none: the backend takes no options.
 	Options []Option `json:"options,omitempty"`
+	// WholePodCheckpoint: a checkpoint of one of the backend's
+	// containers saves its whole pod (stage1.PodSaver: a VM with its
+	// memory), without CRIU, and a pod of more than that one container
+	// cannot be checkpointed; a container restored from it takes the pod
+	// it is created in (stage1.PodRestorer).
+	WholePodCheckpoint bool `json:"wholePodCheckpoint,omitempty"`
 }
 
 // Option is one pod option a backend takes: the backend reads its value

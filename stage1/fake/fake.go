@@ -619,7 +619,7 @@ func (p *Pod) serve(c net.Conn) {
 		}
 		p.subscribe(c, in, &req)
 		return
-	case api.OpExecStream, api.OpAttach, api.OpPortForward:
+	case api.OpExecStream, api.OpAttach, api.OpPortForward, api.OpLogs:
 		p.session(c, in, &req)
 		return
 	}

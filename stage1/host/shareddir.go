@@ -24,8 +24,9 @@ import (
 // nspawn container, a VM) reaches what the daemon prepares after the pod
 // started: a host directory with shared mount propagation, which the pod
 // has at InPod (an nspawn bind, a VM's shared filesystem). For each
-// container the backend binds the rootfs, the log directory and every
-// mount source beneath it, and the agent is given the in-pod paths.
+// container the backend binds the rootfs, the log directory (unless the
+// daemon writes the log: AppSpec.HostLog) and every mount source beneath
+// it, and the agent is given the in-pod paths.
 type SharedDir struct {
 	// Host is the directory on the host; InPod is where the agent sees it.
 	Host, InPod string
@@ -148,7 +149,7 @@ func (d SharedDir) BindContainer(ctx context.Context, spec *stage1.ContainerSpec
 	if err := bind(spec.Rootfs, inPod.Rootfs); err != nil {
 		return nil, fmt.Errorf("container %s: rootfs: %w", spec.ID, err)
 	}
-	if spec.LogPath != "" {
+	if spec.LogPath != "" && !spec.HostLog {
 		if inPod.LogPath, err = bindLogDir(spec, dir, bind, d.LabelLogs); err != nil {
 			return nil, err
 		}
@@ -296,7 +297,7 @@ func (d SharedDir) Share(ctx context.Context, spec *stage1.ContainerSpec, known 
 	if bound.Rootfs, err = d.Map(bound.Rootfs); err != nil {
 		return fail(fmt.Errorf("container %s: rootfs: %w", spec.ID, err))
 	}
-	if bound.LogPath != "" {
+	if bound.LogPath != "" && !bound.HostLog {
 		if bound.LogPath, err = d.Map(bound.LogPath); err != nil {
 			return fail(fmt.Errorf("container %s: log: %w", spec.ID, err))
 		}

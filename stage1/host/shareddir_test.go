@@ -161,3 +161,43 @@ func setImmutable(t *testing.T, path string, on bool) bool {
 	}
 	return true
 }
+
+// TestShareHostLog: the log directory of a container whose log the
+// daemon writes (HostLog) is not bound into the pod, and its log path
+// stays the host's; another's is.
+func TestShareHostLog(t *testing.T) {
+	testutil.NeedRoot(t, "mounts")
+	base := t.TempDir()
+	rootfs := filepath.Join(base, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := SharedDir{Host: filepath.Join(base, "mounts"), InPod: "/mnt/pod"}
+	if err := d.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Release() })
+	notKnown := func(context.Context, string) (bool, error) { return false, nil }
+	for _, hostLog := range []bool{true, false} {
+		id := "file"
+		if hostLog {
+			id = "host"
+		}
+		logPath := filepath.Join(base, "logs", id, "0.log")
+		spec := &stage1.ContainerSpec{AppSpec: api.AppSpec{ID: id, Rootfs: rootfs, LogPath: logPath, HostLog: hostLog}}
+		in, err := d.Share(context.Background(), spec, notKnown)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, statErr := os.Stat(filepath.Join(d.Host, id, "log"))
+		switch {
+		case hostLog && (in.LogPath != logPath || statErr == nil):
+			t.Errorf("HostLog: log path %q, log directory in the pod: %v", in.LogPath, statErr)
+		case !hostLog && (in.LogPath != "/mnt/pod/file/log/0.log" || statErr != nil):
+			t.Errorf("log path %q, log directory in the pod: %v", in.LogPath, statErr)
+		}
+		if err := d.Unshare(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

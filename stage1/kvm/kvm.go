@@ -32,8 +32,16 @@
 //     tmpfs of the container's own (AppSpec.LocalUpper): its writes stay
 //     in guest memory, go at RemoveContainer and are counted by the
 //     agent's Stats. The host's writable layer stays as the image left
-//     it. Volumes (hostPath, emptyDir, the pod's files, logs) are binds
-//     seen over 9p as before: the host sees their writes.
+//     it. emptyDir volumes live in the guest, the kubelet's configMap,
+//     secret, projected and downwardAPI volumes and the pod's small
+//     files are copies kept current, the termination message is copied
+//     back at exit (classify.go, volumes.go); other volumes and the logs
+//     are binds seen over 9p as before: the host sees their writes.
+//   - images: that lower layer is not read over 9p but from the image's
+//     read-only erofs disk, hot-plugged into the VM's virtio-scsi
+//     controller once per image and shared by its containers (disks.go).
+//     The host's rootfs is still bound into the share (a pod with a user
+//     namespace of its own reads its image there).
 //   - start: with Config.TemplateDir set, a pod's VM is restored from a
 //     template, a VM booted once and saved, whose memory every pod's VM
 //     maps privately (template.go); else it boots the guest kernel.
@@ -216,6 +224,9 @@ type Config struct {
 	// OverheadMemoryMax caps the overhead cgroup itself, every VM in it
 	// together (bytes); 0: no cap but each VM's own.
 	OverheadMemoryMax int64
+	// ImageDisks gives containers' images as disks (disks.go); nil: their
+	// files reach the guest over 9p.
+	ImageDisks ImageDiskFunc
 }
 
 // Backend is the kvm stage1. Everything about a pod is in the state it
@@ -346,21 +357,19 @@ func (b *Backend) Capabilities() stage1.Capabilities {
 		// pod's eth0 (net.go).
 		NetworkBeforeStart: true,
 		// Containers write into a layer in the guest's memory (vfio.go).
-		LocalLayers:  true,
-		NoCheckpoint: noCheckpoint,
+		LocalLayers: true,
 		// The pod's agent runs in the pod's user namespace inside the
 		// guest (agent/guestinit/nest.go); its files reach it idmapped.
 		UserNamespaces: true,
+		// The daemon writes the containers' logs on the host from the
+		// agent's sessions: no log directory crosses into the guest.
+		HostLogs: true,
 		// The VM's size (qemu.go).
 		Options: slices.Clone(podOptions),
+		// The VM is saved whole (save.go).
+		WholePodCheckpoint: true,
 	}
 }
-
-// noCheckpoint is why a VM pod cannot be checkpointed: its state is the
-// VM's, saved by migrating the VM to a file, and qemu (7.2) refuses to
-// migrate a VM whose guest has a virtio-9p share mounted, which every
-// pod's guest has (TestMigrationRefusedWith9p).
-const noCheckpoint = "a VM pod is saved by migrating its VM, and qemu refuses to migrate a VM while its guest has the pod's virtio-9p share mounted"
 
 // state is what kvm persists for a pod.
 type state struct {
@@ -370,6 +379,9 @@ type state struct {
 	// UserNS is the pod's user namespace mapping; nil: the guest's.
 	UserNS *stage1.IDMapping `json:"userNS,omitempty"`
 	host.Ledger
+	// ShareOnDemand: the guest mounts the 9p share only when a container
+	// needs it (shareuse.go); false: at boot.
+	ShareOnDemand bool `json:"shareOnDemand,omitempty"`
 }
 
 // The VM directory holds the sockets and logs of the VM (<RunDir>/vm);
@@ -606,6 +618,7 @@ func podState(spec *stage1.PodSpec, plan vmPlan, cg *cgroups.Cgroup, unitLaunch 
 	}
 	st.VM = plan.vm
 	st.UserNS = spec.UserNS
+	st.ShareOnDemand = shareOnDemand(spec)
 	return st
 }
 
@@ -623,6 +636,7 @@ func guestConfig(spec *stage1.PodSpec) *guest.Config {
 		gcfg.UserNSHost, gcfg.UserNSSize = u.HostID, u.Size
 	}
 	gcfg.Sysctls = spec.NetSysctls
+	gcfg.ShareOnDemand = shareOnDemand(spec)
 	return gcfg
 }
 
@@ -854,7 +868,9 @@ func (b *Backend) bringUp(ctx context.Context, pod *Pod, qemu *host.Process, tpl
 func (b *Backend) RecoverPod(ctx context.Context, spec *stage1.PodSpec, stateBytes []byte) (stage1.Pod, error) {
 	return host.Recover(ctx, Name, spec, stateBytes, parseState, "qemu", recoverTimeout,
 		func(st *state) (stage1.Pod, *host.Process) {
-			return b.newPod(spec, st), st.qemu()
+			p := b.newPod(spec, st)
+			p.vols.load()
+			return p, st.qemu()
 		})
 }
 

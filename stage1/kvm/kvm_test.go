@@ -480,7 +480,7 @@ func TestReconnect(t *testing.T) {
 
 func TestCapabilities(t *testing.T) {
 	c := New(nil, Config{}).Capabilities()
-	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, NoCheckpoint: noCheckpoint, UserNamespaces: true}
+	want := stage1.Capabilities{Isolation: stage1.IsolationKernel, KernelIsolated: true, PodNetwork: true, Privileged: "guest", NetworkBeforeStart: true, LocalLayers: true, UserNamespaces: true, HostLogs: true, WholePodCheckpoint: true}
 	opts := c.Options
 	if c.Options = nil; !reflect.DeepEqual(c, want) {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
@@ -895,7 +895,7 @@ func TestTemplateUnloadable(t *testing.T) {
 }
 
 // A running pod's VM cannot be migrated while its guest has the 9p share
-// mounted: Capabilities.NoCheckpoint says so. When qemu or the transport
+// mounted: moveBlocker says so. When qemu or the transport
 // changes, this test says the refusal is to be revisited.
 func TestMigrationRefusedWith9p(t *testing.T) {
 	b := testBackend(t)
@@ -916,8 +916,8 @@ func TestMigrationRefusedWith9p(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "VirtFS") {
 		t.Fatalf("migrating a pod's VM: %v; want qemu's refusal naming the VirtFS share", err)
 	}
-	if why := b.Capabilities().NoCheckpoint; why == "" {
-		t.Error("Capabilities.NoCheckpoint is empty")
+	if err := vp.pod.Pod.(*Pod).moveBlocker(); err == nil {
+		t.Error("moveBlocker with the share mounted: nil")
 	}
 	// The pod goes on running.
 	if out, code := vp.exec(t, "c", "echo", "alive"); code != 0 || strings.TrimSpace(out) != "alive" {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,6 +33,19 @@ type Pod struct {
 	// vfio are the PCI devices containers were given, plugged into the
 	// VM.
 	vfio *vfioPlugs
+	// share is whether the guest mounted the 9p share, and why.
+	share *podShare
+	// spec is the pod's, for a VM started again (RestorePod).
+	spec *stage1.PodSpec
+	// stMu guards st's VM and qemu against RestorePod, which changes
+	// them, for State and Details, which the status path reads.
+	stMu sync.RWMutex
+	// disks guards the record of the image disks plugged into the VM.
+	disks *diskPlugs
+	// runDir is the pod's run directory; vols its volumes that live in
+	// the guest (volumes.go).
+	runDir string
+	vols   *podVolumes
 }
 
 var _ stage1.Pod = (*Pod)(nil)
@@ -42,7 +57,18 @@ var (
 
 func (b *Backend) newPod(spec *stage1.PodSpec, st *state) *Pod {
 	d := b.dialer(st.ctlSocket())
-	return &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}}
+	p := &Pod{dial: d.Dial, id: spec.ID, st: st, log: b.Log.With("pod", spec.ID), b: b, vfio: &vfioPlugs{}, share: &podShare{}, spec: spec, disks: &diskPlugs{}, runDir: spec.RunDir}
+	if st.ShareOnDemand && st.dir() != "" {
+		use, err := loadShareUse(st)
+		if err != nil {
+			// Refusing the move is the safe reading of a bad record.
+			p.log.Warn("kvm: the record of the 9p share's use", "err", err)
+			use = &shareUse{Container: "unknown", HostPath: "unknown", CtrPath: "unknown"}
+		}
+		p.share.use = use
+	}
+	p.vols = newPodVolumes(st.dir(), p.log, client.NewClient(d.Dial))
+	return p
 }
 
 // Agent implements stage1.Pod: streams over the VM's serial session, and
@@ -52,7 +78,11 @@ func (p *Pod) Agent() stage1.AgentEndpoint {
 }
 
 // State implements stage1.Pod.
-func (p *Pod) State() []byte { return p.st.marshal() }
+func (p *Pod) State() []byte {
+	p.stMu.RLock()
+	defer p.stMu.RUnlock()
+	return p.st.marshal()
+}
 
 // UpdatePodResources implements stage1.PodResizer: the VM's memory and
 // vCPUs are fixed when it boots, so new totals must fit in them (the
@@ -79,8 +109,11 @@ func (p *Pod) UpdatePodResources(ctx context.Context, r stage1.PodResources) err
 // machine type, memory, vCPUs and guest kernel, its network, and where
 // its qemu runs: "placement" is "pod" (the pod's cgroup) or "overhead"
 // (the overhead cgroup, capped at "qemuMemoryCapMiB"), "qemuCgroup" the
-// cgroup.
+// cgroup; "mountsOver9p", when any, the containers' mounts that reach
+// the guest over 9p (SharedMounts).
 func (p *Pod) Details() map[string]string {
+	p.stMu.RLock()
+	defer p.stMu.RUnlock()
 	d := map[string]string{
 		"stage1":      Name,
 		"accelerator": p.st.VM.Accelerator,
@@ -110,6 +143,9 @@ func (p *Pod) Details() map[string]string {
 	if cg := p.st.cgroup(); cg != nil {
 		d["qemuCgroup"] = cg.String()
 	}
+	if m := p.SharedMounts(); len(m) > 0 {
+		d["mountsOver9p"] = strings.Join(m, "; ")
+	}
 	return d
 }
 
@@ -121,6 +157,7 @@ func (p *Pod) Details() map[string]string {
 // tap, mounts and cgroup stay until DestroyPod. Idempotent: a gone pod is
 // fine.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration, shutdown stage1.Shutdown) error {
+	p.vols.stop()
 	if p.st.qemu().Alive() {
 		sctx, cancel := context.WithTimeout(ctx, timeout+ExitGrace)
 		err := shutdown(sctx, timeout)

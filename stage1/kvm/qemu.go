@@ -290,6 +290,8 @@ func qemuArgs(t *tools, s vmSpec) []string {
 		"-device", dev("virtio-9p-device", "virtio-9p-pci")+",fsdev=fs,mount_tag="+fsTag,
 		"-device", dev("virtio-rng-device", "virtio-rng-pci")+",rng=rng",
 		"-device", nic,
+		// Containers' image disks are plugged here at run time (disks.go).
+		"-device", dev("virtio-scsi-device", "virtio-scsi-pci")+",id="+scsiController,
 	)
 	if s.incoming {
 		args = append(args, "-incoming", "defer")

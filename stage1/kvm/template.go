@@ -104,11 +104,17 @@ func assetsFingerprint(t *tools) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
+// deviceSet names the devices qemuArgs gives a VM: a template saved with
+// other devices cannot be restored with these, and gets another key.
+// Change it with the devices.
+const deviceSet = "scsi1"
+
 // templateKey names the template of a VM shape booted from assets with
-// the kernel command line it would boot with now.
+// the kernel command line it would boot with now and the devices of
+// deviceSet.
 func templateKey(assets string, vm vmInfo) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s %s %s %d %d %d %q", assets, vm.Accelerator, vm.Machine, vm.MemoryMiB, vm.VCPUs, vm.TBSizeMiB, kernelArgs(vm.Machine))
+	fmt.Fprintf(h, "%s %s %s %d %d %d %q %s", assets, vm.Accelerator, vm.Machine, vm.MemoryMiB, vm.VCPUs, vm.TBSizeMiB, kernelArgs(vm.Machine), deviceSet)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 

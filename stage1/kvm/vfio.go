@@ -2,6 +2,7 @@ package kvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -52,11 +53,17 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 			return nil, err
 		}
 	}
-	out, err := v.SharedDir.Share(ctx, spec, known)
+	rest, place, err := v.p.guestMounts(ctx, spec)
 	if err != nil {
 		v.p.unplugPCI(ctx, spec.ID)
 		return nil, err
 	}
+	out, err := v.SharedDir.Share(ctx, rest, known)
+	if err != nil {
+		v.p.unplugPCI(ctx, spec.ID)
+		return nil, err
+	}
+	out.Mounts = place(out.Mounts)
 	// The container writes into a layer in the guest's memory: over 9p
 	// each file's creation, lookup and removal is a round trip to qemu
 	// (the host's rootfs, beneath, stays as the image left it). Not in a
@@ -66,13 +73,26 @@ func (v vmPaths) Share(ctx context.Context, spec *stage1.ContainerSpec, known fu
 	// tmpfs has no user ones before Linux 6.6; it writes into the host's
 	// layer, over 9p.
 	out.LocalUpper = v.SharedDir.UserNS == nil
+	if err := v.p.rootfsDisk(ctx, spec, out); err != nil {
+		if uerr := v.SharedDir.Unshare(spec.ID); uerr != nil {
+			v.p.log.WarnContext(ctx, "kvm: undo the sharing of a container whose disk failed", "container", spec.ID, "err", uerr)
+		}
+		v.p.unplugPCI(ctx, spec.ID)
+		return nil, err
+	}
+	if err := v.p.needShare(ctx, spec, out); err != nil {
+		v.Unshare(spec.ID)
+		return nil, err
+	}
 	return out, nil
 }
 
 // Unshare implements stage1.ContainerPaths.
 func (v vmPaths) Unshare(id string) error {
 	v.p.unplugPCI(context.Background(), id) // stage1.ContainerPaths.Unshare is called with no request
-	return v.SharedDir.Unshare(id)
+	v.p.forgetContainer(id)
+	derr := v.p.detachImageDisk(context.Background(), id)
+	return errors.Join(derr, v.SharedDir.Unshare(id))
 }
 
 // plugPCI passes the PCI devices addrs through to the VM (QMP

@@ -80,7 +80,7 @@ func vfioPod(t *testing.T, machine string) (*Pod, *fakeQMP) {
 	st.Record(host.Resource{Kind: host.KindDir, Role: roleDir, Path: dir})
 	f := &fakeQMP{}
 	f.serve(t, filepath.Join(dir, qmpSocketName))
-	return &Pod{id: "p", st: st, log: slog.New(slog.DiscardHandler), vfio: &vfioPlugs{}}, f
+	return &Pod{id: "p", st: st, log: slog.New(slog.DiscardHandler), vfio: &vfioPlugs{}, share: &podShare{}}, f
 }
 
 func TestVFIOPassThrough(t *testing.T) {

@@ -26,8 +26,9 @@ import (
 	"github.com/stagelet/stagelet/stage1"
 )
 
-// Conn calls a pod's agent. It holds no state beyond its endpoint; it is
-// safe for concurrent use (every call is its own stream). The embedded
+// Conn calls a pod's agent. It holds no state beyond its endpoint but the
+// writers of the logs it writes on the host (hostlog.go); it is safe for
+// concurrent use (every call is its own stream). The embedded
 // client's calls (Info, Watch, Stats, ExecStream, Attach, PortForward,
 // Shutdown) are used as they are; the container calls below add the
 // mapping of host paths.
@@ -35,6 +36,7 @@ type Conn struct {
 	*client.Client
 	paths stage1.ContainerPaths
 	log   *slog.Logger
+	logs  hostLogs
 }
 
 // New returns a connection to the agent ep describes. log receives what
@@ -55,6 +57,7 @@ func Connect(pod stage1.Pod, log *slog.Logger, opts ...client.Option) *Conn {
 // CreateContainer makes the spec's rootfs, log directory and mount
 // sources reachable in the pod (through the endpoint's ContainerPaths)
 // and registers the app with the agent under the paths it sees them at.
+// With HostLog its log is written on the host from then on (FollowLog).
 // The caller's spec is not modified. On failure what was shared is
 // undone.
 func (c *Conn) CreateContainer(ctx context.Context, spec *stage1.ContainerSpec) (*api.AppStatus, error) {
@@ -63,7 +66,11 @@ func (c *Conn) CreateContainer(ctx context.Context, spec *stage1.ContainerSpec) 
 	}
 	if c.paths == nil {
 		app := spec.AppSpec
-		return c.Client.Create(ctx, &app)
+		st, err := c.Client.Create(ctx, &app)
+		if err == nil && spec.HostLog {
+			c.FollowLog(spec.ID, spec.LogPath)
+		}
+		return st, err
 	}
 	inPod, err := c.paths.Share(ctx, spec, c.known)
 	if err != nil {
@@ -76,6 +83,10 @@ func (c *Conn) CreateContainer(ctx context.Context, spec *stage1.ContainerSpec) 
 			err = errors.Join(err, fmt.Errorf("undoing what was shared: %w", uerr))
 		}
 		return nil, err
+	}
+	if spec.HostLog {
+		// Before the app starts: its output waits for the session.
+		c.FollowLog(spec.ID, spec.LogPath)
 	}
 	return st, nil
 }
@@ -176,6 +187,7 @@ func (c *Conn) ForgetContainer(ctx context.Context, id string) error {
 	if err := c.Client.Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
+	c.StopLog(id)
 	return nil
 }
 
@@ -210,8 +222,12 @@ func (c *Conn) ExecSync(ctx context.Context, id string, cmd []string, timeout ti
 	return c.Client.Exec(ctx, id, cmd, timeout)
 }
 
-// ReopenLog reopens an app's log file.
+// ReopenLog reopens an app's log file: on the host when the daemon
+// writes it (HostLog), otherwise the agent's.
 func (c *Conn) ReopenLog(ctx context.Context, id string) error {
+	if handled, err := c.reopenHostLog(id); handled {
+		return err
+	}
 	return c.Client.ReopenLog(ctx, id)
 }
 
@@ -253,9 +269,12 @@ func Open(pod stage1.Pod, log *slog.Logger, opts ...client.Option) *Pod {
 }
 
 // Stop stops every app and the pod's isolation, its agent asked to shut
-// down over the connection (stage1.Pod's Stop).
+// down over the connection (stage1.Pod's Stop); the logs written on the
+// host take the apps' last lines while they stop, and are closed after.
 func (p *Pod) Stop(ctx context.Context, timeout time.Duration) error {
-	return p.Pod.Stop(ctx, timeout, p.Conn.Shutdown)
+	err := p.Pod.Stop(ctx, timeout, p.Conn.Shutdown)
+	p.Conn.StopLogs()
+	return err
 }
 
 // Stats are a container's figures, or the whole pod's (PodStats) for id

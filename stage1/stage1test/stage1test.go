@@ -170,6 +170,9 @@ func (s *suite) container(t *testing.T, tp *testPod, id string, args ...string) 
 		Args:    args,
 		Env:     []string{"PATH=/bin"},
 		LogPath: logPath,
+		// As the broker sets it: the daemon writes the log where the
+		// backend says so.
+		HostLog: s.b.Capabilities().HostLogs,
 	}}
 	st, err := tp.conn.CreateContainer(ctx, spec)
 	if err != nil {

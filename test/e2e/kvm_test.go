@@ -277,7 +277,7 @@ func checkCheckpointRefused(t *testing.T, e *env, vmCtr, nsCtr string) {
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
 	_, err := e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: vmCtr, Location: archive})
 	requireCode(t, err, codes.FailedPrecondition, "CheckpointContainer in a VM pod")
-	if !strings.Contains(err.Error(), "virtio-9p") {
+	if !strings.Contains(err.Error(), "over the VM's 9p share") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
 	if _, _, _, err := preflight.FindCRIU(e.ctx(), ""); err == nil {

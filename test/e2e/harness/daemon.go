@@ -101,6 +101,9 @@ type Options struct {
 	// KVMPlacement is kvm.placement (auto, pod, overhead); empty: the
 	// default.
 	KVMPlacement string
+	// KVMNoImageDisks: kvm pods' containers read their image over 9p
+	// instead of from a disk of it (kvm.image_disks: false).
+	KVMNoImageDisks bool
 	// MetricsAddress enables the metrics endpoint (metrics.address, such
 	// as "127.0.0.1:0"); empty: off. MetricsURL says where it listens.
 	MetricsAddress string
@@ -308,6 +311,9 @@ func (d *Daemon) configYAML() string {
 	}
 	if d.opts.KVMNoTemplate {
 		b.WriteString("  template: false\n")
+	}
+	if d.opts.KVMNoImageDisks {
+		b.WriteString("  image_disks: false\n")
 	}
 	if d.opts.MetricsAddress != "" {
 		fmt.Fprintf(&b, "metrics:\n  address: %q\n", d.opts.MetricsAddress)

@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protojson"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/stagelet/stagelet/internal/testutil"
+	"github.com/stagelet/stagelet/test/e2e/harness"
+)
+
+// tokenCounterCmd draws a random token and notes it with its PID, then
+// counts as testutil.CounterCmd does.
+const tokenCounterCmd = `echo $$ $(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n') > /tmp/token; ` + testutil.CounterCmd
+
+// TestKVMPodMoves: a kvm pod's counter moves through the kubelet's own
+// flow: CheckpointContainer saves its whole VM and the pod runs on; a
+// container created in a new pod from the archive takes the saved VM:
+// the counter keeps its PID, its token and its count, and the moved
+// guest has the new pod's address; the same from the command line to a
+// second daemon. A pod with a hostPath volume is refused, naming the
+// volume, and a pod of two containers.
+func TestKVMPodMoves(t *testing.T) {
+	e := newKVMEnv(t)
+	s := kvmStage1
+	cfgA := e.netPodConfig("vm-from", s)
+	podA := e.runStage1Pod(cfgA, s)
+	idA := e.createAndStart(podA, cfgA, e.netContainer(s, "counter", "sh", "-c", tokenCounterCmd))
+	count := testutil.Counting(t, e.rt(), idA)
+	token := strings.TrimSpace(e.execOK(idA, "cat", "/tmp/token"))
+
+	archive := filepath.Join(t.TempDir(), "vm.tar")
+	before := count()
+	start := time.Now()
+	if _, err := e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: idA, Location: archive, Timeout: 300}); err != nil {
+		t.Fatalf("CheckpointContainer of a kvm pod's container: %v", err)
+	}
+	saved := time.Since(start)
+	fi, err := os.Stat(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n0 := count()
+	testutil.WaitFor(t, time.Minute, "the saved pod's counter counts on", func() (bool, string) {
+		n := count()
+		return n > n0, strconv.Itoa(n)
+	})
+	// The move: the source stops, the target takes the saved VM.
+	if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podA}); err != nil {
+		t.Fatal(err)
+	}
+
+	cfgB := e.netPodConfig("vm-to", s)
+	podB := e.runStage1Pod(cfgB, s)
+	idB := e.createContainer(podB, cfgB, &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "counter"},
+		Image:    &runtimeapi.ImageSpec{Image: archive},
+		LogPath:  "counter.log",
+	})
+	start = time.Now()
+	e.startContainer(idB)
+	restored := time.Since(start)
+	t.Logf("kvm pod moved: CheckpointContainer %v (archive %d bytes), StartContainer from it %v",
+		saved.Round(time.Millisecond), fi.Size(), restored.Round(time.Millisecond))
+	// The daemon's figures: the bytes, the guest's pause for the last
+	// round and the load on the target.
+	for _, l := range strings.Split(e.d.LogTail(2000), "\n") {
+		if strings.Contains(l, "with its whole pod") || strings.Contains(l, "VM saved") {
+			t.Log(l)
+		}
+	}
+	if got := strings.TrimSpace(e.execOK(idB, "cat", "/tmp/token")); got != token {
+		t.Errorf("the moved counter's PID and token: %q, want %q", got, token)
+	}
+	if n := testutil.Counting(t, e.rt(), idB)(); n < before {
+		t.Errorf("the moved counter is at %d, before its count at the checkpoint (%d)", n, before)
+	}
+	first := testutil.CountsOn(t, filepath.Join(cfgB.LogDirectory, "counter.log"))
+	t.Logf("the moved counter logs on from %d (checkpointed at %d or after)", first, before)
+	ipB := e.podStatus(podB).GetNetwork().GetIp()
+	if out := e.execOK(idB, "ip", "-4", "-o", "addr", "show", "dev", "eth0"); ipB == "" || !strings.Contains(out, " "+ipB+"/") {
+		t.Errorf("the moved guest's eth0: %q, want the new pod's %s", out, ipB)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the moved guest answers on "+ipB, func() (bool, string) {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(ipB, "1"), 2*time.Second)
+		if err == nil {
+			c.Close()
+			return true, ""
+		}
+		return strings.Contains(err.Error(), "connection refused"), err.Error()
+	})
+
+	// Between two daemons, from the command line: the pod checkpoint
+	// is copied to the other node, which pulled the image (its disk,
+	// made there, holds the same bytes) and takes the VM.
+	to := &env{t: t, reg: e.reg, image: e.image, d: startDaemonOpts(t, e.reg, harness.Options{Policy: allStage1sPolicy})}
+	to.pull(e.image)
+	dir := filepath.Join(t.TempDir(), "saved")
+	if out, err := exec.Command(stageletBin, "checkpoint", "pod", "-socket", e.d.Socket, podB, dir).CombinedOutput(); err != nil {
+		t.Fatalf("stagelet checkpoint pod: %v\n%s", err, out)
+	}
+	copied := filepath.Join(t.TempDir(), "moved")
+	if out, err := exec.Command("cp", "-a", dir, copied).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podB}); err != nil {
+		t.Fatal(err)
+	}
+	cfgD := to.netPodConfig("vm-node2", s)
+	b, err := protojson.Marshal(cfgD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "pod.json")
+	if err := os.WriteFile(cfgFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	out, err := exec.Command(stageletBin, "checkpoint", "restore-pod", "-socket", to.d.Socket, "-runtime", s.handler, "-config", cfgFile, copied).Output()
+	if err != nil {
+		t.Fatalf("stagelet checkpoint restore-pod: %v\n%s", err, out)
+	}
+	podD := strings.TrimSpace(string(out))
+	to.cleanupPod(podD)
+	t.Logf("stagelet checkpoint restore-pod on the second daemon took %v", time.Since(start).Round(time.Millisecond))
+	resp, err := to.rt().ListContainers(to.ctx(), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: podD}})
+	if err != nil || len(resp.Containers) != 1 {
+		t.Fatalf("the pod restored on the second daemon: %v, %v", resp.GetContainers(), err)
+	}
+	idD := resp.Containers[0].Id
+	if got := strings.TrimSpace(to.execOK(idD, "cat", "/tmp/token")); got != token {
+		t.Errorf("the counter on the second daemon: PID and token %q, want %q", got, token)
+	}
+	ipD := to.podStatus(podD).GetNetwork().GetIp()
+	if out := to.execOK(idD, "ip", "-4", "-o", "addr", "show", "dev", "eth0"); ipD == "" || !strings.Contains(out, " "+ipD+"/") {
+		t.Errorf("the guest on the second daemon: eth0 %q, want its pod's %s", out, ipD)
+	}
+	testutil.CountsOn(t, filepath.Join(cfgD.LogDirectory, "counter.log"))
+
+	// A pod with a hostPath volume cannot move, and says which.
+	cfgC := e.netPodConfig("vm-hostpath", s)
+	podC := e.runStage1Pod(cfgC, s)
+	host := t.TempDir()
+	hp := e.netContainer(s, "app", "sleep", "1000")
+	hp.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: host}}
+	idC := e.createAndStart(podC, cfgC, hp)
+	refused := filepath.Join(t.TempDir(), "refused.tar")
+	_, err = e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: idC, Location: refused})
+	requireCode(t, err, codes.FailedPrecondition, "CheckpointContainer of a kvm pod with a hostPath volume")
+	if err != nil && (!strings.Contains(err.Error(), host) || !strings.Contains(err.Error(), "/data") || !strings.Contains(err.Error(), "9p share")) {
+		t.Errorf("the refusal does not name the volume: %v", err)
+	}
+	if _, err := os.Lstat(refused); !os.IsNotExist(err) {
+		t.Errorf("a refused checkpoint left %s: %v", refused, err)
+	}
+
+	// An archive carries one container: a pod of two is refused.
+	cfgE := e.netPodConfig("vm-two", s)
+	podE := e.runStage1Pod(cfgE, s)
+	idE := e.createAndStart(podE, cfgE, e.netContainer(s, "one", "sleep", "1000"))
+	e.createAndStart(podE, cfgE, e.netContainer(s, "two", "sleep", "1000"))
+	_, err = e.rt().CheckpointContainer(e.ctx(), &runtimeapi.CheckpointContainerRequest{ContainerId: idE, Location: refused})
+	requireCode(t, err, codes.FailedPrecondition, "CheckpointContainer of a kvm pod of two containers")
+	if err != nil && !strings.Contains(err.Error(), "carries one container") {
+		t.Errorf("the refusal does not say why: %v", err)
+	}
+}
