@@ -114,7 +114,7 @@ func TestKVMPodBesideNspawnPod(t *testing.T) {
 	if resp.Info["agent.kernel"] != vmKernel || resp.Info["stage1.accelerator"] == "" {
 		t.Errorf("verbose pod info: kernel %q accelerator %q", resp.Info["agent.kernel"], resp.Info["stage1.accelerator"])
 	}
-	// The guest writes the CRI log at the kubelet's path on the host.
+	// The VM's container logs reach the kubelet's path on the host.
 	path := logPath(vmCfg, e.netContainer(kvmStage1, "app"))
 	testutil.WaitFor(t, 30*time.Second, "the VM's log lines", func() (bool, string) {
 		text := e.logText(path)
