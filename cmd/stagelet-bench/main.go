@@ -13,9 +13,11 @@
 // GetContainerEvents subscriber. It tears everything down before it
 // exits, also on failure or interrupt. It needs root. With -nri it
 // measures the daemon with NRI off, on (the default) or on with a no-op
-// plugin of its own connected (nri.go).
+// plugin of its own connected (nri.go). With -move it times a
+// counter's move between two pods through CRI's checkpoint, a kvm pod's
+// whole VM beside CRIU's container on nspawn (move.go).
 //
-//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet] [-stage1 nspawn -scale 10,50,100] [-stage1 kvm -fileio -n 3] [-nri off|on|noop]
+//	go run ./cmd/stagelet-bench [-n 20] [-bin path/to/stagelet] [-stage1 nspawn -scale 10,50,100] [-stage1 kvm -fileio -n 3] [-nri off|on|noop] [-move -podnet -n 3]
 package main
 
 import (
@@ -119,7 +121,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "stagelet-bench: -n must be at least 1")
 		os.Exit(2)
 	}
-	if err := checkNRIMode(*nriMode); err != nil {
+	if err := errors.Join(checkNRIMode(*nriMode), checkMoveFlags()); err != nil {
 		fmt.Fprintln(os.Stderr, "stagelet-bench:", err)
 		os.Exit(2)
 	}
@@ -218,6 +220,14 @@ func run(ctx context.Context, n int, bin, stage1 string, podNet, noTemplate bool
 	if _, err := d.Image().PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
 		return fmt.Errorf("pull %s: %w", ref, err)
 	}
+	if *move {
+		mr, err := measureMoves(ctx, tb, d, ref, podNet, n)
+		if err != nil {
+			return err
+		}
+		reportMoves(os.Stdout, n, describeRun("kvm", podNet, noTemplate), mr)
+		return saveMoves(mr)
+	}
 	network := describeRun(stage1, podNet, noTemplate)
 	if *fileIO {
 		fr, err := measureFileIO(ctx, d, ref, stage1, podNet, n)
@@ -287,10 +297,14 @@ func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger
 		return nil, "", err
 	}
 
+	handlers := "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n  kvm: {stage1: kvm}\n"
+	if *move {
+		handlers = moveKVMPolicy
+	}
 	d, err := harness.New(harness.Options{
 		Bin:                bin,
 		InsecureRegistries: []string{reg.Host},
-		Policy:             "version: 1\ndefault_stage1: fly\nhandlers:\n  fly: {stage1: fly}\n  nspawn: {stage1: nspawn}\n  kvm: {stage1: kvm}\n",
+		Policy:             handlers,
 		LogLevel:           "info",
 		Logger:             log,
 		KVMNoTemplate:      noTemplate,
@@ -584,9 +598,19 @@ func startPod(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet
 // startPodOn is startPod on any CRI runtime rt, its pods' logs beneath
 // logsDir.
 func startPodOn(ctx context.Context, rt runtimeapi.RuntimeServiceClient, logsDir, ref, stage1 string, podNet bool, name string) (*benchPod, error) {
+	podCfg, ctrCfg, err := benchConfigs(logsDir, ref, stage1, podNet, name)
+	if err != nil {
+		return nil, err
+	}
+	return startPodCfg(ctx, rt, stage1, podCfg, ctrCfg)
+}
+
+// benchConfigs are the configurations of startPodOn's pod named name
+// and of its container sleeping, the pod's log directory made.
+func benchConfigs(logsDir, ref, stage1 string, podNet bool, name string) (*runtimeapi.PodSandboxConfig, *runtimeapi.ContainerConfig, error) {
 	logDir := logsDir + "/" + name
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	hostNS := &runtimeapi.NamespaceOption{
 		Network: runtimeapi.NamespaceMode_NODE,
@@ -626,13 +650,19 @@ func startPodOn(ctx context.Context, rt runtimeapi.RuntimeServiceClient, logsDir
 	if podLimit != nil {
 		parent, err := podLimit(name)
 		if err != nil {
-			return nil, fmt.Errorf("the pod's cgroup: %w", err)
+			return nil, nil, fmt.Errorf("the pod's cgroup: %w", err)
 		}
 		limit := int64(*memoryLimitMiB) << 20
 		podCfg.Linux.CgroupParent = parent
 		podCfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: limit}
 		ctrCfg.Linux.Resources.MemoryLimitInBytes = limit
 	}
+	return podCfg, ctrCfg, nil
+}
+
+// startPodCfg runs pod podCfg on stage1 with its container ctrCfg,
+// started and RUNNING, timing each call.
+func startPodCfg(ctx context.Context, rt runtimeapi.RuntimeServiceClient, stage1 string, podCfg *runtimeapi.PodSandboxConfig, ctrCfg *runtimeapi.ContainerConfig) (*benchPod, error) {
 	var took [3]time.Duration
 	began := time.Now()
 	pod, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: stage1})
