@@ -146,7 +146,8 @@ test-node-selinux: test-deps build guest
 # overhead (their qemu in the overhead cgroup). On fly, pod start with
 # NRI on (the default config, no plugin) and with one no-op plugin is
 # set against NRI off (targets: 1.02x and 1.1x; single runs on a busy
-# machine vary more than that).
+# machine vary more than that). Last, a 256 MiB kvm pod's move beside
+# CRIU's container move on nspawn, in the same run.
 BENCH_OUT ?= $(CURDIR)/bin/bench
 bench: test-deps build guest
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./image/ ./agent/supervisor/ ./network/ ./stage1/nspawn/
@@ -172,6 +173,7 @@ bench: test-deps build guest
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -podnet -n 10 -no-image-disks
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -fileio -n 3
 	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -stage1 kvm -fileio -n 3 -no-image-disks
+	STAGELET_GUEST_ASSETS=$(abspath $(GUEST_DIR)) $(GO) run ./cmd/stagelet-bench -bin $(BIN) -move -podnet -n 3 -save $(BENCH_OUT)/move.tsv
 
 # The data race detector on the packages where goroutines meet: the
 # broker, the CRI server, policy, the stage1s and the agent. The race
