@@ -232,6 +232,7 @@ var AllowedDiffs = []Allowed{
 	// blkio, cpuset, devices or name=systemd hierarchy: the VM's devices
 	// are its own), where its limits are enforced.
 	{[]string{"kvm"}, "mounts", "-", "/proc/keys ", "the guest's kernel has no keys"},
+	{[]string{"kvm"}, "mounts", "+", "/proc/scsi tmpfs ro", "the guest's kernel has SCSI (its image disks), masked as runc masks it where it exists"},
 	{[]string{"kvm"}, "cpus", "+", "", "a VM's vCPUs"},
 	{[]string{"kvm"}, "cpus", "-", "", "a VM's vCPUs"},
 	{[]string{"kvm"}, "cgroup-dir", "+", "cpu,cpuacct", "the guest's hierarchies"},
