@@ -11,7 +11,8 @@
 #                   portmap: containernetworking/plugins, static)
 #   NODE_TREE=...   the Debian 12 tree every node boots with
 #                   systemd-nspawn -b: systemd, D-Bus, systemd-nspawn for the
-#                   nspawn stage1, qemu for the kvm stage1, iptables and
+#                   nspawn stage1, qemu and mkfs.erofs (its image disks)
+#                   for the kvm stage1, iptables and
 #                   iproute2, the libraries criu links; no stagelet,
 #                   kubelet, criu or configuration (the test binds and
 #                   writes those per node)
@@ -28,7 +29,7 @@ CACHE=${CLUSTER_CACHE:-/var/cache/stagelet-cluster}
 K8S_KIT=${K8S_KIT:-$top/../shared/k8s/build.sh}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 # The libraries of the criu the test binds in (scripts/build-criu.sh).
-NODE_PACKAGES=systemd,systemd-sysv,dbus,systemd-container,iptables,iproute2,kmod,procps,qemu-system-x86,libprotobuf-c1,libnl-3-200,libnet1,libnftables1,libgnutls30,libbsd0,libuuid1
+NODE_PACKAGES=systemd,systemd-sysv,dbus,systemd-container,iptables,iproute2,kmod,procps,qemu-system-x86,erofs-utils,libprotobuf-c1,libnl-3-200,libnet1,libnftables1,libgnutls30,libbsd0,libuuid1
 COREDNS_VERSION=v1.12.4
 CNI_PLUGINS_VERSION=v1.9.1
 log() { echo "cluster-build: $*" >&2; }
