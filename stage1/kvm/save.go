@@ -346,6 +346,13 @@ func loadState(ctx context.Context, qmpPath string, qemu *host.Process, path str
 		return err
 	}
 	defer q.Close()
+	return q.incoming(ctx, qemu, path, path)
+}
+
+// incoming loads the VM state saved at path into qemu's VM, started with
+// -incoming defer, and lets it run: a VM saved stopped (a template) is
+// continued. what names the state in errors.
+func (q *qmp) incoming(ctx context.Context, qemu *host.Process, path, what string) error {
 	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(path)}); err != nil {
 		return err
 	}
@@ -353,7 +360,7 @@ func loadState(ctx context.Context, qmpPath string, qemu *host.Process, path str
 		st, err := q.status(ctx)
 		if err != nil {
 			if !qemu.Alive() {
-				return fmt.Errorf("qemu exited while loading %s: %w", path, errdefs.ErrUnavailable)
+				return fmt.Errorf("qemu exited while loading %s: %w", what, errdefs.ErrUnavailable)
 			}
 			return err
 		}
@@ -367,11 +374,11 @@ func loadState(ctx context.Context, qmpPath string, qemu *host.Process, path str
 			continue
 		case "inmigrate":
 		default:
-			return fmt.Errorf("loading %s: the VM is %s", path, st)
+			return fmt.Errorf("loading %s: the VM is %s", what, st)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("loading %s: %w", path, errdefs.ErrDeadlineExceeded)
+			return fmt.Errorf("loading %s: %w", what, errdefs.ErrDeadlineExceeded)
 		case <-time.After(delay): // polling qemu for the load's end
 		}
 	}

@@ -503,37 +503,7 @@ func restore(ctx context.Context, qmpPath string, qemu *host.Process, tpl *templ
 	if err := q.ignoreShared(ctx); err != nil {
 		return err
 	}
-	state := filepath.Join(tpl.dir, templateState)
-	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(state)}); err != nil {
-		return err
-	}
-	for {
-		st, err := q.status(ctx)
-		if err != nil {
-			if !qemu.Alive() {
-				return fmt.Errorf("qemu exited while loading the template (%s): %w", tpl.dir, errdefs.ErrUnavailable)
-			}
-			return err
-		}
-		switch st {
-		case "running":
-			return nil
-		case "paused", "postmigrate":
-			// The template was saved stopped: the loaded VM waits.
-			if _, err := q.run(ctx, "cont", nil); err != nil {
-				return err
-			}
-			continue
-		case "inmigrate":
-		default:
-			return fmt.Errorf("restoring from %s: the VM is %s", tpl.dir, st)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("restoring from %s: %w", tpl.dir, errdefs.ErrDeadlineExceeded)
-		case <-time.After(2 * time.Millisecond): // polling qemu for the load's end
-		}
-	}
+	return q.incoming(ctx, qemu, filepath.Join(tpl.dir, templateState), "the template "+tpl.dir)
 }
 
 // lastLine is the last non-empty line of the file at path, for errors.
