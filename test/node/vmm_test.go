@@ -139,14 +139,19 @@ func TestVMMConfined(t *testing.T) {
 	}
 	q.close()
 
-	// A container of A: its log directory is A's, for qemu writes the
-	// logs its guest sends. (Its start, a container call in the inner
-	// VM, outlasts the agent's bound here: created only.)
+	// A container of A: its root is A's. Its log directory stays as it
+	// was: the daemon writes the logs the guest sends, not qemu. (Its
+	// start, a container call in the inner VM, outlasts the agent's
+	// bound here: created only.)
 	marker := appArmorDenied
 	if selinuxOn {
 		marker = avcDenied
 	}
 	before := auditLines(since, marker) // the denials just provoked
+	logLabel := ""
+	if selinuxOn {
+		logLabel, _, _ = strings.Cut(run(t, "ls", "-Zd", a.logDir), " ")
+	}
 	cr, err := rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{
 		PodSandboxId: a.id, SandboxConfig: a.cfg,
 		Config: &runtimeapi.ContainerConfig{
@@ -160,7 +165,9 @@ func TestVMMConfined(t *testing.T) {
 		t.Fatalf("CreateContainer in pod A: %v", err)
 	}
 	if selinuxOn {
-		checkFileLabel(t, a.logDir, "container_file_t", aLevel)
+		if l, _, _ := strings.Cut(run(t, "ls", "-Zd", a.logDir), " "); l != logLabel {
+			t.Errorf("ls -Z: pod A's log directory %s was relabelled %q (was %q): qemu does not write logs", a.logDir, l, logLabel)
+		}
 		checkFileLabel(t, rootfsOf(t, cr.ContainerId), "container_file_t", aLevel)
 	}
 	if l := auditLinesBut(since, marker, before); len(l) > 0 {
