@@ -2,6 +2,7 @@ package stage1
 
 import (
 	"context"
+	"net"
 	"time"
 )
 
@@ -36,9 +37,38 @@ type PodRestorer interface {
 	RestorePod(ctx context.Context, dir string) (*PodRestored, error)
 }
 
-// PodRestored is how a RestorePod went.
+// PodRestored is how a RestorePod or ReceivePod went.
 type PodRestored struct {
-	// Load is from the start of the image's load to its apps' agent
-	// answering, with the network taken.
+	// Load is from the start of the image's load (for ReceivePod: the
+	// end of its stream) to its apps' agent answering, with the network
+	// taken.
 	Load time.Duration
+	// For ReceivePod: Bytes is what the stream carried; Downtime from
+	// the source's pause to the agent answering here, by the two nodes'
+	// clocks.
+	Bytes    int64
+	Downtime time.Duration
+}
+
+// PodSender is a PodSaver whose pod can also move live: its state
+// streams to the other node while it runs, and it pauses only for the
+// last of it. DescribePod writes into the empty directory dir what the
+// target checks before it takes the pod (what SavePod writes, without
+// the state); SendPod streams the pod over conn, authenticated already,
+// to a PodReceiver (the frames of package livemove). Once the target
+// has the state the pod here is stopped for good and its agent gone;
+// until then a failure leaves it running. FailedPrecondition as for
+// SavePod.
+type PodSender interface {
+	PodSaver
+	DescribePod(ctx context.Context, dir string) error
+	SendPod(ctx context.Context, conn net.Conn) (*PodSaved, error)
+}
+
+// PodReceiver is a PodRestorer that can also take a pod moving live: the
+// pod DescribePod described in dir, streamed over conn by a PodSender.
+// Its own apps are replaced as by RestorePod.
+type PodReceiver interface {
+	PodRestorer
+	ReceivePod(ctx context.Context, dir string, conn net.Conn) (*PodRestored, error)
 }

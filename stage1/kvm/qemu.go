@@ -223,6 +223,9 @@ type vmSpec struct {
 	tap, tapName, mac string
 	// incoming: wait for the VM's state on QMP (-incoming defer).
 	incoming bool
+	// paused: the VM does not run until continued on QMP (-S); a VM
+	// loaded from a live move waits for its source to stop for good.
+	paused bool
 }
 
 // qemuArgs is the qemu command line of a VM.
@@ -295,6 +298,9 @@ func qemuArgs(t *tools, s vmSpec) []string {
 	)
 	if s.incoming {
 		args = append(args, "-incoming", "defer")
+	}
+	if s.paused {
+		args = append(args, "-S")
 	}
 	return args
 }

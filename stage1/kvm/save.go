@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stagelet/stagelet/agent/client"
+	"github.com/stagelet/stagelet/agent/guest"
 	"github.com/stagelet/stagelet/errdefs"
 	"github.com/stagelet/stagelet/internal/atomicfile"
 	"github.com/stagelet/stagelet/stage1"
@@ -165,16 +166,12 @@ func (p *Pod) RestorePod(ctx context.Context, dir string) (*stage1.PodRestored, 
 	if err != nil {
 		return nil, err
 	}
-	// What this pod's own guest mounted goes with it; what its qemu was
-	// given beside the saved VM's devices would not load.
-	p.vfio.mu.Lock()
-	n := len(p.vfio.ids)
-	p.vfio.mu.Unlock()
-	if n > 0 {
-		return nil, errdefs.FailedPrecondition("kvm: the pod's VM was given host PCI devices, which the saved VM has not")
+	if err := p.canLoad(); err != nil {
+		return nil, err
 	}
-	if _, ok := p.st.Get(roleAppArmor); ok || p.spec.SELinuxProcessLabel != "" {
-		return nil, errdefs.FailedPrecondition("kvm: the pod's qemu runs confined (SELinux or AppArmor), and would not read a saved VM")
+	state := filepath.Join(dir, savedStateName)
+	if _, err := os.Stat(state); err != nil {
+		return nil, errdefs.FailedPrecondition("kvm: %s holds no saved VM state (a live move's checkpoint is taken from its source): %w", dir, err)
 	}
 	res, err := p.b.resolveTools()
 	if err != nil {
@@ -184,7 +181,7 @@ func (p *Pod) RestorePod(ctx context.Context, dir string) (*stage1.PodRestored, 
 		return nil, err
 	}
 	start := time.Now()
-	if err := p.loadVM(ctx, res, filepath.Join(dir, savedStateName), disks); err != nil {
+	if err := p.loadVM(ctx, res, state, disks); err != nil {
 		return nil, fmt.Errorf("%w (the pod's own VM was stopped)", err)
 	}
 	return &stage1.PodRestored{Load: time.Since(start)}, nil
@@ -268,6 +265,21 @@ func (p *Pod) stopVM(ctx context.Context) error {
 // (-incoming defer) on the pod's tap and in its cgroup, loads it, and
 // gives the guest the pod's network once its agent answers.
 func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRecord) error {
+	qemu, gcfg, logPath, err := p.startIncoming(ctx, res, disks, false)
+	if err != nil {
+		return err
+	}
+	if err := loadState(ctx, p.st.qmpSocket(), qemu, path, p.b.bootTimeout()); err != nil {
+		return fmt.Errorf("kvm: loading the saved VM (qemu log %s): %w", logPath, err)
+	}
+	return p.takeNetwork(ctx, qemu, gcfg)
+}
+
+// startIncoming starts the pod's qemu again, waiting for a saved VM's
+// state (-incoming defer), on the pod's tap and in its cgroup, with the
+// saved VM's disks plugged. paused: the loaded VM stays paused until
+// continued (-S). It returns qemu, the guest's network and qemu's log.
+func (p *Pod) startIncoming(ctx context.Context, res *tools, disks *diskRecord, paused bool) (*host.Process, *guest.Config, string, error) {
 	spec, st := p.spec, p.st
 	unitLaunch := p.b.UnitLaunch()
 	gcfg := guestConfig(spec)
@@ -277,11 +289,11 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRe
 		// The tap and its redirects are made afresh: a tap qemu held
 		// went with it.
 		if err := teardownTap(spec.NetNSPath, tapName); err != nil {
-			return fmt.Errorf("kvm: pod network: %w", err)
+			return nil, nil, "", fmt.Errorf("kvm: pod network: %w", err)
 		}
 		nc, t, err := setupTap(spec.NetNSPath, tapName, unitLaunch)
 		if err != nil {
-			return fmt.Errorf("kvm: pod network: %w", err)
+			return nil, nil, "", fmt.Errorf("kvm: pod network: %w", err)
 		}
 		defer t.Close()
 		gcfg.MAC, gcfg.IPs, gcfg.Routes, gcfg.MTU = nc.MAC, nc.IPs, nc.Routes, nc.MTU
@@ -294,7 +306,7 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRe
 		}
 	}
 	vs := podVMSpec(spec, st, gcfg, nil, tapMode)
-	vs.incoming = true
+	vs.incoming, vs.paused = true, paused
 	p.stMu.Lock()
 	st.VM.Template = ""
 	p.stMu.Unlock()
@@ -308,17 +320,20 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRe
 	}
 	qemu, err := p.b.Launcher.Launch(ctx, launch)
 	if err != nil {
-		return fmt.Errorf("kvm: qemu: %w", err)
+		return nil, nil, "", fmt.Errorf("kvm: qemu: %w", err)
 	}
 	p.stMu.Lock()
 	st.Record(host.Resource{Kind: host.KindProcess, Role: roleQemu, Process: qemu})
 	p.stMu.Unlock()
 	if err := p.replugDisks(ctx, disks); err != nil {
-		return err
+		return nil, nil, "", err
 	}
-	if err := loadState(ctx, st.qmpSocket(), qemu, path, p.b.bootTimeout()); err != nil {
-		return fmt.Errorf("kvm: loading the saved VM (qemu log %s): %w", launch.LogPath, err)
-	}
+	return qemu, gcfg, launch.LogPath, nil
+}
+
+// takeNetwork gives the loaded guest, running, the pod's network once
+// its agent answers.
+func (p *Pod) takeNetwork(ctx context.Context, qemu *host.Process, gcfg *guest.Config) error {
 	if err := host.WaitAgentReady(ctx, p, qemu, p.b.bootTimeout(), "qemu"); err != nil {
 		return fmt.Errorf("kvm: the loaded guest's agent: %w", err)
 	}
@@ -330,7 +345,7 @@ func (p *Pod) loadVM(ctx context.Context, res *tools, path string, disks *diskRe
 	p.share.mu.Lock()
 	p.share.use = nil
 	p.share.mu.Unlock()
-	if err := os.Remove(filepath.Join(st.dir(), shareUseName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(filepath.Join(p.st.dir(), shareUseName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		p.log.WarnContext(ctx, "kvm: removing the record of the 9p share's use", "err", err)
 	}
 	return nil
