@@ -32,6 +32,7 @@ import (
 	"github.com/stagelet/stagelet/image"
 	"github.com/stagelet/stagelet/internal/lsm"
 	"github.com/stagelet/stagelet/internal/rlimit"
+	"github.com/stagelet/stagelet/livemove"
 	"github.com/stagelet/stagelet/nri"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
@@ -101,6 +102,10 @@ type Options struct {
 	// Trust is the signature policy images are checked against at pull
 	// and at container creation; nil: every image runs unverified.
 	Trust *trust.Source
+	// LiveAddress is the IP (or IP:port) where a pod moving live is
+	// offered to the other node's daemon (config checkpoint.live_address);
+	// "": no pod moves live from here.
+	LiveAddress string
 	// NRI hosts the node's NRI plugins, which see every pod and
 	// container event and adjust containers (broker/nri.go); nil: off.
 	// Its Start is the caller's, with the broker, after Recover.
@@ -204,6 +209,9 @@ type pod struct {
 	// releasing counts its removed containers' file systems being
 	// released (releaseRootfs): the pod's removal waits for them.
 	releasing sync.WaitGroup
+	// offer is the pod's live move waiting for its target, withdrawn
+	// when the pod stops. Guarded by Broker.mu.
+	offer *livemove.Offer
 }
 
 // id is the pod's ID, which never changes.

@@ -577,6 +577,7 @@ func (b *Broker) StopPod(ctx context.Context, id string) error {
 }
 
 func (b *Broker) stopPodLocked(ctx context.Context, p *pod) error {
+	b.withdrawOffer(p)
 	b.mu.Lock()
 	h := p.handle
 	state := p.rec.State

@@ -11,6 +11,7 @@ import (
 	"github.com/stagelet/stagelet/agent/api"
 	"github.com/stagelet/stagelet/checkpoint"
 	"github.com/stagelet/stagelet/errdefs"
+	"github.com/stagelet/stagelet/livemove"
 	"github.com/stagelet/stagelet/stage1"
 	"github.com/stagelet/stagelet/stage1/podconn"
 )
@@ -56,14 +57,31 @@ func (b *Broker) checkpointWholePod(ctx context.Context, p *pod, c *container, l
 	if err := b.onlyContainer(p, c); err != nil {
 		return true, err
 	}
+	live, err := b.movesLive(p)
+	if err != nil {
+		return true, err
+	}
 	start := time.Now()
 	images, err := os.MkdirTemp(filepath.Dir(location), ".stagelet-pod-")
 	if err != nil {
 		return true, errdefs.Storage(fmt.Errorf("checkpoint %s: %w", c.rec.ID, err), filepath.Dir(location))
 	}
 	defer os.RemoveAll(images)
-	saved, err := saver.SavePod(ctx, images)
-	if err != nil {
+	var (
+		saved *stage1.PodSaved
+		offer *livemove.Offer
+	)
+	if live {
+		offer, err = b.offerLive(ctx, h, images)
+		if err != nil {
+			return true, fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
+		}
+		defer func() {
+			if err != nil {
+				offer.Close()
+			}
+		}()
+	} else if saved, err = saver.SavePod(ctx, images); err != nil {
 		return true, fmt.Errorf("checkpoint %s: %w", c.rec.ID, err)
 	}
 	meta, dir, err := b.checkpointMeta(c, p)
@@ -76,6 +94,12 @@ func (b *Broker) checkpointWholePod(ctx context.Context, p *pod, c *container, l
 	size, err := checkpoint.Write(location, meta, dir, images)
 	if err != nil {
 		return true, errdefs.Storage(fmt.Errorf("checkpoint %s: %w", c.rec.ID, err), filepath.Dir(location))
+	}
+	if live {
+		b.serveLive(p, c, h, offer)
+		b.log.InfoContext(ctx, "container's whole pod offered to move live", "pod", p.id(), "container", c.rec.ID, "archive", location,
+			"bytes", size, "address", offer.Ticket().Address, "expires", offer.Ticket().Expires, "took", time.Since(start))
+		return true, nil
 	}
 	b.log.InfoContext(ctx, "container checkpointed with its whole pod", "pod", p.id(), "container", c.rec.ID, "archive", location,
 		"bytes", size, "podImageBytes", saved.Bytes, "paused", saved.Downtime, "save", saved.Total, "took", time.Since(start))
@@ -165,6 +189,15 @@ func (b *Broker) startRestoredPod(ctx context.Context, h *podconn.Pod, c *contai
 	rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
 	start := time.Now()
+	// A live move's checkpoint holds a ticket: the pod streams from its
+	// source, which must take it before anything here changes.
+	receiver, conn, err := b.dialLive(rctx, h, r.Images)
+	if err != nil {
+		return nil, fmt.Errorf("restore container %s: %w", c.rec.ID, err)
+	}
+	if conn != nil {
+		defer conn.Close()
+	}
 	// The pod's agent goes away and comes back: not a death.
 	b.unwatch(p)
 	defer b.watch(p, h)
@@ -172,7 +205,12 @@ func (b *Broker) startRestoredPod(ctx context.Context, h *podconn.Pod, c *contai
 	// VM; the saved app's is written from its agent once it has the
 	// container's ID.
 	h.StopLog(c.rec.ID)
-	loaded, err := restorer.RestorePod(rctx, r.Images)
+	var loaded *stage1.PodRestored
+	if conn != nil {
+		loaded, err = receiver.ReceivePod(rctx, r.Images, conn)
+	} else {
+		loaded, err = restorer.RestorePod(rctx, r.Images)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -193,8 +231,13 @@ func (b *Broker) startRestoredPod(ctx context.Context, h *podconn.Pod, c *contai
 	if err != nil {
 		return nil, err
 	}
-	b.log.InfoContext(ctx, "container restored with its whole pod", "pod", podID, "container", c.rec.ID, "archive", r.Archive,
-		"load", loaded.Load, "took", time.Since(start))
+	if conn != nil {
+		b.log.InfoContext(ctx, "container's whole pod taken from a live move", "pod", podID, "container", c.rec.ID, "from", conn.RemoteAddr(),
+			"bytes", loaded.Bytes, "load", loaded.Load, "downtime", loaded.Downtime, "took", time.Since(start))
+	} else {
+		b.log.InfoContext(ctx, "container restored with its whole pod", "pod", podID, "container", c.rec.ID, "archive", r.Archive,
+			"load", loaded.Load, "took", time.Since(start))
+	}
 	if err := os.RemoveAll(filepath.Join(c.rec.Dir, restoreDir)); err != nil {
 		b.log.WarnContext(ctx, "removing a restored container's unpacked checkpoint", "container", c.rec.ID, "err", err)
 	}

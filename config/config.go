@@ -160,6 +160,30 @@ type Checkpoint struct {
 	// /usr/local/sbin/criu and criu on PATH whose `criu check` passes on
 	// this kernel.
 	CRIU string `yaml:"criu"`
+	// LiveAddress is the IP (or IP:port; no port: any) of this node
+	// where a pod moving live (annotation stagelet.io/checkpoint: live)
+	// is offered to the other node's daemon: a port opened for one
+	// authenticated connection (package livemove). "" (the default):
+	// pods do not move live from this node.
+	LiveAddress string `yaml:"live_address"`
+}
+
+// validate checks the checkpoint section.
+func (c *Checkpoint) validate() []error {
+	var errs []error
+	if c.CRIU != "" && !path.IsAbs(c.CRIU) {
+		errs = append(errs, fmt.Errorf("checkpoint.criu: %q is not absolute", c.CRIU))
+	}
+	if a := c.LiveAddress; a != "" {
+		host := a
+		if h, _, err := net.SplitHostPort(a); err == nil {
+			host = h
+		}
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			errs = append(errs, fmt.Errorf("checkpoint.live_address: %q is not an IP address the other nodes reach (IP or IP:port)", a))
+		}
+	}
+	return errs
 }
 
 // NRI is how the daemon hosts NRI (Node Resource Interface) plugins, as
@@ -397,9 +421,7 @@ func (c *Config) Validate() error {
 	if r := c.Tracing.SamplingRatePerMillion; r < 0 || r > 1_000_000 {
 		errs = append(errs, fmt.Errorf("tracing.sampling_rate_per_million: %d: want 0 to 1000000", r))
 	}
-	if c.Checkpoint.CRIU != "" && !path.IsAbs(c.Checkpoint.CRIU) {
-		errs = append(errs, fmt.Errorf("checkpoint.criu: %q is not absolute", c.Checkpoint.CRIU))
-	}
+	errs = append(errs, c.Checkpoint.validate()...)
 	for _, kv := range [][2]string{{"images.signature_policy", c.Images.SignaturePolicy}, {"images.signature_policy_dir", c.Images.SignaturePolicyDir}} {
 		if kv[1] != "" && !path.IsAbs(kv[1]) {
 			errs = append(errs, fmt.Errorf("%s: %q is not absolute", kv[0], kv[1]))

@@ -78,6 +78,18 @@ func TestParse(t *testing.T) {
 		{name: "negative boot timeout", yaml: "kvm: {boot_timeout: -1s}\n", wantErr: "kvm.boot_timeout"},
 		{name: "relative CDI dir", yaml: "cdi: {spec_dirs: [etc/cdi]}\n", wantErr: "cdi.spec_dirs"},
 		{name: "relative signature policy", yaml: "images: {signature_policy: policy.json}\n", wantErr: "images.signature_policy: \"policy.json\" is not absolute"},
+		{name: "live moves off by default", yaml: "", check: func(t *testing.T, c *Config) {
+			if c.Checkpoint.LiveAddress != "" {
+				t.Errorf("checkpoint.live_address = %q, want off", c.Checkpoint.LiveAddress)
+			}
+		}},
+		{name: "live move address", yaml: "checkpoint: {live_address: \"10.0.0.5:7443\"}\n", check: func(t *testing.T, c *Config) {
+			if c.Checkpoint.LiveAddress != "10.0.0.5:7443" {
+				t.Errorf("checkpoint.live_address = %q", c.Checkpoint.LiveAddress)
+			}
+		}},
+		{name: "live move address must be an IP", yaml: "checkpoint: {live_address: node1}\n", wantErr: "checkpoint.live_address: \"node1\""},
+		{name: "live move address must be reachable", yaml: "checkpoint: {live_address: 0.0.0.0}\n", wantErr: "checkpoint.live_address: \"0.0.0.0\""},
 		{name: "relative signature policy dir", yaml: "images: {signature_policy_dir: p.d}\n", wantErr: "images.signature_policy_dir"},
 		{name: "streaming defaults to loopback, any port", yaml: "", check: func(t *testing.T, c *Config) {
 			if got := c.StreamingAddr(); got != "127.0.0.1:0" {

@@ -359,6 +359,7 @@ func openBroker(log *slog.Logger, cfg *config.Config, state, run string, l host.
 		Log:           log,
 		Observer:      obs,
 		CRIU:          criuFinder(log, cfg.Checkpoint.CRIU),
+		LiveAddress:   cfg.Checkpoint.LiveAddress,
 	})
 	return b, pol, err
 }
