@@ -26,11 +26,13 @@ const tokenCounterCmd = `echo $$ $(head -c 8 /dev/urandom | od -An -tx1 | tr -d 
 // flow: CheckpointContainer saves its whole VM and the pod runs on; a
 // container created in a new pod from the archive takes the saved VM:
 // the counter keeps its PID, its token and its count, and the moved
-// guest has the new pod's address; the same from the command line to a
-// second daemon. A pod with a hostPath volume is refused, naming the
+// guest has the new pod's address. That pod, which asks to move live,
+// moves on to a second daemon from the command line: its checkpoint is a
+// ticket, and its VM streams to the other daemon, which runs it once the
+// source stopped it for good. A pod with a hostPath volume is refused, naming the
 // volume, and a pod of two containers.
 func TestKVMPodMoves(t *testing.T) {
-	e := newKVMEnv(t)
+	e := newKVMEnvOpts(t, harness.Options{Policy: allStage1sPolicy, LiveAddress: "127.0.0.1"})
 	s := kvmStage1
 	cfgA := e.netPodConfig("vm-from", s)
 	podA := e.runStage1Pod(cfgA, s)
@@ -60,6 +62,11 @@ func TestKVMPodMoves(t *testing.T) {
 	}
 
 	cfgB := e.netPodConfig("vm-to", s)
+	// This one moves on live.
+	if cfgB.Annotations == nil {
+		cfgB.Annotations = map[string]string{}
+	}
+	cfgB.Annotations["stagelet.io/checkpoint"] = "live"
 	podB := e.runStage1Pod(cfgB, s)
 	idB := e.createContainer(podB, cfgB, &runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: "counter"},
@@ -99,22 +106,25 @@ func TestKVMPodMoves(t *testing.T) {
 		return strings.Contains(err.Error(), "connection refused"), err.Error()
 	})
 
-	// Between two daemons, from the command line: the pod checkpoint
-	// is copied to the other node, which pulled the image (its disk,
-	// made there, holds the same bytes) and takes the VM.
+	// Live, between two daemons, from the command line: the pod asks
+	// for it (stagelet.io/checkpoint: live), so its checkpoint holds a
+	// ticket to this daemon, not the VM, and the pod runs on. The other
+	// daemon, which pulled the image (its disk, made there, holds the
+	// same bytes), takes the ticket and the VM streams to it.
 	to := &env{t: t, reg: e.reg, image: e.image, d: startDaemonOpts(t, e.reg, harness.Options{Policy: allStage1sPolicy})}
 	to.pull(e.image)
 	dir := filepath.Join(t.TempDir(), "saved")
 	if out, err := exec.Command(stageletBin, "checkpoint", "pod", "-socket", e.d.Socket, podB, dir).CombinedOutput(); err != nil {
 		t.Fatalf("stagelet checkpoint pod: %v\n%s", err, out)
 	}
+	if _, err := os.Stat(filepath.Join(dir, "container-counter.tar")); err != nil {
+		t.Fatal(err)
+	}
 	copied := filepath.Join(t.TempDir(), "moved")
 	if out, err := exec.Command("cp", "-a", dir, copied).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v\n%s", err, out)
 	}
-	if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podB}); err != nil {
-		t.Fatal(err)
-	}
+	nB := testutil.Counting(t, e.rt(), idB)()
 	cfgD := to.netPodConfig("vm-node2", s)
 	b, err := protojson.Marshal(cfgD)
 	if err != nil {
@@ -131,7 +141,19 @@ func TestKVMPodMoves(t *testing.T) {
 	}
 	podD := strings.TrimSpace(string(out))
 	to.cleanupPod(podD)
-	t.Logf("stagelet checkpoint restore-pod on the second daemon took %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("stagelet checkpoint restore-pod on the second daemon, moving the pod live, took %v", time.Since(start).Round(time.Millisecond))
+	for _, l := range strings.Split(e.d.LogTail(200)+"\n"+to.d.LogTail(200), "\n") {
+		if strings.Contains(l, "live move") || strings.Contains(l, "moved live") {
+			t.Log(l)
+		}
+	}
+	// The source's pod is gone: its container exited, its VM stopped.
+	if st := e.containerStatus(idB); st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("the container that moved away is %v on the source", st.GetState())
+	}
+	if ps := e.podStatus(podB); ps.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+		t.Errorf("the pod that moved away is %v on the source", ps.GetState())
+	}
 	resp, err := to.rt().ListContainers(to.ctx(), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: podD}})
 	if err != nil || len(resp.Containers) != 1 {
 		t.Fatalf("the pod restored on the second daemon: %v, %v", resp.GetContainers(), err)
@@ -144,7 +166,13 @@ func TestKVMPodMoves(t *testing.T) {
 	if out := to.execOK(idD, "ip", "-4", "-o", "addr", "show", "dev", "eth0"); ipD == "" || !strings.Contains(out, " "+ipD+"/") {
 		t.Errorf("the guest on the second daemon: eth0 %q, want its pod's %s", out, ipD)
 	}
+	if n := testutil.Counting(t, to.rt(), idD)(); n < nB {
+		t.Errorf("the counter on the second daemon is at %d, below %d, read before its checkpoint", n, nB)
+	}
 	testutil.CountsOn(t, filepath.Join(cfgD.LogDirectory, "counter.log"))
+	if _, err := e.rt().StopPodSandbox(e.ctx(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: podB}); err != nil {
+		t.Fatal(err)
+	}
 
 	// A pod with a hostPath volume cannot move, and says which.
 	cfgC := e.netPodConfig("vm-hostpath", s)

@@ -107,6 +107,9 @@ type Options struct {
 	// MetricsAddress enables the metrics endpoint (metrics.address, such
 	// as "127.0.0.1:0"); empty: off. MetricsURL says where it listens.
 	MetricsAddress string
+	// LiveAddress is checkpoint.live_address: where the daemon offers
+	// pods moving live (such as "127.0.0.1"); empty: not set.
+	LiveAddress string
 	// TracingEndpoint is tracing.endpoint (an OTLP/gRPC host:port) and
 	// TracingRate tracing.sampling_rate_per_million; empty: no tracing.
 	TracingEndpoint string
@@ -314,6 +317,9 @@ func (d *Daemon) configYAML() string {
 	}
 	if d.opts.KVMNoImageDisks {
 		b.WriteString("  image_disks: false\n")
+	}
+	if d.opts.LiveAddress != "" {
+		fmt.Fprintf(&b, "checkpoint:\n  live_address: %q\n", d.opts.LiveAddress)
 	}
 	if d.opts.MetricsAddress != "" {
 		fmt.Fprintf(&b, "metrics:\n  address: %q\n", d.opts.MetricsAddress)
