@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/stagelet/stagelet/errdefs"
-	"github.com/stagelet/stagelet/internal/atomicfile"
 	"github.com/stagelet/stagelet/livemove"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -72,14 +70,7 @@ func (p *Pod) DescribePod(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	b, err := json.Marshal(savedVM{Version: savedVMVersion, VM: p.st.VM, Disks: disks})
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.Write(filepath.Join(dir, savedVMName), b, 0o600); err != nil {
-		return fmt.Errorf("kvm: %w", err)
-	}
-	return nil
+	return writeSavedVM(dir, savedVM{Version: savedVMVersion, VM: p.st.VM, Disks: disks})
 }
 
 // SendPod implements stage1.PodSender.
@@ -91,16 +82,11 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 	if _, err := livemove.Expect(conn, livemove.FrameReady); err != nil {
 		return nil, fmt.Errorf("kvm: waiting for the target to ready its VM: %w", err)
 	}
-	q, err := p.dialQMP(ctx)
+	q, err := p.outgoingQMP(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer q.Close()
-	if _, err := q.run(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}},
-	}); err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
-	}
 	ours, err := q.passSocket(ctx, liveFD)
 	if err != nil {
 		return nil, err

@@ -67,19 +67,11 @@ func (p *Pod) SavePod(ctx context.Context, dir string) (*stage1.PodSaved, error)
 	if err != nil {
 		return nil, err
 	}
-	q, err := p.dialQMP(ctx)
+	q, err := p.outgoingQMP(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer q.Close()
-	// A VM restored from a template loaded it with x-ignore-shared on:
-	// off, the stream carries all its memory, which the target, with
-	// memory of its own, needs.
-	if _, err := q.run(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}},
-	}); err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
-	}
 	start := time.Now()
 	m, err := q.migrateOut(ctx, "exec:cat > "+shellQuote(filepath.Join(dir, savedStateName)))
 	// The VM runs on, as a checkpointed container does; a failed
@@ -92,12 +84,8 @@ func (p *Pod) SavePod(ctx context.Context, dir string) (*stage1.PodSaved, error)
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(savedVM{Version: savedVMVersion, VM: p.st.VM, Migration: m, Disks: disks})
-	if err != nil {
+	if err := writeSavedVM(dir, savedVM{Version: savedVMVersion, VM: p.st.VM, Migration: m, Disks: disks}); err != nil {
 		return nil, err
-	}
-	if err := atomicfile.Write(filepath.Join(dir, savedVMName), b, 0o600); err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
 	}
 	fi, err := os.Stat(filepath.Join(dir, savedStateName))
 	if err != nil {
@@ -105,6 +93,36 @@ func (p *Pod) SavePod(ctx context.Context, dir string) (*stage1.PodSaved, error)
 	}
 	p.log.InfoContext(ctx, "kvm: VM saved", "dir", dir, "bytes", fi.Size(), "downtime", m.Downtime, "took", time.Since(start))
 	return &stage1.PodSaved{Bytes: fi.Size(), Total: m.Total, Downtime: m.Downtime}, nil
+}
+
+// outgoingQMP dials the pod's QMP for a migration of its VM out.
+func (p *Pod) outgoingQMP(ctx context.Context) (*qmp, error) {
+	q, err := p.dialQMP(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// A VM restored from a template loaded it with x-ignore-shared on:
+	// off, the stream carries all its memory, which the target, with
+	// memory of its own, needs.
+	if _, err := q.run(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}},
+	}); err != nil {
+		q.Close()
+		return nil, fmt.Errorf("kvm: %w", err)
+	}
+	return q, nil
+}
+
+// writeSavedVM writes sv into dir/vm.json.
+func writeSavedVM(dir string, sv savedVM) error {
+	b, err := json.Marshal(sv)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(filepath.Join(dir, savedVMName), b, 0o600); err != nil {
+		return fmt.Errorf("kvm: %w", err)
+	}
+	return nil
 }
 
 // movable says why the pod's VM cannot be saved or loaded: the share,
