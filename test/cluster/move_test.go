@@ -20,7 +20,9 @@ import (
 const moverPod = `
 apiVersion: v1
 kind: Pod
-metadata: {name: {{.Name}}}
+metadata:
+  name: {{.Name}}{{if .Live}}
+  annotations: {stagelet.io/checkpoint: live}{{end}}
 spec:
   nodeName: {{.Node}}{{if .RuntimeClass}}
   runtimeClassName: {{.RuntimeClass}}{{end}}
@@ -68,6 +70,8 @@ type mover struct {
 	runtimeClass, memory string
 	// stage1 is the stage1 both pods run under.
 	stage1 string
+	// live: the pod asks to move live (stagelet.io/checkpoint: live).
+	live bool
 }
 
 // testMove: a running container moves to the other node, as Kubernetes
@@ -87,17 +91,21 @@ func (c *cluster) testMove(t *testing.T) {
 	c.move(t, mover{name: "mover", stage1: "nspawn"})
 }
 
-// testMoveVM: a kvm pod moves to the other node the same way, through
-// the kubelet's checkpoint API: its VM is saved with its memory (qemu's
-// migration) and restored in the pod on node 2, where the guest takes
-// that pod's network. The counter keeps its count, PID and token: the
-// process was never restarted. The VM has 128 MiB for the guest beside
-// the 128 MiB limit: 256 MiB.
+// testMoveVM: a kvm pod moves to the other node live, through the same
+// flow: it asks to (stagelet.io/checkpoint: live), so the kubelet's
+// checkpoint API gives an archive holding a ticket to node 1's daemon,
+// and the pod runs on. The pod on node 2 naming its checkpoint image
+// takes the ticket: node 1's daemon streams the VM with its memory
+// (qemu's pre-copy migration) over the connection the two daemons
+// authenticated, the guest pauses for the last round only, and runs on
+// node 2 once node 1 stopped it, with node 2's pod network. The counter
+// keeps its count, PID and token: the process was never restarted. The
+// VM has 128 MiB for the guest beside the 128 MiB limit: 256 MiB.
 func (c *cluster) testMoveVM(t *testing.T) {
 	if c.env.guest == "" {
 		t.Skip("no kvm guest (STAGELET_GUEST_ASSETS)")
 	}
-	c.move(t, mover{name: "vmmover", runtimeClass: "kvm", memory: "128Mi", stage1: "kvm"})
+	c.move(t, mover{name: "vmmover", runtimeClass: "kvm", memory: "128Mi", stage1: "kvm", live: true})
 }
 
 // move moves m's counter from node 1 to node 2 and checks that it went
@@ -113,8 +121,12 @@ func (c *cluster) move(t *testing.T, m mover) {
 	if client.Metadata.Name == "" {
 		t.Fatalf("no client pod on %s", from.name)
 	}
+	live := ""
+	if m.live {
+		live = "true"
+	}
 	c.apply(t, moverPod, "Name", m.name, "Node", from.name, "Image", img.counter, "Mark", "set on "+from.name,
-		"RuntimeClass", m.runtimeClass, "Memory", m.memory)
+		"RuntimeClass", m.runtimeClass, "Memory", m.memory, "Live", live)
 	var before counterState
 	c.wait(t, 3*time.Minute, "the counter on "+from.name, func() (bool, error) {
 		p, err := c.pod(m.name)
@@ -130,8 +142,11 @@ func (c *cluster) move(t *testing.T, m mover) {
 	archive := c.checkpointContainer(t, from, "default", m.name, "counter")
 	checkpointed := time.Now()
 	tookCheckpoint := checkpointed.Sub(start)
-	// The move: the container stops where it was.
-	c.kubectl(t, "delete", "pod", m.name, "--wait=false")
+	// The move: the container stops where it was. One moving live runs
+	// on until the other node takes it.
+	if !m.live {
+		c.kubectl(t, "delete", "pod", m.name, "--wait=false")
+	}
 
 	start = time.Now()
 	ref := c.registry + "/checkpoints/counter:" + m.name
@@ -157,9 +172,28 @@ func (c *cluster) move(t *testing.T, m mover) {
 		return err == nil, err
 	})
 	answered := time.Now()
-	t.Logf("moved %s/counter from %s (%s) to %s (%s): checkpoint %v (archive %s), image build and push %v, restore to its first answer %v; downtime %v",
+	// Moved the other way, the container stopped at the checkpoint.
+	gap := "downtime"
+	if m.live {
+		gap = "from the checkpoint (the pod running on) to the first answer"
+	}
+	t.Logf("moved %s/counter from %s (%s) to %s (%s): checkpoint %v (archive %s), image build and push %v, restore to its first answer %v; %s %v",
 		m.name, from.name, moved.Status.PodIP, to.name, restored.Status.PodIP, tookCheckpoint.Round(time.Millisecond),
-		sizeOf(archive), tookImage.Round(time.Millisecond), answered.Sub(start).Round(time.Millisecond), answered.Sub(checkpointed).Round(time.Millisecond))
+		sizeOf(archive), tookImage.Round(time.Millisecond), answered.Sub(start).Round(time.Millisecond), gap, answered.Sub(checkpointed).Round(time.Millisecond))
+	if m.live {
+		// The guest's pause, from node 1's clock to node 2's (one host's
+		// here), and the bytes streamed: node 2's account of the move.
+		line := c.lastLogLine(t, to, "container's whole pod taken from a live move")
+		t.Logf("moved live: %s", line)
+		d, err := time.ParseDuration(logField(line, "downtime"))
+		if err != nil {
+			t.Errorf("node %s logged no downtime of the live move: %q", to.name, line)
+		}
+		t.Logf("live move of %s: downtime %v (the guest paused on %s to its agent answering on %s with its network), %s bytes streamed",
+			m.name, d.Round(time.Millisecond), from.name, to.name, logField(line, "bytes"))
+		// The source's pod is done with: the kubelet would start it anew.
+		c.kubectl(t, "delete", "pod", m.name, "--wait=false")
+	}
 	t.Logf("before: %+v; after: %+v", before, after)
 	if after.Token != before.Token {
 		t.Errorf("the counter on %s drew token %s, not the checkpointed process's %s: it started anew", to.name, after.Token, before.Token)
@@ -240,4 +274,31 @@ func sizeOf(path string) string {
 		return err.Error()
 	}
 	return fmt.Sprintf("%.1f MiB", float64(fi.Size())/(1<<20))
+}
+
+// lastLogLine is the last line of node n's stagelet log that holds msg.
+func (c *cluster) lastLogLine(t *testing.T, n *node, msg string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.root, "var/log/stagelet.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], msg) {
+			return lines[i]
+		}
+	}
+	t.Fatalf("node %s logged no %q", n.name, msg)
+	return ""
+}
+
+// logField is the value of key=value in a log line; "" when absent.
+func logField(line, key string) string {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
 }

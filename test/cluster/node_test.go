@@ -142,7 +142,8 @@ tracing:
 // node's policy (nodePolicy) beside it, and its signature policies: the
 // node's accepts every image (nodeSignaturePolicy), and the directory of
 // namespace policies is where the signature test writes its own; traces
-// go to the test's receiver, only the calls the kubelet sampled.
+// go to the test's receiver, only the calls the kubelet sampled; pods
+// that ask to move live are offered on the node's address.
 const stageletConfig = `version: 1
 cgroup_driver: cgroupfs
 registries:
@@ -153,6 +154,7 @@ images:
   signature_policy_dir: ` + signaturePolicyDir + `
 policy_file: policy.yaml
 tracing: {endpoint: "%s"}
+checkpoint: {live_address: "%s"}
 `
 
 // The nodes' signature policy files, as the nodes see them.
@@ -301,7 +303,7 @@ func (c *cluster) writeNodeFiles(n *node) error {
 		{filepath.Join(n.root, "etc/systemd/system/stagelet.service"), string(unit), 0o644},
 		{filepath.Join(n.root, "etc/systemd/system/stagelet.service.d/node.conf"), stageletDropIn, 0o644},
 		{filepath.Join(n.root, "etc/systemd/system/kubelet.service"), fmt.Sprintf(kubeletUnit, n.name, n.ip), 0o644},
-		{filepath.Join(n.root, "etc/stagelet/config.yaml"), fmt.Sprintf(stageletConfig, c.registry, c.traces.Addr), 0o644},
+		{filepath.Join(n.root, "etc/stagelet/config.yaml"), fmt.Sprintf(stageletConfig, c.registry, c.traces.Addr, n.ip), 0o644},
 		{filepath.Join(n.root, "etc/stagelet/policy.yaml"), nodePolicy(), 0o644},
 		{filepath.Join(n.root, signaturePolicy), nodeSignaturePolicy, 0o644},
 		{filepath.Join(kl, "config.yaml"), fmt.Sprintf(kubeletConfig, dnsIP, c.traces.Addr), 0o644},
