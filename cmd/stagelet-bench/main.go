@@ -309,6 +309,7 @@ func newBenchDaemon(tb *fixtureTB, bin string, noTemplate bool, log *slog.Logger
 		Logger:             log,
 		KVMNoTemplate:      noTemplate,
 		KVMNoImageDisks:    *noImageDisks,
+		LiveAddress:        map[bool]string{true: "127.0.0.1"}[*move],
 		MetricsAddress:     map[bool]string{true: "127.0.0.1:0"}[*scrape],
 		TracingEndpoint:    traces,
 		TracingRate:        max(*traceRate, 0),

@@ -25,7 +25,7 @@ import (
 )
 
 // move: time a container's move instead (measureMoves).
-var move = flag.Bool("move", false, fmt.Sprintf("instead: -n times, alternately, move a counter from one pod to another on the daemon through CRI, as the kubelet's checkpoint flow does: the whole VM of a kvm pod (%d MiB) and, beside it, the container alone with CRIU in an nspawn pod (skipped, saying why, without a working criu); print each phase's median for both and their ratio", moveVMMiB))
+var move = flag.Bool("move", false, fmt.Sprintf("instead: -n times, alternately, move a counter from one pod to another on the daemon through CRI, as the kubelet's checkpoint flow does: the whole VM of a kvm pod (%d MiB) through a saved VM and live (its VM streamed over the daemons' authenticated connection, here to itself on 127.0.0.1) and, beside them, the container alone with CRIU in an nspawn pod (skipped, saying why, without a working criu); print each phase's median for each and the ratios to CRIU", moveVMMiB))
 
 // moveVMMiB is the memory of the moved kvm pod's VM (and of the pod
 // taking it, which must have the same), set by the daemon's policy.
@@ -50,14 +50,19 @@ func checkMoveFlags() error {
 	return nil
 }
 
-// moveWay is one way a container moves: its stage1 and how it is saved.
+// moveWay is one way a container moves: its stage1 and how it is saved
+// (live: streamed, stagelet.io/checkpoint: live); key names it in
+// results.
 type moveWay struct {
-	stage1, name string
+	key, stage1, name string
+	live              bool
 }
 
+// moveWays: CRIU's, the last, is what the others are compared with.
 var moveWays = []moveWay{
-	{"kvm", "kvm (whole VM)"},
-	{"nspawn", "nspawn (CRIU)"},
+	{"kvm", "kvm", "kvm (whole VM)", false},
+	{"kvm-live", "kvm", "kvm (live)", true},
+	{"nspawn", "nspawn", "nspawn (CRIU)", false},
 }
 
 // moveRun is one move's figures.
@@ -71,8 +76,14 @@ type moveRun struct {
 	// it: StopContainer without a grace period, then StopPodSandbox; restore: CreateContainer + StartContainer from
 	// the archive in the target pod (run before the checkpoint);
 	// downtime: from the checkpoint's end (then the source's stop and
-	// the restore) to the restored container's first ExecSync answer.
+	// the restore) to the restored container's first ExecSync answer;
+	// for a live move, which leaves the source running, from the
+	// source's last ExecSync answer.
 	stopSource, restore, downtime time.Duration
+	// For a live move: the bytes streamed, and the daemon's downtime,
+	// from the guest's pause to its agent answering with the network.
+	streamed       int64
+	daemonDowntime time.Duration
 }
 
 // moveResult holds, per way (by stage1), its runs, or why it was skipped.
@@ -89,34 +100,40 @@ func measureMoves(ctx context.Context, tb *fixtureTB, d *harness.Daemon, ref str
 	if _, _, _, err := preflight.FindCRIU(ctx, ""); err != nil {
 		res.skipped["nspawn"] = fmt.Sprintf("no criu works here: %v", err)
 	}
+	if d.LiveAddress() == "" {
+		res.skipped["kvm-live"] = "the daemon offers no live moves (checkpoint.live_address)"
+	}
 	var dir string
 	if err := tb.do(func() { dir = tb.TempDir() }); err != nil {
 		return nil, err
 	}
 	for run := range n {
 		for _, w := range moveWays {
-			if res.skipped[w.stage1] != "" {
+			if res.skipped[w.key] != "" {
 				continue
 			}
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			r, err := moveOnce(ctx, d, ref, w.stage1, podNet, fmt.Sprintf("move-%s-%d", w.stage1, run), dir)
+			r, err := moveOnce(ctx, d, ref, w, podNet, fmt.Sprintf("move-%s-%d", w.key, run), dir)
 			if err != nil {
 				return nil, fmt.Errorf("%s, run %d: %w", w.name, run, err)
 			}
-			res.runs[w.stage1] = append(res.runs[w.stage1], r)
+			res.runs[w.key] = append(res.runs[w.key], r)
 		}
 	}
 	return res, nil
 }
 
-// moveOnce starts a counter in a pod of stage1 and an empty pod beside
-// it, checkpoints the counter into an archive in dir, stops its pod and
-// restores the archive into the other, timing each step, and waits for
-// the restored counter to answer with a count not below the one read
-// just before the checkpoint. Both pods and the archive go at the end.
-func moveOnce(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, name, dir string) (r moveRun, err error) {
+// moveOnce starts a counter in a pod of w's stage1 and an empty pod
+// beside it, checkpoints the counter into an archive in dir, stops its
+// pod (unless it moves live: it runs on until the stream ends, asked for
+// its count meanwhile) and restores the archive into the other, timing
+// each step, and waits for the restored counter to answer with a count
+// not below the one read just before the checkpoint. Both pods and the
+// archive go at the end.
+func moveOnce(ctx context.Context, d *harness.Daemon, ref string, w moveWay, podNet bool, name, dir string) (r moveRun, err error) {
+	stage1 := w.stage1
 	rt := d.Runtime()
 	var pods, ctrs []string
 	defer func() {
@@ -124,7 +141,7 @@ func moveOnce(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet
 			err = errors.Join(err, rerr)
 		}
 	}()
-	src, to, toCfg, err := startMovePods(ctx, d, ref, stage1, podNet, name)
+	src, to, toCfg, err := startMovePods(ctx, d, ref, stage1, w.live, podNet, name)
 	if src != nil {
 		pods, ctrs = append(pods, src.podID), append(ctrs, src.ctrID)
 	}
@@ -146,16 +163,36 @@ func moveOnce(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet
 	}
 	saved := time.Now()
 	r.checkpoint = saved.Sub(began)
-	// The source stops at once: what it does after its checkpoint is
-	// not moved (and the counter would hold a grace period, ignoring
-	// SIGTERM).
-	if _, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: src.ctrID, Timeout: 0}); err != nil {
-		return r, fmt.Errorf("StopContainer of the source: %w", err)
+	var (
+		lastAnswer time.Time
+		sourceDone = make(chan struct{})
+	)
+	if w.live {
+		// The source runs on until the stream ends: its last answer
+		// starts the downtime.
+		go func() {
+			defer close(sourceDone)
+			for ctx.Err() == nil {
+				resp, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: src.ctrID, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
+				if err != nil || resp.ExitCode != 0 {
+					return
+				}
+				lastAnswer = time.Now()
+			}
+		}()
+	} else {
+		close(sourceDone)
+		// The source stops at once: what it does after its checkpoint
+		// is not moved (and the counter would hold a grace period,
+		// ignoring SIGTERM).
+		if _, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: src.ctrID, Timeout: 0}); err != nil {
+			return r, fmt.Errorf("StopContainer of the source: %w", err)
+		}
+		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: src.podID}); err != nil {
+			return r, fmt.Errorf("StopPodSandbox of the source: %w", err)
+		}
+		r.stopSource = time.Since(saved)
 	}
-	if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: src.podID}); err != nil {
-		return r, fmt.Errorf("StopPodSandbox of the source: %w", err)
-	}
-	r.stopSource = time.Since(saved)
 	began = time.Now()
 	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: to, SandboxConfig: toCfg, Config: &runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: "counter"},
@@ -173,14 +210,25 @@ func moveOnce(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet
 	if _, err := waitCount(ctx, rt, ctr.ContainerId, before, time.Minute); err != nil {
 		return r, fmt.Errorf("the restored counter: %w", err)
 	}
-	r.downtime = time.Since(saved)
+	answered := time.Now()
+	r.downtime = answered.Sub(saved)
+	<-sourceDone
+	if w.live {
+		if lastAnswer.IsZero() {
+			return r, errors.New("the source never answered after its checkpoint")
+		}
+		r.downtime = answered.Sub(lastAnswer)
+		if r.paused, r.streamed, r.daemonDowntime, err = liveFigures(d.LogTail(400)); err != nil {
+			return r, err
+		}
+	}
 
 	fi, err := os.Stat(archive)
 	if err != nil {
 		return r, err
 	}
 	r.bytes = fi.Size()
-	if stage1 == "kvm" {
+	if stage1 == "kvm" && !w.live {
 		if r.paused, err = vmPause(archive); err != nil {
 			return r, err
 		}
@@ -190,11 +238,17 @@ func moveOnce(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet
 
 // startMovePods starts a move's source pod, its counter running, and
 // its target pod, empty; it returns what it started also on failure.
-func startMovePods(ctx context.Context, d *harness.Daemon, ref, stage1 string, podNet bool, name string) (src *benchPod, to string, toCfg *runtimeapi.PodSandboxConfig, err error) {
+func startMovePods(ctx context.Context, d *harness.Daemon, ref, stage1 string, live, podNet bool, name string) (src *benchPod, to string, toCfg *runtimeapi.PodSandboxConfig, err error) {
 	rt := d.Runtime()
 	podCfg, ctrCfg, err := benchConfigs(d.LogsDir, ref, stage1, podNet, name+"-from")
 	if err != nil {
 		return nil, "", nil, err
+	}
+	if live {
+		if podCfg.Annotations == nil {
+			podCfg.Annotations = map[string]string{}
+		}
+		podCfg.Annotations["stagelet.io/checkpoint"] = "live"
 	}
 	ctrCfg.Metadata.Name = "counter"
 	ctrCfg.Command = []string{"sh", "-c", testutil.CounterCmd}
@@ -339,7 +393,46 @@ var movePhases = []movePhase{
 	{"  archive size", true, func(r moveRun) (float64, bool) { return float64(r.bytes), true }},
 	{"source stopped: StopContainer (no grace), StopPodSandbox", false, func(r moveRun) (float64, bool) { return msOf(r.stopSource), true }},
 	{"restore: CreateContainer + StartContainer", false, func(r moveRun) (float64, bool) { return msOf(r.restore), true }},
-	{"downtime: checkpoint's end to the first ExecSync", false, func(r moveRun) (float64, bool) { return msOf(r.downtime), true }},
+	{"downtime: checkpoint's end (live: last answer) to the first ExecSync", false, func(r moveRun) (float64, bool) { return msOf(r.downtime), true }},
+	{"  live: streamed", true, func(r moveRun) (float64, bool) { return float64(r.streamed), r.streamed > 0 }},
+	{"  live: guest paused to its agent answering, by the daemon", false, func(r moveRun) (float64, bool) { return msOf(r.daemonDowntime), r.daemonDowntime > 0 }},
+}
+
+// liveFigures reads a live move's figures from the daemon's log: how long
+// the guest paused for the last round (the source's "VM moved live"),
+// the bytes streamed and the downtime to the agent's answer (the
+// target's "taken from a live move"), the last of each.
+func liveFigures(log string) (paused time.Duration, streamed int64, downtime time.Duration, err error) {
+	var sent, taken string
+	for _, l := range strings.Split(log, "\n") {
+		switch {
+		case strings.Contains(l, "kvm: VM moved live"):
+			sent = l
+		case strings.Contains(l, "kvm: VM taken from a live move"):
+			taken = l
+		}
+	}
+	if sent == "" || taken == "" {
+		return 0, 0, 0, errors.New("the daemon logged no live move")
+	}
+	field := func(l, key string) string {
+		for _, f := range strings.Fields(l) {
+			if v, ok := strings.CutPrefix(f, key+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	if paused, err = time.ParseDuration(field(sent, "paused")); err != nil {
+		return 0, 0, 0, fmt.Errorf("the live move's pause: %w", err)
+	}
+	if streamed, err = strconv.ParseInt(field(taken, "bytes"), 10, 64); err != nil {
+		return 0, 0, 0, fmt.Errorf("the live move's bytes: %w", err)
+	}
+	if downtime, err = time.ParseDuration(field(taken, "downtime")); err != nil {
+		return 0, 0, 0, fmt.Errorf("the live move's downtime: %w", err)
+	}
+	return paused, streamed, downtime, nil
 }
 
 // medianOf is the median of the phase's figures over runs, ok false
@@ -368,37 +461,43 @@ func (ph movePhase) format(v float64) string {
 	return fmt.Sprintf("%.1f ms", v)
 }
 
-// reportMoves prints, per phase, each way's median and the first way's
-// ratio to the second's, then the skipped ways and why.
+// reportMoves prints, per phase, each way's median and the other ways'
+// ratios to the last's (CRIU), then the skipped ways and why.
 func reportMoves(w io.Writer, n int, what string, r *moveResult) {
 	fmt.Fprintf(w, "stagelet-bench: a counter's move to another pod on the same daemon through CRI, %s, median of %d runs\n", what, n)
-	fmt.Fprintf(w, "(the target pod runs before the checkpoint; the kvm pods' VMs have %d MiB; the CRIU container is paused over its dump and the reading of its layer, within CheckpointContainer)\n\n", moveVMMiB)
-	fmt.Fprintf(w, "%-58s", "phase")
+	fmt.Fprintf(w, "(the target pod runs before the checkpoint; the kvm pods' VMs have %d MiB; the CRIU container is paused over its dump and the reading of its layer, within CheckpointContainer; a live move's source runs on until its VM has streamed)\n\n", moveVMMiB)
+	base := moveWays[len(moveWays)-1]
+	fmt.Fprintf(w, "%-66s", "phase")
 	for _, way := range moveWays {
 		fmt.Fprintf(w, " %16s", way.name)
 	}
-	fmt.Fprintf(w, " %16s\n", "kvm / nspawn")
+	for _, way := range moveWays[:len(moveWays)-1] {
+		fmt.Fprintf(w, " %16s", way.key+" / "+base.key)
+	}
+	fmt.Fprintln(w)
 	for _, ph := range movePhases {
-		fmt.Fprintf(w, "%-58s", ph.label)
-		var meds []float64
+		fmt.Fprintf(w, "%-66s", ph.label)
+		meds := map[string]float64{}
 		for _, way := range moveWays {
-			v, ok := ph.medianOf(r.runs[way.stage1])
+			v, ok := ph.medianOf(r.runs[way.key])
 			if !ok {
 				fmt.Fprintf(w, " %16s", "-")
-				meds = append(meds, 0)
 				continue
 			}
 			fmt.Fprintf(w, " %16s", ph.format(v))
-			meds = append(meds, v)
+			meds[way.key] = v
 		}
-		q := "-"
-		if meds[0] > 0 && meds[1] > 0 {
-			q = fmt.Sprintf("%.2fx", meds[0]/meds[1])
+		for _, way := range moveWays[:len(moveWays)-1] {
+			q := "-"
+			if a, b := meds[way.key], meds[base.key]; a > 0 && b > 0 {
+				q = fmt.Sprintf("%.2fx", a/b)
+			}
+			fmt.Fprintf(w, " %16s", q)
 		}
-		fmt.Fprintf(w, " %16s\n", q)
+		fmt.Fprintln(w)
 	}
 	for _, way := range moveWays {
-		if why := r.skipped[way.stage1]; why != "" {
+		if why := r.skipped[way.key]; why != "" {
 			fmt.Fprintf(w, "%s: skipped: %s\n", way.name, why)
 		}
 	}
@@ -413,13 +512,13 @@ func saveMoves(r *moveResult) error {
 				continue
 			}
 			var ds []time.Duration
-			for _, run := range r.runs[way.stage1] {
+			for _, run := range r.runs[way.key] {
 				if v, ok := ph.of(run); ok {
 					ds = append(ds, time.Duration(v*float64(time.Millisecond)))
 				}
 			}
 			if len(ds) > 0 {
-				rows = append(rows, callRow{way.stage1 + " move: " + strings.TrimSpace(ph.label), ds})
+				rows = append(rows, callRow{way.key + " move: " + strings.TrimSpace(ph.label), ds})
 			}
 		}
 	}

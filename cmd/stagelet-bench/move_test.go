@@ -97,3 +97,19 @@ func TestReportMoves(t *testing.T) {
 		t.Errorf("a skipped way is not said:\n%s", b.String())
 	}
 }
+
+// A live move's figures come from the daemon's two log lines, the last
+// of each.
+func TestLiveFigures(t *testing.T) {
+	log := `time=… level=INFO msg="kvm: VM moved live" to=127.0.0.1:1 bytes=1 paused=999ms took=2s
+time=… level=INFO msg="kvm: VM moved live" stage1=kvm to=127.0.0.1:42978 bytes=81169712 paused=226ms took=591ms
+time=… level=INFO msg="kvm: VM taken from a live move" stage1=kvm from=127.0.0.1:38567 bytes=81434219 load=531.64216ms downtime=763.748104ms sourcePaused=226ms
+`
+	paused, streamed, down, err := liveFigures(log)
+	if err != nil || paused != 226*time.Millisecond || streamed != 81434219 || down != 763748104*time.Nanosecond {
+		t.Errorf("liveFigures = %v, %d, %v, %v", paused, streamed, down, err)
+	}
+	if _, _, _, err := liveFigures("msg=\"kvm: VM moved live\" paused=1ms\n"); err == nil {
+		t.Error("no error without the target's line")
+	}
+}

@@ -185,6 +185,10 @@ type Daemon struct {
 	stateTmpfs bool
 }
 
+// LiveAddress is where the daemon offers pods moving live
+// (Options.LiveAddress); "": nowhere.
+func (d *Daemon) LiveAddress() string { return d.opts.LiveAddress }
+
 // New creates the daemon's directories (a short path under the system
 // temporary directory, so that unix socket paths beneath it stay within the
 // kernel's limit) and writes its configuration. It does not start it.
