@@ -163,34 +163,14 @@ func moveOnce(ctx context.Context, d *harness.Daemon, ref string, w moveWay, pod
 	}
 	saved := time.Now()
 	r.checkpoint = saved.Sub(began)
-	var (
-		lastAnswer time.Time
-		sourceDone = make(chan struct{})
-	)
+	// A live move's source runs on until the stream ends: its last
+	// answer starts the downtime. Any other stops at once.
+	lastAnswer := make(chan time.Time, 1)
 	if w.live {
-		// The source runs on until the stream ends: its last answer
-		// starts the downtime.
-		go func() {
-			defer close(sourceDone)
-			for ctx.Err() == nil {
-				resp, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: src.ctrID, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
-				if err != nil || resp.ExitCode != 0 {
-					return
-				}
-				lastAnswer = time.Now()
-			}
-		}()
+		go followSource(ctx, rt, src.ctrID, lastAnswer)
+	} else if err := stopSource(ctx, rt, src); err != nil {
+		return r, err
 	} else {
-		close(sourceDone)
-		// The source stops at once: what it does after its checkpoint
-		// is not moved (and the counter would hold a grace period,
-		// ignoring SIGTERM).
-		if _, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: src.ctrID, Timeout: 0}); err != nil {
-			return r, fmt.Errorf("StopContainer of the source: %w", err)
-		}
-		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: src.podID}); err != nil {
-			return r, fmt.Errorf("StopPodSandbox of the source: %w", err)
-		}
 		r.stopSource = time.Since(saved)
 	}
 	began = time.Now()
@@ -212,28 +192,60 @@ func moveOnce(ctx context.Context, d *harness.Daemon, ref string, w moveWay, pod
 	}
 	answered := time.Now()
 	r.downtime = answered.Sub(saved)
-	<-sourceDone
 	if w.live {
-		if lastAnswer.IsZero() {
+		last := <-lastAnswer
+		if last.IsZero() {
 			return r, errors.New("the source never answered after its checkpoint")
 		}
-		r.downtime = answered.Sub(lastAnswer)
+		r.downtime = answered.Sub(last)
 		if r.paused, r.streamed, r.daemonDowntime, err = liveFigures(d.LogTail(400)); err != nil {
 			return r, err
 		}
 	}
 
+	err = archiveFigures(&r, archive, stage1 == "kvm" && !w.live)
+	return r, err
+}
+
+// archiveFigures reads into r the archive's size and, for a saved VM
+// (vm), the guest's pause.
+func archiveFigures(r *moveRun, archive string, vm bool) error {
 	fi, err := os.Stat(archive)
 	if err != nil {
-		return r, err
+		return err
 	}
 	r.bytes = fi.Size()
-	if stage1 == "kvm" && !w.live {
-		if r.paused, err = vmPause(archive); err != nil {
-			return r, err
-		}
+	if vm {
+		r.paused, err = vmPause(archive)
 	}
-	return r, nil
+	return err
+}
+
+// followSource asks the counter of container ctr for its count until
+// it no longer answers, and sends when it last did (zero: never).
+func followSource(ctx context.Context, rt runtimeapi.RuntimeServiceClient, ctr string, last chan<- time.Time) {
+	var at time.Time
+	defer func() { last <- at }()
+	for ctx.Err() == nil {
+		resp, err := rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"cat", "/tmp/count"}, Timeout: 30})
+		if err != nil || resp.ExitCode != 0 {
+			return
+		}
+		at = time.Now()
+	}
+}
+
+// stopSource stops a move's source once it is saved: what it does after
+// its checkpoint is not moved (and the counter would hold a grace
+// period, ignoring SIGTERM).
+func stopSource(ctx context.Context, rt runtimeapi.RuntimeServiceClient, src *benchPod) error {
+	if _, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: src.ctrID, Timeout: 0}); err != nil {
+		return fmt.Errorf("StopContainer of the source: %w", err)
+	}
+	if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: src.podID}); err != nil {
+		return fmt.Errorf("StopPodSandbox of the source: %w", err)
+	}
+	return nil
 }
 
 // startMovePods starts a move's source pod, its counter running, and
