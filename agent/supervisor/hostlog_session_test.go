@@ -133,8 +133,11 @@ func TestHostLogSessionReplaced(t *testing.T) {
 	if err := <-s2; err != nil {
 		t.Errorf("session of a removed app: %v", err)
 	}
-	if got := second.contents(); len(got) != 0 {
-		t.Errorf("second session got %q, already acknowledged", got)
+	// The first session's acknowledgement of its line may not have
+	// reached the agent before the second replaced it: that line comes
+	// again (at least once), and nothing else does.
+	if got := second.contents(); len(got) > 1 || len(got) == 1 && got[0] != "first" {
+		t.Errorf("second session got %q; at most the first session's line again", got)
 	}
 	if err := ta.c.Logs(ctx(t), "a", second.write); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("session of a removed app: %v", err)
