@@ -25,8 +25,8 @@ import (
 //
 // The hand-over, so that the pod never runs on both nodes: the source
 // streams the state and sends End, its VM paused; the target loads it,
-// still paused (-S), and says Loaded; the source then stops its VM for
-// good and says Go, and only then does the target run its VM. A target
+// still paused (-S), and says Loaded; the source then says Go and stops
+// its VM for good, and only then does the target run its VM. A target
 // that fails before Loaded tells the source, which runs its VM on. A
 // connection lost between Loaded and Go leaves the pod on neither node.
 
@@ -124,12 +124,15 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("kvm: the target did not load the VM: %w", err), p.resume(ctx, q))
 	}
-	// The target holds the VM: this one never runs again.
+	// The target holds the VM: this one, paused since the last round,
+	// never runs again (only resume continues it, and only before
+	// Loaded), so the target is told at once, and the VM stopped after.
+	gerr := livemove.WriteFrame(conn, livemove.FrameGo, nil)
 	if err := p.stopVM(ctx); err != nil {
-		return nil, err
+		return nil, errors.Join(err, gerr)
 	}
-	if err := livemove.WriteFrame(conn, livemove.FrameGo, nil); err != nil {
-		return nil, fmt.Errorf("kvm: the VM stopped here, and the target was not told to run it: %w", err)
+	if gerr != nil {
+		return nil, fmt.Errorf("kvm: the VM stopped here, and the target was not told to run it: %w", gerr)
 	}
 	p.log.InfoContext(ctx, "kvm: VM moved live", "to", conn.RemoteAddr(), "bytes", m.Bytes, "paused", m.Downtime, "took", m.Total)
 	return &stage1.PodSaved{Bytes: m.Bytes, Total: m.Total, Downtime: m.Downtime}, nil
