@@ -403,7 +403,7 @@ var movePhases = []movePhase{
 	{"CheckpointContainer", false, func(r moveRun) (float64, bool) { return msOf(r.checkpoint), true }},
 	{"  guest paused for the last round (qemu)", false, func(r moveRun) (float64, bool) { return msOf(r.paused), r.paused > 0 }},
 	{"  archive size", true, func(r moveRun) (float64, bool) { return float64(r.bytes), true }},
-	{"source stopped: StopContainer (no grace), StopPodSandbox", false, func(r moveRun) (float64, bool) { return msOf(r.stopSource), true }},
+	{"source stopped: StopContainer (no grace), StopPodSandbox", false, func(r moveRun) (float64, bool) { return msOf(r.stopSource), r.stopSource > 0 }},
 	{"restore: CreateContainer + StartContainer", false, func(r moveRun) (float64, bool) { return msOf(r.restore), true }},
 	{"downtime: checkpoint's end (live: last answer) to the first ExecSync", false, func(r moveRun) (float64, bool) { return msOf(r.downtime), true }},
 	{"  live: streamed", true, func(r moveRun) (float64, bool) { return float64(r.streamed), r.streamed > 0 }},
