@@ -46,6 +46,8 @@ const (
 	liveCloseTimeout = 30 * time.Second
 	liveLoadTimeout  = 2 * time.Minute
 	liveGoTimeout    = time.Minute
+	// liveResumeTimeout bounds the source's resume after a failed move.
+	liveResumeTimeout = 10 * time.Second
 )
 
 // liveEnd is the source's End frame: how the send went.
@@ -78,6 +80,7 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 	if err := p.movable(); err != nil {
 		return nil, err
 	}
+	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })()
 	conn.SetReadDeadline(time.Now().Add(liveReadyTimeout))
 	if _, err := livemove.Expect(conn, livemove.FrameReady); err != nil {
 		return nil, fmt.Errorf("kvm: waiting for the target to ready its VM: %w", err)
@@ -100,7 +103,11 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 	m, err := q.migrateOut(ctx, "fd:"+liveFD)
 	completed := time.Now()
 	if err != nil {
+		// The frames stop before the caller's Fail frame follows them.
 		ours.Close()
+		conn.SetWriteDeadline(time.Now().Add(liveCloseTimeout))
+		<-sent
+		conn.SetWriteDeadline(time.Time{})
 		return nil, errors.Join(err, p.resume(ctx, q))
 	}
 	// qemu closes its end once the stream is complete.
@@ -108,6 +115,10 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 	case err = <-sent:
 	case <-time.After(liveCloseTimeout):
 		err = errdefs.New(errdefs.ErrDeadlineExceeded, "kvm: qemu kept the migration's stream open %v after it completed", liveCloseTimeout)
+		ours.Close()
+		conn.SetWriteDeadline(time.Now())
+		<-sent
+		conn.SetWriteDeadline(time.Time{})
 	}
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("kvm: streaming the VM: %w", err), p.resume(ctx, q))
@@ -140,7 +151,10 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 
 // resume runs the source's VM on after a move that failed: qemu resumes
 // a VM whose migration failed by itself, not one that completed.
+// It runs when ctx ended too, within liveResumeTimeout.
 func (p *Pod) resume(ctx context.Context, q *qmp) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), liveResumeTimeout)
+	defer cancel()
 	st, err := q.status(ctx)
 	if err != nil || st == "running" {
 		return err
@@ -154,6 +168,23 @@ func (p *Pod) resume(ctx context.Context, q *qmp) error {
 
 // ReceivePod implements stage1.PodReceiver.
 func (p *Pod) ReceivePod(ctx context.Context, dir string, conn net.Conn) (_ *stage1.PodRestored, err error) {
+	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })()
+	// Until the source said Go, a failure is told to the source, which
+	// runs its VM on, and stops the VM here; after, this VM is the pod's
+	// only one.
+	committed, stopped := false, false
+	defer func() {
+		if err == nil || committed {
+			return
+		}
+		livemove.Fail(conn, err)
+		if stopped {
+			if serr := p.stopVM(context.WithoutCancel(ctx)); serr != nil {
+				p.log.WarnContext(ctx, "kvm: stopping the VM of a failed move", "err", serr)
+			}
+			err = fmt.Errorf("%w (the pod's own VM was stopped)", err)
+		}
+	}()
 	sv, err := p.readSavedVM(dir)
 	if err != nil {
 		return nil, err
@@ -172,15 +203,7 @@ func (p *Pod) ReceivePod(ctx context.Context, dir string, conn net.Conn) (_ *sta
 	if err := p.stopVM(ctx); err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			livemove.Fail(conn, err)
-			if serr := p.stopVM(context.WithoutCancel(ctx)); serr != nil {
-				p.log.WarnContext(ctx, "kvm: stopping the VM of a failed move", "err", serr)
-			}
-			err = fmt.Errorf("%w (the pod's own VM was stopped)", err)
-		}
-	}()
+	stopped = true
 	qemu, gcfg, logPath, err := p.startIncoming(ctx, res, disks, true)
 	if err != nil {
 		return nil, err
@@ -192,29 +215,9 @@ func (p *Pod) ReceivePod(ctx context.Context, dir string, conn net.Conn) (_ *sta
 		return nil, err
 	}
 	defer q.Close()
-	ours, err := q.passSocket(lctx, liveFD)
-	if err != nil {
-		return nil, err
-	}
-	defer ours.Close()
-	if _, err := q.run(lctx, "migrate-incoming", map[string]any{"uri": "fd:" + liveFD}); err != nil {
-		return nil, fmt.Errorf("kvm: %w", err)
-	}
-	if err := livemove.WriteFrame(conn, livemove.FrameReady, nil); err != nil {
-		return nil, err
-	}
-	raw, n, err := livemove.ReceiveStream(ours, conn)
+	end, n, loadStart, err := q.receive(lctx, qemu, conn)
 	if err != nil {
 		return nil, fmt.Errorf("kvm: receiving the VM (qemu log %s): %w", logPath, err)
-	}
-	loadStart := time.Now()
-	ours.Close()
-	var end liveEnd
-	if err := json.Unmarshal(raw, &end); err != nil {
-		return nil, errdefs.InvalidArgument("kvm: the source's account of the move: %w", err)
-	}
-	if err := q.waitLoaded(lctx, qemu); err != nil {
-		return nil, fmt.Errorf("kvm: loading the VM (qemu log %s): %w", logPath, err)
 	}
 	if err := livemove.WriteFrame(conn, livemove.FrameLoaded, nil); err != nil {
 		return nil, err
@@ -223,6 +226,7 @@ func (p *Pod) ReceivePod(ctx context.Context, dir string, conn net.Conn) (_ *sta
 	if _, err := livemove.Expect(conn, livemove.FrameGo); err != nil {
 		return nil, fmt.Errorf("kvm: the source did not say it stopped its VM, which may run on there: %w", err)
 	}
+	committed = true
 	if _, err := q.run(lctx, "cont", nil); err != nil {
 		return nil, fmt.Errorf("kvm: %w", err)
 	}
@@ -232,6 +236,35 @@ func (p *Pod) ReceivePod(ctx context.Context, dir string, conn net.Conn) (_ *sta
 	r := &stage1.PodRestored{Load: time.Since(loadStart), Bytes: n, Downtime: time.Since(end.PausedAt)}
 	p.log.InfoContext(ctx, "kvm: VM taken from a live move", "from", conn.RemoteAddr(), "bytes", n, "load", r.Load, "downtime", r.Downtime, "sourcePaused", end.Downtime)
 	return r, nil
+}
+
+// receive has qemu, started with -incoming defer and -S, take the VM
+// that conn's source streams, and waits for it to be loaded: the
+// source's account of the send, the bytes received and when the stream
+// ended.
+func (q *qmp) receive(ctx context.Context, qemu interface{ Alive() bool }, conn net.Conn) (liveEnd, int64, time.Time, error) {
+	var end liveEnd
+	ours, err := q.passSocket(ctx, liveFD)
+	if err != nil {
+		return end, 0, time.Time{}, err
+	}
+	defer ours.Close()
+	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": "fd:" + liveFD}); err != nil {
+		return end, 0, time.Time{}, err
+	}
+	if err := livemove.WriteFrame(conn, livemove.FrameReady, nil); err != nil {
+		return end, 0, time.Time{}, err
+	}
+	raw, n, err := livemove.ReceiveStream(ours, conn)
+	if err != nil {
+		return end, n, time.Time{}, err
+	}
+	ended := time.Now()
+	ours.Close()
+	if err := json.Unmarshal(raw, &end); err != nil {
+		return end, n, ended, errdefs.InvalidArgument("the source's account of the move: %w", err)
+	}
+	return end, n, ended, q.waitLoaded(ctx, qemu)
 }
 
 // canLoad says why the pod's VM cannot be replaced by a saved or moving
