@@ -113,29 +113,52 @@ func TestKVMPodMoves(t *testing.T) {
 	// same bytes), takes the ticket and the VM streams to it.
 	to := &env{t: t, reg: e.reg, image: e.image, d: startDaemonOpts(t, e.reg, harness.Options{Policy: allStage1sPolicy})}
 	to.pull(e.image)
-	dir := filepath.Join(t.TempDir(), "saved")
-	if out, err := exec.Command(stageletBin, "checkpoint", "pod", "-socket", e.d.Socket, podB, dir).CombinedOutput(); err != nil {
-		t.Fatalf("stagelet checkpoint pod: %v\n%s", err, out)
+	offer := func(name string) string {
+		dir := filepath.Join(t.TempDir(), name)
+		if out, err := exec.Command(stageletBin, "checkpoint", "pod", "-socket", e.d.Socket, podB, dir).CombinedOutput(); err != nil {
+			t.Fatalf("stagelet checkpoint pod: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "container-counter.tar")); err != nil {
+			t.Fatal(err)
+		}
+		copied := filepath.Join(t.TempDir(), name+"-copied")
+		if out, err := exec.Command("cp", "-a", dir, copied).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v\n%s", err, out)
+		}
+		return copied
 	}
-	if _, err := os.Stat(filepath.Join(dir, "container-counter.tar")); err != nil {
-		t.Fatal(err)
+	podFile := func(cfg *runtimeapi.PodSandboxConfig) string {
+		b, err := protojson.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(t.TempDir(), cfg.Metadata.Name+".json")
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
 	}
-	copied := filepath.Join(t.TempDir(), "moved")
-	if out, err := exec.Command("cp", "-a", dir, copied).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v\n%s", err, out)
+
+	// A target that cannot take the VM (its own is of another size)
+	// refuses it before anything changed: the source runs on.
+	refusedDir := offer("refused")
+	cfgBig := to.netPodConfig("vm-big", s)
+	cfgBig.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 256 << 20}
+	nRefused := testutil.Counting(t, e.rt(), idB)()
+	out, err := exec.Command(stageletBin, "checkpoint", "restore-pod", "-socket", to.d.Socket, "-runtime", s.handler, "-config", podFile(cfgBig), refusedDir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "give the pod the saved VM's size") {
+		t.Fatalf("restore-pod into a VM of another size: %v\n%s", err, out)
 	}
+	testutil.WaitFor(t, time.Minute, "the source's counter counts on after the refused move", func() (bool, string) {
+		n := testutil.Counting(t, e.rt(), idB)()
+		return n > nRefused, strconv.Itoa(n)
+	})
+
+	copied := offer("moved")
 	nB := testutil.Counting(t, e.rt(), idB)()
 	cfgD := to.netPodConfig("vm-node2", s)
-	b, err := protojson.Marshal(cfgD)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgFile := filepath.Join(t.TempDir(), "pod.json")
-	if err := os.WriteFile(cfgFile, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	start = time.Now()
-	out, err := exec.Command(stageletBin, "checkpoint", "restore-pod", "-socket", to.d.Socket, "-runtime", s.handler, "-config", cfgFile, copied).Output()
+	out, err = exec.Command(stageletBin, "checkpoint", "restore-pod", "-socket", to.d.Socket, "-runtime", s.handler, "-config", podFile(cfgD), copied).Output()
 	if err != nil {
 		t.Fatalf("stagelet checkpoint restore-pod: %v\n%s", err, out)
 	}
