@@ -94,7 +94,7 @@ func (b *Broker) serveLive(p *pod, c *container, h *podconn.Pod, o *livemove.Off
 		defer conn.Close()
 		if err := b.sendLive(ctx, p, c, h, conn); err != nil {
 			livemove.Fail(conn, err)
-			b.log.WarnContext(ctx, "live move failed; the pod runs on here", "pod", p.id(), "to", conn.RemoteAddr(), "err", err)
+			b.log.WarnContext(ctx, "live move failed", "pod", p.id(), "to", conn.RemoteAddr(), "err", err)
 		}
 	}()
 }

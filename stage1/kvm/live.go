@@ -139,11 +139,12 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 	// never runs again (only resume continues it, and only before
 	// Loaded), so the target is told at once, and the VM stopped after.
 	gerr := livemove.WriteFrame(conn, livemove.FrameGo, nil)
-	if err := p.stopVM(ctx); err != nil {
-		return nil, errors.Join(err, gerr)
+	if err := p.stopVM(context.WithoutCancel(ctx)); err != nil {
+		// Paused, it never runs again: the pod moved all the same.
+		p.log.WarnContext(ctx, "kvm: the VM moved; stopping its paused qemu here failed", "err", err)
 	}
 	if gerr != nil {
-		return nil, fmt.Errorf("kvm: the VM stopped here, and the target was not told to run it: %w", gerr)
+		return nil, fmt.Errorf("kvm: the VM stopped here, and the target was not told to run it: the pod runs on neither node: %w", gerr)
 	}
 	p.log.InfoContext(ctx, "kvm: VM moved live", "to", conn.RemoteAddr(), "bytes", m.Bytes, "paused", m.Downtime, "took", m.Total)
 	return &stage1.PodSaved{Bytes: m.Bytes, Total: m.Total, Downtime: m.Downtime}, nil
