@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/stagelet/stagelet/cgroups"
+	"github.com/stagelet/stagelet/livemove"
 	"github.com/stagelet/stagelet/policy"
 	"github.com/stagelet/stagelet/stage1"
 )
@@ -175,12 +176,8 @@ func (c *Checkpoint) validate() []error {
 		errs = append(errs, fmt.Errorf("checkpoint.criu: %q is not absolute", c.CRIU))
 	}
 	if a := c.LiveAddress; a != "" {
-		host := a
-		if h, _, err := net.SplitHostPort(a); err == nil {
-			host = h
-		}
-		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-			errs = append(errs, fmt.Errorf("checkpoint.live_address: %q is not an IP address the other nodes reach (IP or IP:port)", a))
+		if err := livemove.CheckAddress(a); err != nil {
+			errs = append(errs, fmt.Errorf("checkpoint.live_address: %w", err))
 		}
 	}
 	return errs

@@ -124,12 +124,9 @@ type Offer struct {
 // for the offer's target, for ttl. InvalidArgument for an address that is
 // not a usable IP.
 func NewOffer(address string, ttl time.Duration, log *slog.Logger) (*Offer, error) {
-	if _, _, err := net.SplitHostPort(address); err != nil {
-		address = net.JoinHostPort(address, "0")
-	}
-	host, _, _ := net.SplitHostPort(address)
-	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-		return nil, errdefs.InvalidArgument("live move address %q: not an IP address the target can reach", address)
+	address, err := listenAddress(address)
+	if err != nil {
+		return nil, fmt.Errorf("live move address: %w", err)
 	}
 	cert, sum, err := certificate()
 	if err != nil {
@@ -151,6 +148,28 @@ func NewOffer(address string, ttl time.Duration, log *slog.Logger) (*Offer, erro
 		tls:   &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13},
 		log:   log,
 	}, nil
+}
+
+// CheckAddress says why address cannot be an offer's (NewOffer):
+// InvalidArgument unless it is an IP, or IP:port, that another node can
+// reach (not unspecified, as 0.0.0.0).
+func CheckAddress(address string) error {
+	_, err := listenAddress(address)
+	return err
+}
+
+// listenAddress is address as IP:port (port 0 when it has none), or
+// InvalidArgument (CheckAddress).
+func listenAddress(given string) (string, error) {
+	address := given
+	if _, _, err := net.SplitHostPort(address); err != nil {
+		address = net.JoinHostPort(address, "0")
+	}
+	host, _, _ := net.SplitHostPort(address)
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		return "", errdefs.InvalidArgument("%q is not an IP address the other nodes reach (IP or IP:port)", given)
+	}
+	return address, nil
 }
 
 // Ticket is the offer's ticket.

@@ -100,14 +100,18 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 		_, err := livemove.SendStream(conn, ours)
 		sent <- err
 	}()
+	// stopSending ends the copier within grace, so that no Fail frame
+	// the caller writes lands between its frames.
+	stopSending := func(grace time.Duration) {
+		ours.Close()
+		conn.SetWriteDeadline(time.Now().Add(grace))
+		<-sent
+		conn.SetWriteDeadline(time.Time{})
+	}
 	m, err := q.migrateOut(ctx, "fd:"+liveFD)
 	completed := time.Now()
 	if err != nil {
-		// The frames stop before the caller's Fail frame follows them.
-		ours.Close()
-		conn.SetWriteDeadline(time.Now().Add(liveCloseTimeout))
-		<-sent
-		conn.SetWriteDeadline(time.Time{})
+		stopSending(liveCloseTimeout)
 		return nil, errors.Join(err, p.resume(ctx, q))
 	}
 	// qemu closes its end once the stream is complete.
@@ -115,10 +119,7 @@ func (p *Pod) SendPod(ctx context.Context, conn net.Conn) (*stage1.PodSaved, err
 	case err = <-sent:
 	case <-time.After(liveCloseTimeout):
 		err = errdefs.New(errdefs.ErrDeadlineExceeded, "kvm: qemu kept the migration's stream open %v after it completed", liveCloseTimeout)
-		ours.Close()
-		conn.SetWriteDeadline(time.Now())
-		<-sent
-		conn.SetWriteDeadline(time.Time{})
+		stopSending(0)
 	}
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("kvm: streaming the VM: %w", err), p.resume(ctx, q))
