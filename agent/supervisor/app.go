@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,6 +54,10 @@ type app struct {
 	// stopOOMWatch ends the agent's OOM group of an app on cgroup v1
 	// (applyLimits); nil without one.
 	stopOOMWatch func()
+	// groupOOM is set when that OOM group fired: the agent's kill may
+	// take the app's processes before the kernel's OOM killer counts its
+	// own kill, and the app was still killed for memory.
+	groupOOM atomic.Bool
 }
 
 func (ap *app) status() *api.AppStatus {
@@ -268,6 +273,7 @@ func (a *Agent) applyLimits(ap *app, r api.Resources) error {
 			go func() {
 				for range events {
 					a.log.Info("OOM in an app with an OOM group: killing all of its processes", "app", ap.id)
+					ap.groupOOM.Store(true)
 					if err := ap.cg.Kill(); err != nil {
 						a.log.Warn("kill the OOM group", "app", ap.id, "err", err)
 					}
@@ -539,8 +545,8 @@ func (a *Agent) monitor(ap *app, c *child, copies *sync.WaitGroup) {
 	if c.stdin != nil {
 		c.stdin.Close()
 	}
-	oom := false
-	if ap.cg != nil {
+	oom := ap.groupOOM.Load()
+	if !oom && ap.cg != nil {
 		if n, err := ap.cg.OOMKills(); err == nil && n > ap.oomBase {
 			oom = true
 		}
