@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 
@@ -117,7 +118,9 @@ func (b *Broker) sendLive(ctx context.Context, p *pod, c *container, h *podconn.
 	if err != nil {
 		return err
 	}
-	b.podGone(ctx, p, h, fmt.Errorf("the pod moved live to %s", conn.RemoteAddr()))
+	moved := fmt.Sprintf("the pod moved live to %s", conn.RemoteAddr())
+	b.podGone(ctx, p, h, errors.New(moved))
+	b.markMoved(ctx, p.id(), moved)
 	b.log.InfoContext(ctx, "pod moved live", "pod", p.id(), "container", c.rec.ID, "to", conn.RemoteAddr(),
 		"bytes", saved.Bytes, "paused", saved.Downtime, "took", saved.Total)
 	return nil

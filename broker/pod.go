@@ -901,7 +901,7 @@ func (b *Broker) podGone(ctx context.Context, p *pod, h *podconn.Pod, why error)
 	b.unwatch(p)
 	h.StopLogs()
 	b.log.WarnContext(ctx, "the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
-	b.markContainersGone(ctx, cp.ID, "the pod's agent is gone")
+	b.markContainersGone(ctx, cp.ID, agentGone)
 	if err := b.rec.savePod(&cp); err != nil {
 		b.log.ErrorContext(ctx, "persist pod record", "pod", cp.ID, "err", err)
 	}

@@ -171,8 +171,9 @@ func TestKVMPodMoves(t *testing.T) {
 		}
 	}
 	// The source's pod is gone: its container exited, its VM stopped.
-	if st := e.containerStatus(idB); st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-		t.Errorf("the container that moved away is %v on the source", st.GetState())
+	if st := e.containerStatus(idB); st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED ||
+		!strings.HasPrefix(st.GetMessage(), "the pod moved live to ") {
+		t.Errorf("the container that moved away is %v on the source (message %q)", st.GetState(), st.GetMessage())
 	}
 	if ps := e.podStatus(podB); ps.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
 		t.Errorf("the pod that moved away is %v on the source", ps.GetState())
