@@ -33,6 +33,8 @@ type env struct {
 	obs Observer
 	// criu is the brokers' Options.CRIU.
 	criu func(context.Context) (string, error)
+	// live is the brokers' Options.LiveAddress.
+	live string
 }
 
 func newEnv(t *testing.T) *env {
@@ -90,7 +92,7 @@ func (e *env) broker(t *testing.T) *Broker {
 	b, err := New(Options{
 		StateDir: e.state, RunDir: e.run, CgroupParent: "test", Policy: e.policy(t),
 		AgentBinary: "/nonexistent", Backends: stage1.Registry{"fake": e.be, "vm": e.vm}, Images: e.images, Network: e.network(),
-		Observer: e.obs, CRIU: e.criu,
+		Observer: e.obs, CRIU: e.criu, LiveAddress: e.live,
 	})
 	if err != nil {
 		t.Fatal(err)

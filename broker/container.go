@@ -915,28 +915,9 @@ func (b *Broker) markGone(ctx context.Context, c *container, why string) {
 	}
 }
 
-// agentGone is the exit message of the containers of a pod whose agent
+// agentGoneMessage is the exit message of the containers of a pod whose agent
 // went (podGone).
-const agentGone = "the pod's agent is gone"
-
-// markMoved gives the containers of pod podID that exited when its agent
-// went the message why instead: the pod moved away live, and its watch
-// may have seen the agent go before the move returned.
-func (b *Broker) markMoved(ctx context.Context, podID, why string) {
-	for _, c := range b.containersOf(podID) {
-		b.mu.Lock()
-		if c.rec.State != ContainerExited || c.rec.Message != agentGone {
-			b.mu.Unlock()
-			continue
-		}
-		c.rec.Message = why
-		cp := *c.rec
-		b.mu.Unlock()
-		if err := b.rec.saveContainer(&cp); err != nil {
-			b.log.ErrorContext(ctx, "persist container record", "container", cp.ID, "err", err)
-		}
-	}
-}
+const agentGoneMessage = "the pod's agent is gone"
 
 func (b *Broker) markContainersGone(ctx context.Context, podID, why string) {
 	for _, c := range b.containersOf(podID) {

@@ -114,13 +114,22 @@ func (b *Broker) sendLive(ctx context.Context, p *pod, c *container, h *podconn.
 	sender := h.Pod.(stage1.PodSender) // offerLive checked
 	mctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
+	// A pod that moved has its agent gone here: not a death, which its
+	// watch would report first. One that did not move is followed again
+	// (from a full status).
+	b.unwatch(p)
 	saved, err := sender.SendPod(mctx, conn)
 	if err != nil {
+		b.mu.Lock()
+		running := p.handle == h
+		b.mu.Unlock()
+		if running {
+			b.watch(p, h)
+		}
 		return err
 	}
 	moved := fmt.Sprintf("the pod moved live to %s", conn.RemoteAddr())
-	b.podGone(ctx, p, h, errors.New(moved))
-	b.markMoved(ctx, p.id(), moved)
+	b.podGone(ctx, p, h, errors.New(moved), moved)
 	b.log.InfoContext(ctx, "pod moved live", "pod", p.id(), "container", c.rec.ID, "to", conn.RemoteAddr(),
 		"bytes", saved.Bytes, "paused", saved.Downtime, "took", saved.Total)
 	return nil

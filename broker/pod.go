@@ -885,8 +885,10 @@ func (b *Broker) podHandle(p *pod) (*podconn.Pod, error) {
 }
 
 // podGone records that a running pod's agent is gone. The pod's resources
-// stay until StopPodSandbox/RemovePodSandbox.
-func (b *Broker) podGone(ctx context.Context, p *pod, h *podconn.Pod, why error) {
+// stay until StopPodSandbox/RemovePodSandbox. Its containers exit with
+// the message msg when its agent went on purpose (why), agentGoneMessage
+// when msg is "".
+func (b *Broker) podGone(ctx context.Context, p *pod, h *podconn.Pod, why error, msg string) {
 	b.mu.Lock()
 	if p.handle != h || h == nil {
 		b.mu.Unlock()
@@ -900,8 +902,13 @@ func (b *Broker) podGone(ctx context.Context, p *pod, h *podconn.Pod, why error)
 	b.mu.Unlock()
 	b.unwatch(p)
 	h.StopLogs()
-	b.log.WarnContext(ctx, "the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
-	b.markContainersGone(ctx, cp.ID, agentGone)
+	if msg == "" {
+		b.log.WarnContext(ctx, "the pod's agent is gone; the pod is not ready", "pod", cp.ID, "stage1", cp.Stage1, "err", why)
+		msg = agentGoneMessage
+	} else {
+		b.log.InfoContext(ctx, "the pod is not ready: "+msg, "pod", cp.ID, "stage1", cp.Stage1)
+	}
+	b.markContainersGone(ctx, cp.ID, msg)
 	if err := b.rec.savePod(&cp); err != nil {
 		b.log.ErrorContext(ctx, "persist pod record", "pod", cp.ID, "err", err)
 	}

@@ -125,7 +125,7 @@ func (b *Broker) agentGone(ctx context.Context, p *pod, h *podconn.Pod, why erro
 	if err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
 		return false
 	}
-	b.podGone(ctx, p, h, why)
+	b.podGone(ctx, p, h, why, "")
 	return true
 }
 
@@ -145,7 +145,7 @@ func (b *Broker) poll(ctx context.Context, p *pod, h *podconn.Pod, synced func()
 			b.resync(ctx, p, h, apps)
 			synced()
 		case errors.Is(err, errdefs.ErrUnavailable):
-			b.podGone(ctx, p, h, err)
+			b.podGone(ctx, p, h, err, "")
 			return
 		}
 		select {

@@ -54,6 +54,10 @@ type Backend struct {
 	// RestoreApp, when set with SaveApp, makes pods also
 	// stage1.AppRestorers whose RestoreApp it is.
 	RestoreApp func(r *stage1.AppRestore) (int, error)
+	// MovesLive, with PodMemory, makes pods that move live to another
+	// pod of the same size (stage1.PodSender, stage1.PodReceiver:
+	// move.go). Capabilities.WholePodCheckpoint routes checkpoints there.
+	MovesLive bool
 
 	name string
 	mu   sync.Mutex
@@ -168,7 +172,7 @@ func (b *Backend) DestroyPod(ctx context.Context, spec *stage1.PodSpec, st []byt
 	defer b.mu.Unlock()
 	if p := b.pods[spec.ID]; p != nil {
 		p.Die()
-		if err := os.RemoveAll(p.stateDir); err != nil {
+		if err := os.RemoveAll(p.guest().stateDir); err != nil {
 			return err
 		}
 	}
@@ -190,7 +194,7 @@ func (b *Backend) Collect(ctx context.Context, keep func(podID string) bool) ([]
 			continue
 		}
 		p.Die()
-		if err := os.RemoveAll(p.stateDir); err != nil {
+		if err := os.RemoveAll(p.guest().stateDir); err != nil {
 			return out, err
 		}
 		delete(b.pods, id)
@@ -210,7 +214,11 @@ func (b *Backend) wrap(p *Pod) stage1.Pod {
 		return sp
 	}
 	if b.PodMemory > 0 {
-		return &sizedPod{Pod: p, memory: b.PodMemory}
+		sp := &sizedPod{Pod: p, memory: b.PodMemory}
+		if b.MovesLive {
+			return &movingPod{sizedPod: sp}
+		}
+		return sp
 	}
 	return p
 }
@@ -354,7 +362,7 @@ func (b *Backend) Running(id string) []string {
 	if !p.Alive() {
 		return nil
 	}
-	return p.toy.Running()
+	return p.guest().toy.Running()
 }
 
 var _ stage1.PodResizer = (*sizedPod)(nil)
@@ -376,15 +384,16 @@ func (p *sizedPod) UpdatePodResources(ctx context.Context, r stage1.PodResources
 // Pod is a fake pod: the real agent over a toy System, and the streams
 // to it.
 type Pod struct {
-	id       string
-	backend  string // its Backend's name
-	agent    *supervisor.Agent
-	toy      *supervisor.Toy
-	stateDir string
+	id      string
+	backend string // its Backend's name
 
-	mu    sync.Mutex
-	alive bool // the pod's isolation runs
-	dead  bool // its agent is gone: dialling fails
+	mu sync.Mutex
+	g  *guest // what runs in the pod; empty once it moved away (move.go)
+	// paused: the guest is on its way to another pod (move.go), which
+	// holds it once dead is set too.
+	paused bool
+	alive  bool // the pod's isolation runs
+	dead   bool // its agent is gone: dialling fails
 	// calls counts requests by operation (events subscriptions aside).
 	calls    map[string]int
 	noEvents bool
@@ -426,6 +435,25 @@ func (p *Pod) lies() Liar {
 	return p.liar
 }
 
+// guest is what runs in a fake pod, as a VM's kernel and memory run in a
+// kvm pod: the agent, the toy System beneath it, and the directory of
+// the agent's records.
+type guest struct {
+	agent    *supervisor.Agent
+	toy      *supervisor.Toy
+	stateDir string
+}
+
+// guest is what runs in the pod: the zero guest once it moved away.
+func (p *Pod) guest() guest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.g == nil {
+		return guest{}
+	}
+	return *p.g
+}
+
 // subscription is an events stream: the client's end and the agent's.
 type subscription struct{ client, agent net.Conn }
 
@@ -441,19 +469,19 @@ func newPod(spec *stage1.PodSpec, backend string) (*Pod, error) {
 	if spec.RunDir == "" {
 		return nil, errdefs.InvalidArgument("fake: pod %s: no run directory", spec.ID)
 	}
-	p := &Pod{id: spec.ID, backend: backend, stateDir: filepath.Join(spec.RunDir, "fake-agent"), alive: true,
-		calls: map[string]int{}, quiet: map[string]bool{}, updates: map[string]api.Resources{}, subs: map[*subscription]struct{}{}}
-	p.toy = &supervisor.Toy{Run: shell, Serve: func(port int32, conn net.Conn) {
+	g := &guest{stateDir: filepath.Join(spec.RunDir, "fake-agent")}
+	g.toy = &supervisor.Toy{Run: shell, Serve: func(port int32, conn net.Conn) {
 		defer conn.Close()
 		fmt.Fprintf(conn, "port %d: ", port)
 		_, _ = io.Copy(conn, conn)
 	}}
-	a, err := supervisor.New(supervisor.Config{StateDir: p.stateDir, Logger: slog.New(slog.DiscardHandler), System: p.toy})
+	a, err := supervisor.New(supervisor.Config{StateDir: g.stateDir, Logger: slog.New(slog.DiscardHandler), System: g.toy})
 	if err != nil {
 		return nil, err
 	}
-	p.agent = a
-	return p, nil
+	g.agent = a
+	return &Pod{id: spec.ID, backend: backend, g: g, alive: true,
+		calls: map[string]int{}, quiet: map[string]bool{}, updates: map[string]api.Resources{}, subs: map[*subscription]struct{}{}}, nil
 }
 
 // State implements stage1.Pod.
@@ -497,20 +525,31 @@ func (p *Pod) Die() {
 		return
 	}
 	p.dead, p.alive = true, false
-	subs := p.subs
+	subs, g := p.subs, p.g
 	p.subs = map[*subscription]struct{}{}
 	p.mu.Unlock()
 	for s := range subs {
 		s.close()
 	}
-	p.agent.Close()
-	p.agent.StopAll(0)
+	if g != nil {
+		g.stop()
+	}
+}
+
+// stop ends the guest's agent and its apps.
+func (g *guest) stop() {
+	g.agent.Close()
+	g.agent.StopAll(0)
 }
 
 // Exit makes app id exit with code, and returns once the agent recorded
 // the exit (and published it).
 func (p *Pod) Exit(id string, code int32) {
-	if done := p.agent.Exited(id); done != nil && p.toy.Exit(id, code) {
+	g := p.guest()
+	if g.agent == nil {
+		return
+	}
+	if done := g.agent.Exited(id); done != nil && g.toy.Exit(id, code) {
 		<-done
 	}
 }
@@ -569,7 +608,7 @@ func (p *Pod) Subscribers() int {
 // Updated is the last resources update app id was sent (and the agent
 // took).
 // DeviceRules returns the device rules the agent gave app id's cgroup.
-func (p *Pod) DeviceRules(id string) []specs.LinuxDeviceCgroup { return p.toy.Devices(id) }
+func (p *Pod) DeviceRules(id string) []specs.LinuxDeviceCgroup { return p.guest().toy.Devices(id) }
 
 func (p *Pod) Updated(id string) api.Resources {
 	p.mu.Lock()
@@ -578,16 +617,19 @@ func (p *Pod) Updated(id string) api.Resources {
 }
 
 // Sysctls are the sysctls the agent set.
-func (p *Pod) Sysctls() map[string]string { return p.toy.Sysctls() }
+func (p *Pod) Sysctls() map[string]string { return p.guest().toy.Sysctls() }
 
 // dial opens a stream to the agent: one end of a pipe, the agent serving
 // the other.
 func (p *Pod) dial(ctx context.Context) (net.Conn, error) {
 	p.mu.Lock()
-	dead := p.dead
+	dead, paused := p.dead, p.paused
 	p.mu.Unlock()
 	if dead {
 		return nil, fmt.Errorf("fake: pod %s: the agent is gone", p.id)
+	}
+	if paused {
+		return nil, fmt.Errorf("fake: pod %s: paused for a live move", p.id)
 	}
 	client, server := net.Pipe()
 	go p.serve(server)
@@ -623,7 +665,11 @@ func (p *Pod) serve(c net.Conn) {
 		p.session(c, in, &req)
 		return
 	}
-	resp := p.agent.Handle(&req)
+	a := p.guest().agent
+	if a == nil {
+		return // moved away since the dial: the stream ends unanswered
+	}
+	resp := a.Handle(&req)
 	if lie := p.lies().Answer; lie != nil {
 		lie(&req, resp)
 	}
@@ -646,8 +692,12 @@ func (p *Pod) toAgent(req *api.Request) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	a := p.guest().agent
+	if a == nil {
+		return nil, fmt.Errorf("fake: pod %s: the agent is gone", p.id)
+	}
 	mine, theirs := net.Pipe()
-	go p.agent.ServeConn(theirs)
+	go a.ServeConn(theirs)
 	if _, err := mine.Write(b); err != nil {
 		mine.Close()
 		return nil, err
