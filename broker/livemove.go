@@ -121,9 +121,9 @@ func (b *Broker) sendLive(ctx context.Context, p *pod, c *container, h *podconn.
 	saved, err := sender.SendPod(mctx, conn)
 	if err != nil {
 		b.mu.Lock()
-		running := p.handle == h
+		stillHere := p.handle == h
 		b.mu.Unlock()
-		if running {
+		if stillHere {
 			b.watch(p, h)
 		}
 		return err
