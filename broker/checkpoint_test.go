@@ -364,20 +364,7 @@ func TestRestorePullsCheckpointedImage(t *testing.T) {
 	for name, user := range map[string]string{"named": fakeImage.RepoTags[0], "byid": ""} {
 		cfg := ctrCfg(name)
 		cfg.Image, cfg.UserImage = fakeImage.ID, user
-		cid, err := b.CreateContainer(ctx, pid, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.StartContainer(ctx, cid); err != nil {
-			t.Fatal(err)
-		}
-		st, err := b.ContainerStatus(ctx, cid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.MkdirAll(filepath.Join(st.Dir, "upper"), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		cid := startCheckpointable(t, b, pid, cfg)
 		archives[name] = filepath.Join(dir, name+".tar")
 		if err := b.CheckpointContainer(ctx, cid, archives[name]); err != nil {
 			t.Fatal(err)
@@ -459,4 +446,27 @@ func TestCheckpointOnAFullFileSystem(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("a failed checkpoint left %v", ents)
 	}
+}
+
+// startCheckpointable creates and starts a container of pod pod with the
+// writable layer a checkpoint archive carries (which the fake images do
+// not make), and returns its ID.
+func startCheckpointable(t *testing.T, b *Broker, pod string, cfg *ContainerConfig) string {
+	t.Helper()
+	ctx := context.Background()
+	id, err := b.CreateContainer(ctx, pod, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StartContainer(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.ContainerStatus(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(st.Dir, "upper"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -50,22 +49,7 @@ func TestLiveMove(t *testing.T) {
 		t.Helper()
 		cfg := ctrCfg("counter")
 		cfg.Command = []string{"sleep", "1000"}
-		id, err := b.CreateContainer(ctx, pod, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.StartContainer(ctx, id); err != nil {
-			t.Fatal(err)
-		}
-		// The writable layer, which a checkpoint archive carries.
-		st, err := b.ContainerStatus(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.MkdirAll(filepath.Join(st.Dir, "upper"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return id
+		return startCheckpointable(t, b, pod, cfg)
 	}
 	fromArchive := func(pod, name, archive string) (string, error) {
 		t.Helper()

@@ -2,8 +2,6 @@ package kvm
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -31,21 +29,8 @@ func TestSendPodTargetFailsAfterStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	// An app on the guest's own files (no 9p share: the VM can move).
-	raw := make([]byte, 6)
-	rand.Read(raw)
-	token := hex.EncodeToString(raw)
 	c := client.NewClient(p.dial)
-	app := &api.AppSpec{ID: "sleeper", Name: "sleeper", Rootfs: "/tmp", LocalUpper: true,
-		Mounts: []api.Mount{{Source: "/init", Destination: "/init", Readonly: true}},
-		Args:   []string{"/init", "agent", "--socket", "/tmp/" + token + ".sock", "--state-dir", "/tmp/" + token}}
-	if _, err := c.Create(ctx, app); err != nil {
-		t.Fatal(err)
-	}
-	before, err := c.Start(ctx, app.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	app, before := startMovableApp(ctx, t, c)
 
 	source, target := net.Pipe()
 	defer source.Close()
@@ -65,7 +50,7 @@ func TestSendPodTargetFailsAfterStream(t *testing.T) {
 		livemove.Fail(target, errors.New(why))
 		streamed <- n
 	}()
-	_, err = p.SendPod(ctx, source)
+	_, err := p.SendPod(ctx, source)
 	if err == nil || !strings.Contains(err.Error(), why) {
 		t.Fatalf("SendPod to a target that failed after the stream: %v", err)
 	}

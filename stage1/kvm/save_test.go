@@ -35,23 +35,8 @@ func TestSaveAndRestorePod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	// An app in A whose files are the guest's own, not the share's (an
-	// empty root and the guest's stagelet binary): a second agent
-	// serving a socket named by a random token.
-	raw := make([]byte, 6)
-	rand.Read(raw)
-	token := hex.EncodeToString(raw)
 	ca := client.NewClient(pa.dial)
-	app := &api.AppSpec{ID: "sleeper", Name: "sleeper", Rootfs: "/tmp", LocalUpper: true,
-		Mounts: []api.Mount{{Source: "/init", Destination: "/init", Readonly: true}},
-		Args:   []string{"/init", "agent", "--socket", "/tmp/" + token + ".sock", "--state-dir", "/tmp/" + token}}
-	if _, err := ca.Create(ctx, app); err != nil {
-		t.Fatalf("create an app on the guest's root: %v", err)
-	}
-	before, err := ca.Start(ctx, app.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	app, before := startMovableApp(ctx, t, ca)
 	infoA, err := ca.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +96,28 @@ func TestSaveAndRestorePod(t *testing.T) {
 	if _, err := pa.SavePod(ctx, t.TempDir()); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "container c (c)") {
 		t.Errorf("SavePod with the share mounted: %v", err)
 	}
+}
+
+// startMovableApp starts, through c, an app whose files are the guest's
+// own, not the 9p share's (an empty root and the guest's stagelet
+// binary), so that its VM can move: a second agent serving a socket
+// named by a random token.
+func startMovableApp(ctx context.Context, t *testing.T, c *client.Client) (*api.AppSpec, *api.AppStatus) {
+	t.Helper()
+	raw := make([]byte, 6)
+	rand.Read(raw)
+	token := hex.EncodeToString(raw)
+	app := &api.AppSpec{ID: "sleeper", Name: "sleeper", Rootfs: "/tmp", LocalUpper: true,
+		Mounts: []api.Mount{{Source: "/init", Destination: "/init", Readonly: true}},
+		Args:   []string{"/init", "agent", "--socket", "/tmp/" + token + ".sock", "--state-dir", "/tmp/" + token}}
+	if _, err := c.Create(ctx, app); err != nil {
+		t.Fatalf("create an app on the guest's root: %v", err)
+	}
+	st, err := c.Start(ctx, app.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return app, st
 }
 
 // answers waits until something answers TCP at ip (port 1: a refusal is
