@@ -427,21 +427,13 @@ func liveFigures(log string) (paused time.Duration, streamed int64, downtime tim
 	if sent == "" || taken == "" {
 		return 0, 0, 0, errors.New("the daemon logged no live move")
 	}
-	field := func(l, key string) string {
-		for _, f := range strings.Fields(l) {
-			if v, ok := strings.CutPrefix(f, key+"="); ok {
-				return v
-			}
-		}
-		return ""
-	}
-	if paused, err = time.ParseDuration(field(sent, "paused")); err != nil {
+	if paused, err = time.ParseDuration(testutil.LogField(sent, "paused")); err != nil {
 		return 0, 0, 0, fmt.Errorf("the live move's pause: %w", err)
 	}
-	if streamed, err = strconv.ParseInt(field(taken, "bytes"), 10, 64); err != nil {
+	if streamed, err = strconv.ParseInt(testutil.LogField(taken, "bytes"), 10, 64); err != nil {
 		return 0, 0, 0, fmt.Errorf("the live move's bytes: %w", err)
 	}
-	if downtime, err = time.ParseDuration(field(taken, "downtime")); err != nil {
+	if downtime, err = time.ParseDuration(testutil.LogField(taken, "downtime")); err != nil {
 		return 0, 0, 0, fmt.Errorf("the live move's downtime: %w", err)
 	}
 	return paused, streamed, downtime, nil

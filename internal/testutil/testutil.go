@@ -1,7 +1,7 @@
 // Package testutil holds what the project's tests share: the gate for
 // tests that change the host, the wait for a condition, unpacking a tar
-// stream, and the counter the checkpoint tests save and restore. Only
-// tests import it.
+// stream, the counter the checkpoint tests save and restore, and a field
+// of a daemon log line. Only tests (and stagelet-bench) import it.
 package testutil
 
 import (

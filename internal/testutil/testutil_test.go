@@ -52,3 +52,12 @@ func TestAdapters(t *testing.T) {
 		t.Errorf("NoError: %v %q", ok, d)
 	}
 }
+
+func TestLogField(t *testing.T) {
+	line := `time=2026-12-07T22:49:37Z level=INFO msg="taken" bytes=81150899 downtime=442ms sourcePaused=159ms`
+	for key, want := range map[string]string{"bytes": "81150899", "downtime": "442ms", "paused": "", "level": "INFO"} {
+		if got := LogField(line, key); got != want {
+			t.Errorf("LogField(%q) = %q, want %q", key, got, want)
+		}
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stagelet/stagelet/internal/testutil"
 )
 
 // moverPod is the pod whose container moves: the counter (test/cluster/
@@ -185,12 +187,12 @@ func (c *cluster) move(t *testing.T, m mover) {
 		// here), and the bytes streamed: node 2's account of the move.
 		line := c.lastLogLine(t, to, "container's whole pod taken from a live move")
 		t.Logf("moved live: %s", line)
-		d, err := time.ParseDuration(logField(line, "downtime"))
+		d, err := time.ParseDuration(testutil.LogField(line, "downtime"))
 		if err != nil {
 			t.Errorf("node %s logged no downtime of the live move: %q", to.name, line)
 		}
 		t.Logf("live move of %s: downtime %v (the guest paused on %s to its agent answering on %s with its network), %s bytes streamed",
-			m.name, d.Round(time.Millisecond), from.name, to.name, logField(line, "bytes"))
+			m.name, d.Round(time.Millisecond), from.name, to.name, testutil.LogField(line, "bytes"))
 		// The source's pod is done with: the kubelet would start it anew.
 		c.kubectl(t, "delete", "pod", m.name, "--wait=false")
 	}
@@ -290,15 +292,5 @@ func (c *cluster) lastLogLine(t *testing.T, n *node, msg string) string {
 		}
 	}
 	t.Fatalf("node %s logged no %q", n.name, msg)
-	return ""
-}
-
-// logField is the value of key=value in a log line; "" when absent.
-func logField(line, key string) string {
-	for _, f := range strings.Fields(line) {
-		if v, ok := strings.CutPrefix(f, key+"="); ok {
-			return v
-		}
-	}
 	return ""
 }
