@@ -104,7 +104,29 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 	// Backends that probe the node (kvm's accelerator) do it now, not
 	// when the first pod waits for it; what they find is logged.
 	go b.BackendInfo(ctx)
-	go preflight(ctx)
+	// The node's checks run commands (criu check, among others), which
+	// must not outlive the daemon: it waits for them when it stops, and
+	// after preflightGrace ends them. They get the grace first because
+	// a criu killed within its check leaves its probe's directory in
+	// /tmp.
+	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
+	pdone := make(chan struct{})
+	go func() {
+		defer close(pdone)
+		preflight(pctx)
+	}()
+	stopPreflight := sync.OnceFunc(func() {
+		t := time.NewTimer(preflightGrace)
+		defer t.Stop()
+		select {
+		case <-pdone:
+		case <-t.C:
+			log.Warn("stopping the node's checks, still running", "after", preflightGrace)
+		}
+		pcancel()
+		<-pdone
+	})
+	defer stopPreflight()
 	go reload(ctx)
 	select {
 	case err := <-errc:
@@ -115,9 +137,14 @@ func untilSignal(log *slog.Logger, b *broker.Broker, srv *cri.Server, g *grpc.Se
 	log.Info("stopping the CRI server; pods keep running")
 	srv.Stop()
 	g.GracefulStop()
+	stopPreflight() // they ask the broker
 	b.Close()
 	return nil
 }
+
+// preflightGrace is how long a stopping daemon lets the node's checks
+// finish before it ends them.
+const preflightGrace = 5 * time.Second
 
 // criServers makes the CRI gRPC server over b and its streaming server
 // (exec, attach, port-forward), which logs through klog into log. m
